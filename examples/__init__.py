@@ -1,0 +1,1 @@
+"""Runnable example models (installed as graph_exec.examples)."""

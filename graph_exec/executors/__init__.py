@@ -1,0 +1,1 @@
+"""executors layer (see docs)."""

@@ -1,0 +1,89 @@
+"""The hook interface: the only way the runtime reaches compute.
+
+The runtime walks a plan and never touches MindSpore autograd; at each compute step it calls
+one of these hooks. Two implementations exist (``graph``: kernels compiled with
+``mindspore.jit``; ``pynative``: the very same kernels called eagerly) and they must give the
+same numbers, so everything that defines *what* is computed lives in the shared kernels and
+everything here is about *how* it is dispatched and cached.
+
+Conventions shared by every hook:
+
+* tensors travel as tuples, one entry per stage input or output, in a fixed order;
+* an input gradient is ``None`` for an input that cannot require a gradient (integer token
+  ids) — the runtime then sends nothing for it;
+* a cotangent may be ``None`` for an output that received no gradient; it counts as zeros;
+* weight gradients are *accumulated* into per-parameter buffers owned by the executor, summed
+  over micro-batches and over calls until :meth:`Executor.zero_grad`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Tensors = tuple[Any, ...]
+"""A tuple of ``mindspore.Tensor`` (typed loosely so this module imports without MindSpore)."""
+MaybeTensors = tuple[Any | None, ...]
+
+
+@dataclass
+class CompileStats:
+    """How often and how long the executor compiled (zero for the pynative executor)."""
+
+    compilations: int = 0
+    compile_seconds: float = 0.0
+
+
+class Executor(ABC):
+    """Runs the compute of one rank: its stage chunks and its preprocess replica."""
+
+    #: ``"graph"`` or ``"pynative"``.
+    mode: str
+
+    @abstractmethod
+    def broadcast_tensors(self) -> list[Any]:
+        """The trainable preprocess parameters, in a fixed order (the ``BCAST`` payload)."""
+
+    @abstractmethod
+    def preprocess_forward(self, inputs: Tensors, kwargs: Mapping[str, Any]) -> Tensors:
+        """Run the preprocess on one micro-batch; the outputs are detached (no graph kept)."""
+
+    @abstractmethod
+    def preprocess_backward(self, inputs: Tensors, kwargs: Mapping[str, Any], cotangents: MaybeTensors) -> None:
+        """Recompute the preprocess from ``inputs`` and accumulate its parameter gradients."""
+
+    @abstractmethod
+    def stage_forward(self, stage: int, micro: int, inputs: Tensors) -> Tensors:
+        """Run a stage chunk; keep what its backward needs (its inputs) under ``(stage, micro)``."""
+
+    @abstractmethod
+    def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
+        """Back-propagate a stage chunk: return input gradients, accumulate weight gradients,
+        and drop what the forward kept for ``(stage, micro)``."""
+
+    @abstractmethod
+    def last_stage_step(self, stage: int, micro: int, inputs: Tensors, labels: Tensors) -> tuple[Any, MaybeTensors]:
+        """Forward, loss and backward of the last stage in one call: ``(loss, input gradients)``."""
+
+    @abstractmethod
+    def grads(self) -> dict[str, Any]:
+        """Accumulated gradients of every parameter this rank trains, by parameter name."""
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Reset every gradient buffer to zero."""
+
+    @abstractmethod
+    def kept(self) -> Sequence[tuple[int, int]]:
+        """The ``(stage, micro)`` keys whose forward state is still held (for leak checks)."""
+
+    @abstractmethod
+    def drop_kept(self) -> None:
+        """Forget every held forward state (abort path and start of a step)."""
+
+    @property
+    @abstractmethod
+    def compile_stats(self) -> CompileStats:
+        """Compilation counters, exposed for the benchmarks."""

@@ -1,0 +1,15 @@
+"""Build wiring for the C++ buffer-reuse helper; all other metadata lives in pyproject.toml."""
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+setup(
+    ext_modules=[
+        Pybind11Extension(
+            "graph_exec._bufpool",
+            sorted(["csrc/bufpool.cpp"]),
+            cxx_std=17,
+        )
+    ],
+    cmdclass={"build_ext": build_ext},
+)
