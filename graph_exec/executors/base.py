@@ -51,7 +51,9 @@ class Executor(ABC):
         """Run the preprocess on one micro-batch; the outputs are detached (no graph kept)."""
 
     @abstractmethod
-    def preprocess_backward(self, inputs: Tensors, kwargs: Mapping[str, Any], cotangents: MaybeTensors) -> None:
+    def preprocess_backward(
+        self, inputs: Tensors, kwargs: Mapping[str, Any], cotangents: MaybeTensors
+    ) -> None:
         """Recompute the preprocess from ``inputs`` and accumulate its parameter gradients."""
 
     @abstractmethod
@@ -64,7 +66,9 @@ class Executor(ABC):
         and drop what the forward kept for ``(stage, micro)``."""
 
     @abstractmethod
-    def last_stage_step(self, stage: int, micro: int, inputs: Tensors, labels: Tensors) -> tuple[Any, MaybeTensors]:
+    def last_stage_step(
+        self, stage: int, micro: int, inputs: Tensors, labels: Tensors
+    ) -> tuple[Any, MaybeTensors]:
         """Forward, loss and backward of the last stage in one call: ``(loss, input gradients)``."""
 
     @abstractmethod

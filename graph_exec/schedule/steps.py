@@ -8,11 +8,12 @@ plan printed by the CLI can be compared with the contract's examples character b
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class StepKind(str, Enum):
+class StepKind(StrEnum):
     """Every kind of step a rank can run (``IDLE`` only appears in pictures)."""
 
     F = "F"
@@ -45,9 +46,7 @@ GLOBAL_KINDS = frozenset({StepKind.BCAST, StepKind.GRADREDUCE, StepKind.IDLE})
 #: MPipe step kinds layered on top of the body.
 MPIPE_KINDS = frozenset(StepKind) - BODY_KINDS - {StepKind.IDLE}
 #: Step kinds that send a message to a peer rank, and those that receive one.
-SEND_KINDS = frozenset(
-    {StepKind.FSEND, StepKind.BSEND, StepKind.OUTSEND, StepKind.INSEND, StepKind.GRADSEND}
-)
+SEND_KINDS = frozenset({StepKind.FSEND, StepKind.BSEND, StepKind.OUTSEND, StepKind.INSEND, StepKind.GRADSEND})
 RECV_KINDS = frozenset(
     {StepKind.FRECV, StepKind.BRECV, StepKind.OUTRECV, StepKind.INRECV, StepKind.GRADRECV_BWD}
 )
@@ -86,5 +85,31 @@ class Step:
     def __str__(self) -> str:
         return self.token
 
+    @classmethod
+    def parse(cls, token: str) -> Step:
+        """The inverse of :attr:`token`, so plans can be written by hand (tests, JSON files).
+
+        Raises ``ValueError`` naming the token when it is not a step of the contract.
+        """
+        match = _TOKEN_RE.fullmatch(token.strip())
+        if match is None:
+            raise ValueError(f"not a step token: {token!r} (expected e.g. 'F0.1', 'TFWD3', 'BCAST', '·')")
+        kind, stage, micro = match.groups()
+        try:
+            return cls(
+                StepKind(kind),
+                None if stage is None else int(stage),
+                None if micro is None else int(micro),
+            )
+        except ValueError as err:
+            raise ValueError(f"not a step token: {token!r}: {err}") from None
+
+
+# Longest spellings first so that ``Fsend`` is never read as ``F`` followed by garbage.
+_TOKEN_RE = re.compile(
+    "("
+    + "|".join(re.escape(k.value) for k in sorted(StepKind, key=lambda k: -len(k.value)))
+    + r")(?:(\d+)\.)?(\d+)?"
+)
 
 IDLE = Step(StepKind.IDLE)

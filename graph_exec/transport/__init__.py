@@ -1,1 +1,21 @@
-"""transport layer (see docs)."""
+"""Transport: the only layer that talks to ``mindspore.communication``."""
+
+from graph_exec.transport.comm import (
+    LAUNCH_HINT,
+    Transport,
+    TransportStats,
+    is_initialized,
+    numpy_allocator,
+    require_initialized,
+)
+from graph_exec.transport.meta import TensorMeta
+
+__all__ = [
+    "LAUNCH_HINT",
+    "TensorMeta",
+    "Transport",
+    "TransportStats",
+    "is_initialized",
+    "numpy_allocator",
+    "require_initialized",
+]

@@ -1,0 +1,42 @@
+"""Exceptions shared by the layers (importable without MindSpore).
+
+Every failure that crosses a rank boundary names the rank it happened on, and where known
+the plan step and the peer, because a pipeline error is useless without "where".
+"""
+
+from __future__ import annotations
+
+
+class GraphExecError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class CommunicationError(GraphExecError, RuntimeError):
+    """The transport could not complete a message exchange."""
+
+
+class CommunicationNotInitializedError(CommunicationError):
+    """MindSpore communication was not initialised before the pipeline needed it."""
+
+
+class PeerTimeoutError(CommunicationError, TimeoutError):
+    """A blocking exchange did not complete in time: the peer is dead, stuck or out of step."""
+
+
+class RemoteRankError(CommunicationError):
+    """A peer rank failed and told this rank so (best-effort abort notification)."""
+
+
+class ProtocolError(CommunicationError):
+    """A message arrived that the plan did not expect here (the ranks' plans disagree)."""
+
+
+class PipelineStepError(GraphExecError, RuntimeError):
+    """A step of the plan failed; carries the rank, the step token and the peer (if any)."""
+
+    def __init__(self, rank: int, step: str, peer: int | None, cause: BaseException) -> None:
+        where = f"rank {rank}, step {step}" + (f", peer rank {peer}" if peer is not None else "")
+        super().__init__(f"{where}: {type(cause).__name__}: {cause}")
+        self.rank = rank
+        self.step = step
+        self.peer = peer

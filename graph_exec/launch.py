@@ -1,0 +1,126 @@
+"""Launch a script on N local ranks with MindSpore's own launcher, ``msrun``, on loopback.
+
+Used by ``graph-exec run``/``bench`` and by the multi-rank tests, so both get the same
+guarantees: a free port, a log directory with one log per worker, a cluster time-out (so a
+worker that dies early does not leave msrun waiting its default 600 s) and a hard wall-clock
+limit that kills the whole process group.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LaunchResult:
+    """What a launch left behind: exit code, time taken and every worker's log."""
+
+    returncode: int
+    timed_out: bool
+    seconds: float
+    log_dir: Path
+    output: str
+    worker_logs: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def describe(self, tail_lines: int = 60) -> str:
+        """A failure report: exit status, then the tail of every worker's log."""
+        head = "timed out" if self.timed_out else f"exit code {self.returncode}"
+        parts = [f"msrun {head} after {self.seconds:.1f} s (logs in {self.log_dir})"]
+        for rank, text in sorted(self.worker_logs.items()):
+            lines = [ln for ln in text.splitlines() if not _NOISE.search(ln)]
+            parts.append(f"----- worker {rank} (last {tail_lines} lines) -----")
+            parts.extend(lines[-tail_lines:])
+        return "\n".join(parts)
+
+
+_NOISE = re.compile(r"^\[(INFO|DEBUG)\]|^\s*$")
+
+
+def msrun_executable() -> str:
+    """The ``msrun`` next to this interpreter (a venv's), else the one on PATH."""
+    local = Path(sys.executable).with_name("msrun")
+    found = str(local) if local.exists() else shutil.which("msrun")
+    if found is None:
+        raise FileNotFoundError(
+            "msrun not found: install mindspore in this environment (pip install mindspore)"
+        )
+    return found
+
+
+def launch(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    nproc: int,
+    log_dir: str | os.PathLike[str],
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    cluster_timeout_s: int = 30,
+) -> LaunchResult:
+    """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    log_path = Path(log_dir)
+    log_path.mkdir(parents=True, exist_ok=True)
+    for old in log_path.glob("*.log"):
+        old.unlink()
+    cmd = [
+        msrun_executable(),
+        f"--worker_num={nproc}",
+        f"--local_worker_num={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "--join=True",
+        f"--cluster_time_out={cluster_timeout_s}",
+        f"--log_dir={log_path}",
+        str(script),
+        *args,
+    ]
+    child_env = dict(os.environ if env is None else env)
+    # msrun starts workers with the `python` found first on PATH: make it this interpreter.
+    child_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), child_env.get("PATH", "")])
+    child_env.setdefault("GLOG_v", "3")
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    logs = {
+        int(m.group(1)): p.read_text(errors="replace")
+        for p in log_path.glob("worker_*.log")
+        if (m := re.fullmatch(r"worker_(\d+)\.log", p.name))
+    }
+    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, log_path, output, logs)

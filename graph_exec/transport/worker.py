@@ -1,0 +1,60 @@
+"""A single daemon thread that performs every communication call, with deadlines.
+
+MindSpore's blocking receives cannot be cancelled or given a timeout. Running them on a
+helper thread lets the caller stop waiting after ``timeout_s`` and raise a proper error (with
+rank, step and peer) instead of hanging forever. One thread keeps the calls in program order,
+which the order-matched CPU backend requires. It is a daemon so that a call stuck on a dead
+peer does not keep the process alive at exit; after a timeout the worker is marked broken
+and refuses further work, because the stuck call may still consume a later message.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from graph_exec.errors import CommunicationError, PeerTimeoutError
+
+
+class _Call:
+    __slots__ = ("done", "error", "fn", "value")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class CommWorker:
+    """Runs callables one at a time on a daemon thread; the caller waits with a deadline."""
+
+    def __init__(self, name: str = "graph_exec-comm") -> None:
+        self._queue: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+        self.broken: str | None = None
+
+    def _loop(self) -> None:
+        while True:
+            call = self._queue.get()
+            try:
+                call.value = call.fn()
+            except BaseException as exc:  # handed to the waiting caller, re-raised there
+                call.error = exc
+            call.done.set()
+
+    def run(self, fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        """Run ``fn`` on the worker; raise :class:`PeerTimeoutError` after ``timeout_s``."""
+        if self.broken is not None:
+            raise CommunicationError(f"communication is unusable after an earlier failure ({self.broken})")
+        call = _Call(fn)
+        self._queue.put(call)
+        if not call.done.wait(timeout_s):
+            self.broken = f"timed out after {timeout_s:g} s {what}"
+            raise PeerTimeoutError(self.broken)
+        if call.error is not None:
+            raise call.error
+        return call.value

@@ -1,0 +1,113 @@
+"""Transport checks on 2 ranks; prints ``CHECK <name> OK`` per passed check.
+
+Scenario (argv[1]): ``basic`` runs the exchange checks and ends with an abort notice from
+rank 1; ``stuck`` has rank 1 go silent so rank 0 must time out.
+"""
+
+import sys
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor
+from mindspore.communication import init
+
+from graph_exec.errors import PeerTimeoutError, ProtocolError, RemoteRankError
+from graph_exec.msenv import prepare_mindspore
+from graph_exec.transport import Transport
+
+prepare_mindspore("CPU")
+init()
+scenario = sys.argv[1]
+tp = Transport(timeout_s=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
+rank, peer = tp.rank, 1 - tp.rank
+
+
+def check(name: str, ok: bool) -> None:
+    if not ok:
+        raise AssertionError(f"check {name} failed on rank {rank}")
+    print(f"CHECK {name} OK", flush=True)
+
+
+if scenario == "basic":
+    # A group with mixed dtypes, a None entry, a 0-d tensor and an empty tensor.
+    group = (
+        Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)),
+        None,
+        Tensor(np.array([5, 6, 7], np.int32)),
+        Tensor(np.float32(2.5)),
+        Tensor(np.zeros((0, 3), np.float32)),
+    )
+    if rank == 0:
+        tp.send(group, dst=1, label="Fsend0.0")
+        received = tp.recv(1, expect="Bsend1.0")
+        check("roundtrip", np.array_equal(received[0].asnumpy(), group[0].asnumpy() * 2))
+    else:
+        backing: list[np.ndarray] = []
+
+        def into_numpy(meta):
+            arr = np.empty(meta.shape, dtype=np.dtype(meta.dtype))
+            backing.append(arr)
+            return ms.from_numpy(arr)
+
+        got = tp.recv(0, expect="Fsend0.0", alloc=into_numpy)
+        check("none_kept", got[1] is None and len(got) == 5)
+        check(
+            "values",
+            all(np.array_equal(a.asnumpy(), b.asnumpy()) for a, b in zip(got[::2], group[::2], strict=True)),
+        )
+        check(
+            "dtypes",
+            [str(t.dtype) for t in got if t is not None] == ["Float32", "Int32", "Float32", "Float32"],
+        )
+        check("scalar", got[3].shape == () and float(got[3].asnumpy()) == 2.5)
+        check("zero_copy", np.shares_memory(got[0].asnumpy(), backing[0]))
+        tp.send((Tensor(got[0].asnumpy() * 2),), dst=0, label="Bsend1.0")
+    tp.drain()
+
+    # A label the receiver does not expect is a ProtocolError, not silent corruption.
+    if rank == 0:
+        tp.send((), dst=1, label="OUTsend3")
+    else:
+        try:
+            tp.recv(0, expect="OUTsend1")
+            check("label_mismatch", False)
+        except ProtocolError as exc:
+            check("label_mismatch", "OUTsend1" in str(exc) and "OUTsend3" in str(exc))
+    tp.drain()
+
+    # Collectives act in place, on Parameters too.
+    weight = Parameter(Tensor(np.full(4, float(rank + 1), np.float32)), name="w")
+    tp.broadcast([weight], src=0)
+    check("broadcast_param", np.array_equal(weight.asnumpy(), np.ones(4, np.float32)))
+    acc = Parameter(Tensor(np.full(3, float(rank + 1), np.float32)), name="gacc.w")
+    tp.all_reduce_sum([acc])
+    check("all_reduce_param", np.array_equal(acc.asnumpy(), np.full(3, 3.0, np.float32)))
+    check("stats", tp.stats.messages_sent > 0 and tp.stats.bytes_received > 0)
+
+    # A failing rank tells its peer why; the peer reports that instead of waiting.
+    if rank == 1:
+        tp.abort("step F1.3 raised ValueError: boom", grace_s=3.0)
+        print("CHECK abort_sent OK", flush=True)
+    else:
+        start = time.monotonic()
+        try:
+            tp.recv(1, expect="Bsend1.1")
+            check("remote_error", False)
+        except RemoteRankError as exc:
+            check(
+                "remote_error", "rank 1" in str(exc) and "F1.3" in str(exc) and time.monotonic() - start < 30
+            )
+
+elif scenario == "stuck":
+    if rank == 1:
+        time.sleep(8)
+    else:
+        start = time.monotonic()
+        try:
+            tp.recv(1, expect="Fsend0.0")
+            check("timeout", False)
+        except PeerTimeoutError as exc:
+            waited = time.monotonic() - start
+            check("timeout", "Fsend0.0" in str(exc) and "rank 1" in str(exc) and waited < tp.timeout_s + 2)
+        print(f"rank 0 exiting after {time.monotonic() - start:.1f} s", flush=True)
