@@ -7,7 +7,7 @@ setup(
     ext_modules=[
         Pybind11Extension(
             "graph_exec._bufpool",
-            sorted(["csrc/bufpool.cpp"]),
+            sorted(["csrc/bufpool.cpp", "csrc/pool.cpp", "csrc/slot_planner.cpp"]),
             cxx_std=17,
         )
     ],
