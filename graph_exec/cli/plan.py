@@ -1,0 +1,139 @@
+"""``graph-exec plan``: print the per-rank orders of one configuration.
+
+Also home of the plan flags shared with ``graph-exec simulate``, so both commands accept and
+reject exactly the same configurations with the same messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from graph_exec.schedule import (
+    Plan,
+    PlanConfig,
+    PlanConfigError,
+    ScheduleError,
+    build_plan,
+    to_csv,
+    to_json,
+    to_text,
+)
+from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW, PREPROCESS
+
+
+def positive_int(text: str) -> int:
+    """argparse type: 1, 2, …"""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a positive integer (1, 2, …)")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: 0, 1, …"""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 0")
+    return value
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that describe a plan."""
+    group = parser.add_argument_group("plan")
+    group.add_argument("--pp", metavar="P", type=positive_int, required=True, help="pipeline ranks")
+    group.add_argument("--vpp", metavar="V", type=positive_int, required=True, help="model chunks per rank")
+    group.add_argument(
+        "--micro", metavar="M", type=positive_int, required=True, help="micro-batches per step"
+    )
+    group.add_argument(
+        "--preprocess",
+        choices=PREPROCESS,
+        required=True,
+        help="trainable (weights broadcast, TBWD), frozen (outputs only) or none (dataload only)",
+    )
+    group.add_argument(
+        "-T",
+        "--num-preprocess-layers",
+        metavar="T",
+        type=non_negative_int,
+        help="leading layers of stage 0 in the preprocess (default: 1, or 0 for --preprocess none)",
+    )
+    group.add_argument(
+        "--overflow",
+        choices=OVERFLOW,
+        default="full",
+        help="micros beyond NT=min(P,M): spread over the owners (full) or inline on rank 0 (min)",
+    )
+    group.add_argument(
+        "--backward",
+        choices=BACKWARD,
+        default="central",
+        help="preprocess gradient on rank 0 (central) or on each owner + all-reduce (owner)",
+    )
+    group.add_argument(
+        "--owned-input",
+        action="store_true",
+        help="each micro's raw input lives on its owner only (ships it to rank 0 for central backward)",
+    )
+    group.add_argument("--body", choices=BODY, default="interleaved", help="body schedule")
+
+
+def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PlanConfig:
+    """The configuration the flags describe; an impossible one exits like any argparse error."""
+    try:
+        return PlanConfig(
+            pp=args.pp,
+            vpp=args.vpp,
+            micro=args.micro,
+            preprocess=args.preprocess,
+            num_preprocess_layers=args.num_preprocess_layers,
+            overflow=args.overflow,
+            backward=args.backward,
+            input="owned" if args.owned_input else "replicated",
+            body=args.body,
+        )
+    except PlanConfigError as err:
+        parser.error(str(err))
+
+
+def build_or_report(config: PlanConfig, prog: str) -> Plan | None:
+    """``build_plan``, reporting a validation failure (a bug, not bad input) without a traceback."""
+    try:
+        return build_plan(config)
+    except ScheduleError as err:
+        print(f"{prog}: error: the plan failed validation (please report): {err}", file=sys.stderr)
+        return None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="print the per-rank orders of a pipeline plan",
+        description="Build, validate and print the per-rank orders of an MPipe Transpose plan.",
+    )
+    add_plan_arguments(parser)
+    parser.add_argument("--format", choices=("text", "json", "csv"), default="text", help="output format")
+    parser.add_argument("--with-idle", action="store_true", help="text format: show the idle slots as ·")
+    parser.set_defaults(func=lambda args: _run(args, parser))
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.with_idle and args.format != "text":
+        parser.error(f"--with-idle applies to --format text only, got --format {args.format}")
+    plan = build_or_report(config_from_args(args, parser), parser.prog)
+    if plan is None:
+        return 1
+    if args.format == "json":
+        sys.stdout.write(to_json(plan))
+    elif args.format == "csv":
+        sys.stdout.write(to_csv(plan))
+    else:
+        sys.stdout.write(to_text(plan, with_idle=args.with_idle))
+    return 0

@@ -1,0 +1,159 @@
+"""Body builders: the compute steps (``F`` / ``B``) of each rank, with idle slots.
+
+Each builder returns one list per rank of step codes (see :mod:`codes`) in *slots*: one slot
+per compute step, ``codes.IDLE`` where the rank waits. The slots matter beyond pictures: the
+P2P column scan (:mod:`p2p`) walks them in time order, so a message is always inserted into
+the receiver's list before the slot that consumes it.
+
+- :func:`interleaved` follows the contract's emission rules exactly (§3 of
+  ``mpipe-schedule.md``), idle slots included, because the contract's example orders depend
+  on where those idle slots fall.
+- :func:`one_f_one_b` and :func:`gpipe` only define each rank's compute *order*; their slots
+  come from :func:`unit_time_slots`, a unit-cost replay of that order, which is causal by
+  construction.
+"""
+
+from __future__ import annotations
+
+from graph_exec.schedule import codes
+from graph_exec.schedule.codes import IDLE, STAGE_SHIFT
+from graph_exec.schedule.config import PlanConfig
+from graph_exec.schedule.errors import ScheduleError
+
+
+def build_slots(config: PlanConfig) -> list[list[int]]:
+    """The compute slots of every rank for ``config.body``."""
+    pp, vpp, micro = config.pp, config.vpp, config.micro
+    if config.body == "interleaved":
+        return interleaved(pp, vpp, micro)
+    if config.body == "1f1b":
+        return unit_time_slots(pp, vpp, one_f_one_b(pp, micro))
+    return unit_time_slots(pp, vpp, gpipe(pp, vpp, micro))
+
+
+def _rounds(pp: int, micro: int) -> list[int]:
+    """Micro-batches per round: ``M`` spread over ``max(1, M // P)`` rounds, extras first."""
+    if micro < pp:
+        return [micro]
+    n_rounds = micro // pp
+    base, rem = divmod(micro % pp, n_rounds)
+    return [pp + base + (1 if k < rem else 0) for k in range(n_rounds)]
+
+
+def interleaved(pp: int, vpp: int, micro: int) -> list[list[int]]:
+    """Interleaved 1F1B slots, exactly as the contract's emission rules say."""
+    rounds = _rounds(pp, micro)
+    # Forward op o runs chunk (o - A[a]) // R_a of its round a: R_a ops of chunk 0, then R_a
+    # of chunk 1, ... The chunk sequence and the per-chunk micro counters are the same on
+    # every rank, so compute them once. Backward op o mirrors the chunk (V-1-chunk) and, as
+    # the mirrored chunks repeat the same pattern, takes the same micro counter value.
+    chunk_of: list[int] = []
+    for size in rounds:
+        for chunk in range(vpp):
+            chunk_of.extend([chunk] * size)
+    counters = [0] * vpp
+    micro_of: list[int] = []
+    for chunk in chunk_of:
+        micro_of.append(counters[chunk])
+        counters[chunk] += 1
+    total = micro * vpp
+    short = micro < pp  # the contract's extra idle slots for fewer micros than ranks
+    last_micro = micro - 1
+    slots = []
+    for rank in range(pp):
+        fwd = [codes.F | (c * pp + rank) << STAGE_SHIFT | m for c, m in zip(chunk_of, micro_of, strict=True)]
+        bwd = [
+            codes.B | ((vpp - 1 - c) * pp + rank) << STAGE_SHIFT | m
+            for c, m in zip(chunk_of, micro_of, strict=True)
+        ]
+        down = pp - 1 - rank  # ranks downstream of this one
+        warmup = min((vpp - 1) * rounds[0] + 2 * down, total)
+        row = [IDLE] * rank
+        for op in range(warmup):
+            row.append(fwd[op])
+            if short and micro_of[op] == last_micro and not (op == warmup - 1 and rank != pp - 1):
+                row.extend([IDLE] * (pp - micro))
+        row.extend([IDLE] * (max(0, 2 * down - micro) + down))
+        for op in range(total - warmup):
+            row.append(fwd[warmup + op])
+            row.append(bwd[op])
+            if short and rank == pp - 1 and micro_of[op] == last_micro:
+                row.extend([IDLE] * (2 * (pp - micro)))
+        for op in range(total - warmup, total):
+            row.append(IDLE)
+            row.append(bwd[op])
+            if short and micro_of[op] == last_micro:
+                row.extend([IDLE] * (2 * (pp - micro)))
+        slots.append(row)
+    return slots
+
+
+def one_f_one_b(pp: int, micro: int) -> list[list[int]]:
+    """Plain (non-interleaved) 1F1B compute order: ``P-1-r`` warm-up forwards, then F/B pairs."""
+    orders = []
+    for rank in range(pp):
+        fwd = [codes.F | rank << STAGE_SHIFT | m for m in range(micro)]
+        bwd = [codes.B | rank << STAGE_SHIFT | m for m in range(micro)]
+        warmup = min(pp - 1 - rank, micro)
+        row = fwd[:warmup]
+        for m in range(micro - warmup):
+            row += (fwd[warmup + m], bwd[m])
+        row += bwd[micro - warmup :]
+        orders.append(row)
+    return orders
+
+
+def gpipe(pp: int, vpp: int, micro: int) -> list[list[int]]:
+    """GPipe compute order: every forward, then every backward (chunk by chunk when V > 1)."""
+    orders = []
+    for rank in range(pp):
+        stages = [c * pp + rank for c in range(vpp)]
+        row = [codes.F | s << STAGE_SHIFT | m for s in stages for m in range(micro)]
+        row += [codes.B | s << STAGE_SHIFT | m for s in reversed(stages) for m in range(micro)]
+        orders.append(row)
+    return orders
+
+
+def _producer(code: int, last_stage: int) -> int | None:
+    """The compute step on another stage whose result ``code`` consumes, if any."""
+    stage = codes.stage_of(code)
+    if code < codes.B:
+        return code - codes.STAGE_UNIT if stage > 0 else None
+    return code + codes.STAGE_UNIT if stage < last_stage else None
+
+
+def unit_time_slots(pp: int, vpp: int, orders: list[list[int]]) -> list[list[int]]:
+    """Slot each rank's compute order as if every step took one unit of time.
+
+    A step starts one slot after the later of its rank's previous step and its producer on
+    the neighbouring stage; the gaps become idle slots. Sweeping the ranks until nothing moves
+    terminates because every producer comes earlier in some rank's order (the orders are
+    deadlock free); a leftover step means they are not, which is a bug in the order.
+    """
+    last_stage = pp * vpp - 1
+    slot_of: dict[int, int] = {}
+    pos = [0] * pp
+    rows: list[list[int]] = [[] for _ in range(pp)]
+    moved = True
+    while moved:
+        moved = False
+        for rank, order in enumerate(orders):
+            row = rows[rank]
+            while pos[rank] < len(order):
+                code = order[pos[rank]]
+                start = len(row)
+                producer = _producer(code, last_stage)
+                if producer is not None:
+                    done = slot_of.get(producer)
+                    if done is None:
+                        break
+                    start = max(start, done + 1)
+                row.extend([IDLE] * (start - len(row)))
+                slot_of[code] = start
+                row.append(code)
+                pos[rank] += 1
+                moved = True
+    stuck = [r for r in range(pp) if pos[r] < len(orders[r])]
+    if stuck:
+        raise ScheduleError(f"compute order cannot be slotted: ranks {stuck} wait forever")
+    return rows

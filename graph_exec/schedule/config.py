@@ -1,0 +1,198 @@
+"""What a plan is built from, checked before anything is built.
+
+Every rule that can reject a configuration lives here, so a bad value fails with one clear
+message (naming the value and what is allowed) instead of an obscure error deep in a builder
+or, worse, a hang at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graph_exec.errors import GraphExecError
+
+PREPROCESS = ("trainable", "frozen", "none")
+OVERFLOW = ("full", "min")
+BACKWARD = ("central", "owner")
+INPUT = ("replicated", "owned")
+BODY = ("interleaved", "1f1b", "gpipe")
+
+
+#: Largest number of stages or micro-batches a plan can index (the step code fields are 28 bits).
+INDEX_LIMIT = 1 << 28
+
+
+class PlanConfigError(GraphExecError, ValueError):
+    """A configuration that cannot be planned; the message names the value and what is allowed."""
+
+
+def _positive_int(name: str, value: object) -> None:
+    # bool is an int subclass, but True micro-batches is a bug in the caller, not a count.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanConfigError(f"{name} must be a positive int (1, 2, …), got {value!r}")
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise PlanConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """One pipeline plan: ``P`` ranks, ``V`` chunks per rank, ``M`` micro-batches, MPipe options.
+
+    Defaults describe a plain interleaved-1F1B body (no preprocess); ``micro`` defaults to
+    ``pp`` (one round of micro-batches). The MPipe options follow the schedule contract:
+
+    - ``preprocess``: ``"trainable"`` (parameters broadcast every step, gradient via ``TBWD``),
+      ``"frozen"`` (outputs only), ``"none"`` (dataload only: ``T = 0``, the preprocess is the
+      identity; with replicated input the plan is exactly the body).
+    - ``num_preprocess_layers`` (``T``): how many leading layers of stage 0 form the preprocess.
+      ``"none"`` means ``T = 0`` and accepts only 0; ``"trainable"`` and ``"frozen"`` need
+      ``T >= 1`` (a preprocess without layers is ``"none"``). ``None`` picks 0 or 1 accordingly.
+      The plan's steps do not depend on the value beyond that; the runtime uses it to split
+      the model.
+    - ``overflow``: ``"full"`` (micro ``m`` owned by ``m mod NT``) or ``"min"`` (micros
+      ``m >= NT`` stay on rank 0, run inline before ``F 0.m``).
+    - ``backward``: ``"central"`` (rank 0 runs ``TBWD`` for every micro) or ``"owner"``
+      (owners recompute and back-propagate, then ``GRADreduce``); owner needs a trainable
+      preprocess, since otherwise there is no gradient to compute.
+    - ``input``: ``"replicated"`` (every rank holds the batch) or ``"owned"`` (micro ``m``'s raw
+      input lives on its owner, so central backward ships it to rank 0 with ``IN*``).
+    - ``body``: ``"interleaved"`` (the contract's interleaved 1F1B, any ``V``), ``"1f1b"``
+      (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
+      backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
+
+    ``pp = 1`` has no peer rank, so nothing can be transposed: rank 0 owns every micro-batch
+    and runs a trainable or frozen preprocess inline (``TFWD`` before the body's forwards,
+    ``TBWD`` after ``B 0.m``), without ``BCAST`` since a group of one has nobody to send to.
+    Options that only make sense with a peer are rejected: ``backward="owner"`` (no other
+    owner to back-propagate on) and ``input="owned"`` (rank 0 necessarily holds every input).
+    """
+
+    pp: int
+    vpp: int = 1
+    micro: int | None = None
+    preprocess: str = "none"
+    num_preprocess_layers: int | None = None
+    overflow: str = "full"
+    backward: str = "central"
+    input: str = "replicated"
+    body: str = "interleaved"
+
+    def __post_init__(self) -> None:
+        _positive_int("pp", self.pp)
+        _positive_int("vpp", self.vpp)
+        if self.micro is None:
+            object.__setattr__(self, "micro", self.pp)
+        _positive_int("micro", self.micro)
+        if self.micro > INDEX_LIMIT or self.pp * self.vpp > INDEX_LIMIT:
+            raise PlanConfigError(
+                f"at most {INDEX_LIMIT} micro-batches and {INDEX_LIMIT} stages (pp*vpp), "
+                f"got micro={self.micro}, pp*vpp={self.pp * self.vpp}"
+            )
+        _choice("preprocess", self.preprocess, PREPROCESS)
+        _choice("overflow", self.overflow, OVERFLOW)
+        _choice("backward", self.backward, BACKWARD)
+        _choice("input", self.input, INPUT)
+        _choice("body", self.body, BODY)
+        self._check_layers()
+        if self.body == "1f1b" and self.vpp != 1:
+            raise PlanConfigError(
+                f"body '1f1b' is the non-interleaved schedule and needs vpp=1, got vpp={self.vpp}; "
+                "use body 'interleaved' for vpp > 1"
+            )
+        if self.backward == "owner" and self.preprocess != "trainable":
+            raise PlanConfigError(
+                f"backward 'owner' needs preprocess 'trainable', got preprocess {self.preprocess!r}: "
+                "a frozen or absent preprocess has no gradient to back-propagate"
+            )
+        if self.pp == 1:
+            self._check_single_rank()
+
+    def _check_layers(self) -> None:
+        layers = self.num_preprocess_layers
+        if layers is None:
+            object.__setattr__(self, "num_preprocess_layers", 0 if self.preprocess == "none" else 1)
+            return
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+            raise PlanConfigError(f"num_preprocess_layers must be an int >= 0, got {layers!r}")
+        if self.preprocess == "none" and layers != 0:
+            raise PlanConfigError(
+                f"preprocess 'none' is dataload only (T=0), got num_preprocess_layers={layers}; "
+                "use preprocess 'trainable' or 'frozen' for T >= 1"
+            )
+        if self.preprocess != "none" and layers == 0:
+            raise PlanConfigError(
+                f"preprocess {self.preprocess!r} needs num_preprocess_layers >= 1, got 0; "
+                "use preprocess 'none' for a dataload-only (T=0) plan"
+            )
+
+    def _check_single_rank(self) -> None:
+        inline = (
+            "with pp=1 rank 0 holds every micro-batch and runs the preprocess inline "
+            "(TFWD before the body, TBWD after B 0.m)"
+        )
+        if self.backward == "owner":
+            raise PlanConfigError(
+                f"backward 'owner' needs a peer rank, but pp=1: {inline}; use backward 'central'"
+            )
+        if self.input == "owned":
+            raise PlanConfigError(
+                f"input 'owned' needs a peer rank, but pp=1: {inline}; use input 'replicated'"
+            )
+
+    # Geometry derived from the configuration, shared by builders, validator and simulator.
+
+    @property
+    def num_stages(self) -> int:
+        """``P * V`` virtual stages."""
+        return self.pp * self.vpp
+
+    @property
+    def last_stage(self) -> int:
+        """The stage that computes the loss."""
+        return self.pp * self.vpp - 1
+
+    @property
+    def nt(self) -> int:
+        """``NT = min(P, M)``: how many ranks own micro-batches."""
+        return min(self.pp, self.micro)
+
+    @property
+    def mpipe(self) -> bool:
+        """Whether any MPipe step is layered on the body (a preprocess, or inputs to ship)."""
+        return self.preprocess != "none" or self.input == "owned"
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the preprocess has parameters that need a gradient."""
+        return self.preprocess == "trainable"
+
+    @property
+    def broadcasts(self) -> bool:
+        """Whether every rank starts with ``BCAST`` (trainable weights, and somebody to send to)."""
+        return self.trainable and self.num_preprocess_layers > 0 and self.pp > 1
+
+    @property
+    def ships_inputs(self) -> bool:
+        """Whether rank 0 needs ``IN*`` transfers to recompute micro-batches it does not hold."""
+        return self.trainable and self.backward == "central" and self.input == "owned"
+
+    def stage_rank(self, stage: int) -> int:
+        """The rank that runs virtual stage ``stage``."""
+        return stage % self.pp
+
+    def owner(self, micro: int) -> int:
+        """The rank that runs the preprocess forward of ``micro``."""
+        if self.overflow == "full":
+            return micro % self.nt
+        return micro if micro < self.nt else 0
+
+    def owned(self, rank: int) -> tuple[int, ...]:
+        """The micro-batches ``rank`` owns, ascending."""
+        if self.overflow == "full":
+            return tuple(range(rank, self.micro, self.nt)) if rank < self.nt else ()
+        if rank == 0:
+            return (0, *range(self.nt, self.micro))
+        return (rank,) if rank < self.nt else ()

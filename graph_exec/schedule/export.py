@@ -1,0 +1,117 @@
+"""Plans as text, JSON and CSV.
+
+**Text** — exactly one line per rank, ``r<rank>: <tokens>``, tokens spelled as in the
+contract, so a printed plan can be compared with the contract's examples line by line.
+``with_idle=True`` shows the body's idle slots as ``·``.
+
+**JSON** — the machine format (``to_json``)::
+
+    {
+      "schema": "graph-exec/plan", "version": 1,
+      "config": {"pp": 2, "vpp": 1, "micro": 4, "preprocess": "trainable",
+                 "num_preprocess_layers": 1, "overflow": "full", "backward": "central",
+                 "input": "replicated", "body": "interleaved"},
+      "num_stages": 2, "last_stage": 1, "nt": 2,
+      "owners": [0, 1, 0, 1],                      # owners[m]: rank that owns micro m
+      "ranks": [
+        {"rank": 0,
+         "tokens": ["BCAST", "TFWD0", ...],         # the executable order (no idle slots)
+         "steps": [{"kind": "BCAST", "stage": null, "micro": null, "peer": null},
+                   {"kind": "OUTrecv", "stage": null, "micro": 1, "peer": 1}, ...]},
+        ...
+      ]
+    }
+
+``kind`` is the contract's spelling of the step type (``F``, ``Fsend``, ``GRADrecv+bwd``…);
+``stage`` is set for body steps, ``micro`` for every step except ``BCAST`` / ``GRADreduce``;
+``peer`` is the other rank of a send or receive, ``null`` otherwise.
+
+**CSV** — the body in torch.distributed.pipelining's action grammar, one row per rank, one
+action per cell: ``<stage><action><micro>`` with ``F``, ``B`` (full backward), ``SEND_F``,
+``RECV_F``, ``SEND_B``, ``RECV_B`` (``Fsend s.m`` → ``sSEND_Fm``, ``Frecv s.m`` →
+``sRECV_Fm``, ``Brecv s.m`` → ``sRECV_Bm``). That grammar has no preprocess actions, so MPipe
+steps are left out: the rows are exactly :attr:`Plan.body`, which lets torch's schedule
+validators and simulators read our body orders.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from graph_exec.schedule import codes, routing
+from graph_exec.schedule.plan import Plan
+from graph_exec.schedule.steps import StepKind
+
+_TORCH_ACTION = {
+    StepKind.F: "F",
+    StepKind.B: "B",
+    StepKind.FSEND: "SEND_F",
+    StepKind.FRECV: "RECV_F",
+    StepKind.BSEND: "SEND_B",
+    StepKind.BRECV: "RECV_B",
+}
+
+
+def to_text(plan: Plan, with_idle: bool = False) -> str:
+    """One line per rank, ``r<rank>: <tokens>`` (idle slots as ``·`` only with ``with_idle``)."""
+    rows = plan.picture_codes if with_idle else plan.order_codes
+    return "\n".join(f"r{rank}: " + " ".join(map(codes.token, row)) for rank, row in enumerate(rows)) + "\n"
+
+
+def to_json(plan: Plan) -> str:
+    """The plan in the documented JSON schema (see the module docstring)."""
+    cfg = plan.config
+    ranks = []
+    for rank, row in enumerate(plan.order_codes):
+        steps = [codes.decode(code) for code in row]
+        ranks.append(
+            {
+                "rank": rank,
+                "tokens": [step.token for step in steps],
+                "steps": [
+                    {
+                        "kind": step.kind.value,
+                        "stage": step.stage,
+                        "micro": step.micro,
+                        "peer": routing.peer(cfg, code),
+                    }
+                    for step, code in zip(steps, row, strict=True)
+                ],
+            }
+        )
+    document = {
+        "schema": "graph-exec/plan",
+        "version": 1,
+        "config": {
+            "pp": cfg.pp,
+            "vpp": cfg.vpp,
+            "micro": cfg.micro,
+            "preprocess": cfg.preprocess,
+            "num_preprocess_layers": cfg.num_preprocess_layers,
+            "overflow": cfg.overflow,
+            "backward": cfg.backward,
+            "input": cfg.input,
+            "body": cfg.body,
+        },
+        "num_stages": cfg.num_stages,
+        "last_stage": cfg.last_stage,
+        "nt": cfg.nt,
+        "owners": [cfg.owner(m) for m in range(cfg.micro)],
+        "ranks": ranks,
+    }
+    return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+
+
+def to_csv(plan: Plan) -> str:
+    """The body orders in torch pipelining's one-row-per-rank action grammar."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for row in plan.body_codes:
+        actions = []
+        for code in row:
+            step = codes.decode(code)
+            actions.append(f"{step.stage}{_TORCH_ACTION[step.kind]}{step.micro}")
+        writer.writerow(actions)
+    return out.getvalue()

@@ -1,0 +1,65 @@
+"""How long each received buffer must live, per rank.
+
+The runtime releases a receive buffer after the last step that reads it, and the buffer
+pool's static slot planner assigns slots from the same intervals, so both must agree on
+one rule set:
+
+- ``Frecv s.m`` is a stage input. The backward recomputes the stage forward from its input
+  (stage-granular recomputation), so it lives until ``B s.m`` — except on the last stage,
+  whose fused forward+loss+backward runs at ``F s.m``;
+- ``Brecv s.m`` (the gradient of stage ``s``'s output) is read by ``B s.m``;
+- ``OUTrecv m`` is stage 0's body input: like ``Frecv``, until ``B 0.m`` (``F 0.m`` if
+  stage 0 is also the last stage);
+- ``INrecv m`` (the raw input kept for recomputation) is read by ``TBWD m``;
+- ``GRADrecv+bwd m`` consumes its gradient in the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graph_exec.schedule import codes
+from graph_exec.schedule.codes import FIELD_MASK, STAGE_SHIFT, kind_base
+from graph_exec.schedule.plan import Plan
+from graph_exec.schedule.steps import Step
+
+
+@dataclass(frozen=True, slots=True)
+class BufferLifetime:
+    """One receive buffer: received at ``recv_index``, last read at ``last_index``.
+
+    Both are indices into ``plan.orders[rank]``; ``last_index >= recv_index``.
+    """
+
+    step: Step
+    recv_index: int
+    last_index: int
+
+
+def _reader(code: int, last_stage: int) -> int:
+    """The code of the last step that reads what ``code`` receives."""
+    kind = kind_base(code)
+    if kind == codes.FRECV:
+        fwd = code - codes.FRECV + codes.F
+        return fwd if code >> STAGE_SHIFT & FIELD_MASK == last_stage else fwd - codes.F + codes.B
+    if kind == codes.BRECV:
+        return code - codes.BRECV + codes.B
+    m = code & FIELD_MASK
+    if kind == codes.OUTRECV:
+        return codes.F | m if last_stage == 0 else codes.B | m
+    if kind == codes.INRECV:
+        return codes.TBWD | m
+    return code  # GRADrecv+bwd
+
+
+def buffer_lifetimes(plan: Plan, rank: int) -> list[BufferLifetime]:
+    """Every receive of ``rank`` with the index of its last reader, in order."""
+    row = plan.order_codes[rank]
+    index = {code: i for i, code in enumerate(row)}
+    recv_kinds = set(codes.SEND_OF_RECV)
+    lifetimes = []
+    for i, code in enumerate(row):
+        if kind_base(code) in recv_kinds:
+            reader = _reader(code, plan.last_stage)
+            lifetimes.append(BufferLifetime(codes.decode(code), i, index[reader]))
+    return lifetimes

@@ -1,0 +1,445 @@
+"""Validation of a plan against the contract; ``build_plan`` runs it on every build.
+
+What is checked:
+
+1. body: removing every MPipe step gives exactly the body; no step appears twice on a rank;
+   every ``F`` and ``B`` of every (stage, micro) appears once, on the rank of its stage;
+2. MPipe steps: each rank has exactly the MPipe steps its options call for (one ``BCAST``
+   or none, one ``TFWD`` per micro on its owner, the transfers, ``TBWD`` / ``GRADrecv+bwd``
+   per the backward mode, ``GRADreduce`` last); ``TBWD m`` directly follows ``B 0.m``; in
+   ``min`` mode ``TFWD m`` directly precedes ``F 0.m`` for ``m >= NT``;
+3. data dependencies: no step runs before the step that produces its input on its rank (a
+   forward before its receive, a send before the compute that fills it, …);
+4. transfers: all ranks replayed with *blocking rendezvous* sends and receives (a transfer
+   completes only when both ranks have reached it) and all-rank collectives must run to the
+   end. When they do not, the cause is named as precisely as possible: a send or receive
+   without its partner (``PairingError``), a rank pair whose send and receive orders differ
+   (``FifoOrderError``), otherwise a ``DeadlockError`` with each stuck rank's next step.
+
+How: plans reach millions of steps, so the common (valid) case costs one pass. A symbolic
+execution of all ranks (:func:`_execute`) does 3 and 4 at once and records what 1 and 2 need
+(the steps seen per rank, where the MPipe steps are), which then reduces to set and slice
+comparisons. Only when something is wrong do the slower, precise checks run, in the order
+above, so the error names the first cause rather than a downstream symptom.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from graph_exec.schedule import codes, routing
+from graph_exec.schedule.codes import (
+    BODY_LIMIT,
+    FIELD_MASK,
+    KIND_SHIFT,
+    PAIR_DELTA,
+    SEND_OF_RECV,
+    STAGE_SHIFT,
+    STAGE_UNIT,
+    kind_base,
+    token,
+)
+from graph_exec.schedule.config import PlanConfig
+from graph_exec.schedule.errors import (
+    CoverageError,
+    DeadlockError,
+    DependencyError,
+    FifoOrderError,
+    InvariantError,
+    PairingError,
+)
+from graph_exec.schedule.mpipe import inline_micros
+
+if TYPE_CHECKING:
+    from graph_exec.schedule.plan import Plan
+
+Rows = Sequence[Sequence[int]]
+_SHOWN = 6  # examples listed in an error message before "…"
+
+
+def validate(plan: Plan) -> None:
+    """Raise a :class:`~graph_exec.schedule.errors.ScheduleError` if ``plan`` breaks the contract."""
+    config, orders, body = plan.config, plan.order_codes, plan.body_codes
+    run = _execute(config, orders)
+    if run.violation is None and run.complete(orders):
+        if not _structure_ok(config, orders, body, run):
+            _check_structure(config, orders, body)
+            raise InvariantError("plan failed a structural check that the detailed checks did not explain")
+        _check_mpipe_order(config, orders, run.mpipe_at[0])
+        return
+    _check_structure(config, orders, body)
+    if run.violation is not None:
+        rank, index, code, need = run.violation
+        raise DependencyError(
+            f"rank {rank}: {token(code)} (step #{index}) runs before {token(need)}, which it depends on"
+        )
+    _check_pairing(config, orders)
+    _check_fifo(config, orders)
+    _raise_deadlock(config, orders, run.pos)
+
+
+# The symbolic execution.
+
+_COMPUTE, _SEND, _RECV, _COLLECTIVE = range(4)
+_ROLE = [_COMPUTE] * len(codes.KINDS)
+for _kind in PAIR_DELTA:
+    _ROLE[_kind >> KIND_SHIFT] = _SEND
+for _kind in SEND_OF_RECV:
+    _ROLE[_kind >> KIND_SHIFT] = _RECV
+for _kind in (codes.BCAST, codes.GRADREDUCE):
+    _ROLE[_kind >> KIND_SHIFT] = _COLLECTIVE
+
+
+@dataclass
+class _Run:
+    """How far the symbolic execution got, and what it saw on the way."""
+
+    pos: list[int]  # per rank: where it waits, or the length of its order once done
+    seen: list[set[int]]  # per rank: every step run (or reached and waiting)
+    compute: list[int]  # per rank: F and B steps run
+    mpipe_at: list[list[int]]  # per rank: indices of the MPipe steps run
+    violation: tuple[int, int, int, int] | None = None  # rank, index, step, missing input
+    arrived: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))  # at a collective
+
+    def complete(self, orders: Rows) -> bool:
+        return all(p == len(row) for p, row in zip(self.pos, orders, strict=True))
+
+
+def _partner(code: int) -> int:
+    """The code of the other half of a send or receive."""
+    kind = kind_base(code)
+    if kind in PAIR_DELTA:
+        return code + PAIR_DELTA[kind]
+    return code - PAIR_DELTA[SEND_OF_RECV[kind]]
+
+
+def _mpipe_needs(config: PlanConfig, code: int) -> tuple[int, ...]:
+    """The steps that must run before an MPipe step on its rank."""
+    kind, m = kind_base(code), code & FIELD_MASK
+    if kind == codes.TFWD:
+        return (codes.BCAST,) if config.broadcasts else ()
+    if kind in (codes.OUTSEND, codes.GRADRECV_BWD):
+        return (codes.TFWD | m,)
+    if kind == codes.GRADSEND:
+        return (codes.B | m,)
+    if kind == codes.TBWD:
+        shipped = config.ships_inputs and config.owner(m) != 0
+        return (codes.B | m, codes.INRECV | m) if shipped else (codes.B | m,)
+    return ()
+
+
+class _Violation(Exception):
+    """Stops the symbolic execution at a step whose input was never produced."""
+
+
+def _execute(config: PlanConfig, orders: Rows) -> _Run:
+    """Run every rank symbolically: check each step's inputs, rendezvous the transfers.
+
+    A rank runs until it reaches a transfer whose partner has not been reached yet, or a
+    collective not every rank has reached; it then waits, and whoever completes the
+    transfer (or arrives last) puts it back to work. Each rank is a generator, so waiting
+    and resuming keep its state (a 64-rank plan waits about half a million times). Stops at
+    the first step whose input was never produced on its rank.
+    """
+    pp = config.pp
+    run = _Run([0] * pp, [set() for _ in range(pp)], [0] * pp, [[] for _ in range(pp)])
+    waiting_at: list[int | None] = [None] * pp  # the step each waiting rank is blocked on
+    work = list(range(pp))
+    ranks = [_rank_runner(config, orders[rank], rank, run, waiting_at, work) for rank in range(pp)]
+    try:
+        while work:
+            next(ranks[work.pop()], None)
+    except _Violation:
+        pass
+    return run
+
+
+def _rank_runner(
+    config: PlanConfig,
+    row: Sequence[int],
+    rank: int,
+    run: _Run,
+    waiting_at: list[int | None],
+    work: list[int],
+) -> Iterator[None]:
+    """One rank of :func:`_execute`; yields whenever it has to wait."""
+    pp = config.pp
+    # What F s.m and B s.m read from a neighbouring stage: a receive, or with a single rank
+    # the neighbour's own step.
+    f_input = -STAGE_UNIT if pp == 1 else codes.FRECV - codes.F
+    b_input = STAGE_UNIT if pp == 1 else codes.BRECV - codes.B
+    b_has_next = codes.B | config.last_stage << STAGE_SHIFT  # B codes below have a next stage
+    stage0_input: dict[int, int] = {}  # F 0.m (code m) -> what it reads under MPipe
+    if config.mpipe:
+        for m in range(config.micro):
+            stage0_input[m] = (codes.TFWD if config.owner(m) == 0 else codes.OUTRECV) | m
+    fsend_to_f, bsend_to_b = codes.FSEND - codes.F, codes.BSEND - codes.B
+    d_f, d_b = PAIR_DELTA[codes.FSEND], PAIR_DELTA[codes.BSEND]
+    fsend, frecv, bsend, brecv, b_code = codes.FSEND, codes.FRECV, codes.BSEND, codes.BRECV, codes.B
+    after, before = (rank + 1) % pp, (rank - 1) % pp
+    pos, arrived, mpipe_at = run.pos, run.arrived, run.mpipe_at[rank]
+    have = run.seen[rank]
+    add = have.add
+    n_compute = 0
+    for i, code in enumerate(row):
+        add(code)
+        if code < fsend:  # F or B: check the input it reads
+            n_compute += 1
+            if code < b_code:  # F s.m
+                # Stage 0 reads the batch without MPipe: then "need" is the step itself (seen).
+                need = code + f_input if code >= STAGE_UNIT else stage0_input.get(code, code)
+            else:  # B s.m: its own forward, then the gradient from the next stage
+                if code - b_code not in have:
+                    _stop(run, rank, i, code, code - b_code)
+                need = code + b_input if code < b_has_next else code
+            if need not in have:
+                _stop(run, rank, i, code, need)
+            continue
+        if code < BODY_LIMIT:  # body transfer with a neighbouring rank
+            if code < frecv:
+                if code - fsend_to_f not in have:
+                    _stop(run, rank, i, code, code - fsend_to_f)
+                peer, partner = after, code + d_f
+            elif code < bsend:
+                peer, partner = before, code - d_f
+            elif code < brecv:
+                if code - bsend_to_b not in have:
+                    _stop(run, rank, i, code, code - bsend_to_b)
+                peer, partner = before, code + d_b
+            else:
+                peer, partner = after, code - d_b
+        else:  # MPipe step: rare, so the general rules
+            mpipe_at.append(i)
+            for need in _mpipe_needs(config, code):
+                if need not in have:
+                    _stop(run, rank, i, code, need)
+            what = _ROLE[code >> KIND_SHIFT]
+            if what == _COMPUTE:
+                continue
+            if what == _COLLECTIVE:
+                group = arrived[code]
+                group.add(rank)
+                if len(group) < pp:
+                    pos[rank], waiting_at[rank] = i, code
+                    yield
+                    continue
+                del arrived[code]
+                for other in group - {rank}:
+                    waiting_at[other] = None
+                    work.append(other)
+                continue
+            peer, partner = routing.peer(config, code), _partner(code)
+        if waiting_at[peer] == partner:  # never this rank: it is running, not waiting
+            waiting_at[peer] = None
+            work.append(peer)
+            continue
+        pos[rank], waiting_at[rank] = i, code
+        yield  # resumed once the partner has taken the transfer
+    pos[rank] = len(row)
+    run.compute[rank] = n_compute
+
+
+def _stop(run: _Run, rank: int, index: int, code: int, need: int) -> None:
+    run.violation = (rank, index, code, need)
+    raise _Violation
+
+
+# Structure (checks 1 and 2): fast form on a complete run, precise form for messages.
+
+
+def _compute_bases(config: PlanConfig, rank: int) -> list[int]:
+    """The codes of ``F s.0`` and ``B s.0`` for the stages of ``rank``: micros follow contiguously."""
+    stages = range(rank, config.num_stages, config.pp)
+    return [kind | s << STAGE_SHIFT for kind in (codes.F, codes.B) for s in stages]
+
+
+def _expected_compute(config: PlanConfig, rank: int) -> list[int]:
+    """The F and B steps of ``rank``, sorted."""
+    return [first + m for first in _compute_bases(config, rank) for m in range(config.micro)]
+
+
+def _expected_mpipe(config: PlanConfig) -> list[list[int]]:
+    """The MPipe steps each rank must hold (sorted), straight from the option semantics."""
+    rows: list[list[int]] = [[] for _ in range(config.pp)]
+    if not config.mpipe:
+        return rows
+    owner_backward = config.backward == "owner"
+    for m in range(config.micro):
+        owner = config.owner(m)
+        rows[owner].append(codes.TFWD | m)
+        if owner != 0:
+            rows[owner].append(codes.OUTSEND | m)
+            rows[0].append(codes.OUTRECV | m)
+            if config.ships_inputs:
+                rows[owner].append(codes.INSEND | m)
+                rows[0].append(codes.INRECV | m)
+            if owner_backward:
+                rows[0].append(codes.GRADSEND | m)
+                rows[owner].append(codes.GRADRECV_BWD | m)
+        if config.trainable and (not owner_backward or owner == 0):
+            rows[0].append(codes.TBWD | m)
+    for row in rows:
+        row += [codes.BCAST] * config.broadcasts + [codes.GRADREDUCE] * owner_backward
+        row.sort()
+    return rows
+
+
+def _strip_matches(row: Sequence[int], body_row: Sequence[int], mpipe_at: list[int]) -> bool:
+    """Whether ``row`` without the steps at ``mpipe_at`` is ``body_row`` (slice compares only)."""
+    done = start = 0
+    for stop in [*mpipe_at, len(row)]:
+        length = stop - start
+        if row[start:stop] != body_row[done : done + length]:
+            return False
+        done, start = done + length, stop + 1
+    return done == len(body_row)
+
+
+def _structure_ok(config: PlanConfig, orders: Rows, body: Rows, run: _Run) -> bool:
+    """Checks 1 and 2 from what a complete run saw (no step repeats, so sizes tell)."""
+    two_vm = 2 * config.vpp * config.micro
+    expected_mpipe = _expected_mpipe(config)
+    for rank, row in enumerate(orders):
+        seen, mpipe_at = run.seen[rank], run.mpipe_at[rank]
+        if (
+            len(seen) != len(row)
+            or run.compute[rank] != two_vm
+            or not all(
+                seen.issuperset(range(first, first + config.micro)) for first in _compute_bases(config, rank)
+            )
+            or sorted(row[i] for i in mpipe_at) != expected_mpipe[rank]
+            or not _strip_matches(row, body[rank], mpipe_at)
+        ):
+            return False
+    return True
+
+
+def _tokens(items: Iterable[int]) -> str:
+    items = list(items)
+    shown = " ".join(map(token, items[:_SHOWN]))
+    return shown + (f" … ({len(items)} in all)" if len(items) > _SHOWN else "")
+
+
+def _difference(got: Sequence[int], expected: Sequence[int]) -> str:
+    have, want = Counter(got), Counter(expected)
+    parts = []
+    if missing := sorted((want - have).elements()):
+        parts.append(f"missing {_tokens(missing)}")
+    if extra := sorted((have - want).elements()):
+        parts.append(f"unexpected or repeated {_tokens(extra)}")
+    return "; ".join(parts)
+
+
+def _check_structure(config: PlanConfig, orders: Rows, body: Rows) -> None:
+    """Checks 1 and 2, precisely: raise naming the first rank and steps that are wrong."""
+    expected_mpipe = _expected_mpipe(config)
+    for rank, (row, body_row) in enumerate(zip(orders, body, strict=True)):
+        stripped = [code for code in row if code < BODY_LIMIT]
+        if stripped != list(body_row):
+            at = next(
+                (i for i, (a, b) in enumerate(zip(stripped, body_row, strict=False)) if a != b),
+                min(len(stripped), len(body_row)),
+            )
+            want = token(body_row[at]) if at < len(body_row) else "the end"
+            got = token(stripped[at]) if at < len(stripped) else "the end"
+            raise InvariantError(
+                f"rank {rank}: removing the MPipe steps does not give the body: "
+                f"body step #{at} is {want}, the order has {got}"
+            )
+        if repeated := [code for code, n in Counter(row).items() if n > 1]:
+            raise CoverageError(f"rank {rank}: steps appear more than once: {_tokens(sorted(repeated))}")
+        expected = _expected_compute(config, rank)
+        compute = sorted(code for code in stripped if code < codes.FSEND)
+        if compute != expected:
+            raise CoverageError(
+                f"rank {rank} must run F and B of stages {list(range(rank, config.num_stages, config.pp))} "
+                f"for micros 0..{config.micro - 1} exactly once: {_difference(compute, expected)}"
+            )
+        mpipe = sorted(code for code in row if code >= BODY_LIMIT)
+        if mpipe != expected_mpipe[rank]:
+            raise InvariantError(
+                f"rank {rank}: MPipe steps do not match preprocess {config.preprocess!r}, "
+                f"overflow {config.overflow!r}, backward {config.backward!r}, input {config.input!r}: "
+                f"{_difference(mpipe, expected_mpipe[rank])}"
+            )
+    _check_mpipe_order(config, orders, [i for i, code in enumerate(orders[0]) if code >= BODY_LIMIT])
+
+
+def _check_mpipe_order(config: PlanConfig, orders: Rows, mpipe_at0: list[int]) -> None:
+    """Where MPipe steps must sit: TBWD after B 0.m, inline TFWD before F 0.m, GRADreduce last."""
+    if config.backward == "owner":
+        for rank, row in enumerate(orders):
+            if row[-1] != codes.GRADREDUCE:
+                raise InvariantError(f"rank {rank}: GRADreduce must be the last step, {token(row[-1])} is")
+    row0 = orders[0]
+    inline = inline_micros(config)
+    for i in mpipe_at0:
+        kind, m = kind_base(row0[i]), row0[i] & FIELD_MASK
+        if kind == codes.TBWD and (i == 0 or row0[i - 1] != codes.B | m):
+            raise InvariantError(f"rank 0: TBWD{m} must directly follow B0.{m}")
+        if kind == codes.TFWD and m in inline and (i + 1 == len(row0) or row0[i + 1] != codes.F | m):
+            raise InvariantError(f"rank 0: with overflow 'min', TFWD{m} must directly precede F0.{m}")
+
+
+# Transfers (check 4): precise causes of a replay that stopped.
+
+
+def _messages(config: PlanConfig, orders: Rows) -> tuple[dict, dict]:
+    """Per (sender, receiver): message keys in send order and in receive order.
+
+    A message's key is the code of its send step; a receive names the send it takes.
+    """
+    sent: dict[tuple[int, int | None], list[int]] = defaultdict(list)
+    received: dict[tuple[int | None, int], list[int]] = defaultdict(list)
+    for rank, row in enumerate(orders):
+        for code in row:
+            what = _ROLE[code >> KIND_SHIFT]
+            if what == _SEND:
+                sent[rank, routing.peer(config, code)].append(code)
+            elif what == _RECV:
+                received[routing.peer(config, code), rank].append(_partner(code))
+    return sent, received
+
+
+def _check_pairing(config: PlanConfig, orders: Rows) -> None:
+    sent, received = _messages(config, orders)
+    problems = []
+    for pair in sorted(set(sent) | set(received), key=str):
+        have, want = Counter(received.get(pair, ())), Counter(sent.get(pair, ()))
+        src, dst = pair
+        for key in sorted((want - have).elements()):
+            problems.append(f"rank {src} sends {token(key)} to rank {dst}, which never receives it")
+        for key in sorted((have - want).elements()):
+            problems.append(f"rank {dst} runs {token(_partner(key))} from rank {src}, which never sends it")
+    if problems:
+        more = f"\n  … ({len(problems)} in all)" if len(problems) > _SHOWN else ""
+        raise PairingError("unpaired transfers:\n  " + "\n  ".join(problems[:_SHOWN]) + more)
+
+
+def _check_fifo(config: PlanConfig, orders: Rows) -> None:
+    sent, received = _messages(config, orders)
+    for (src, dst), keys in sorted(sent.items(), key=str):
+        for n, (key, got) in enumerate(zip(keys, received.get((src, dst), ()), strict=False)):
+            if key != got:
+                raise FifoOrderError(
+                    f"ranks {src}->{dst}: send #{n} is {token(key)} but receive #{n} is "
+                    f"{token(_partner(got))}; a FIFO transport pairs them in order"
+                )
+
+
+def _raise_deadlock(config: PlanConfig, orders: Rows, pos: list[int]) -> None:
+    stuck = {}
+    for rank, (p, row) in enumerate(zip(pos, orders, strict=True)):
+        if p < len(row):
+            code = row[p]
+            peer = routing.peer(config, code)
+            if peer is None:
+                stuck[rank] = f"{token(code)} (until every rank reaches it)"
+            else:
+                direction = "to" if kind_base(code) in PAIR_DELTA else "from"
+                stuck[rank] = f"{token(code)} ({direction} rank {peer})"
+    lines = "\n".join(f"  rank {rank} waits at {what}" for rank, what in stuck.items())
+    raise DeadlockError(f"blocking-rendezvous replay deadlocks:\n{lines}", stuck)

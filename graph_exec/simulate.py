@@ -1,0 +1,256 @@
+"""Cost-model timeline of a plan: step time, busy/idle per rank, bubble, MPipe saving, trace.
+
+List scheduling: every rank runs its order sequentially, each step as soon as the previous
+one is done and its input is there.
+
+- Compute steps take their cost: ``F`` = ``forward``, ``B`` = ``backward`` (per chunk, i.e.
+  per step), ``TFWD`` = ``preprocess_forward`` (Pf), ``TBWD`` = ``recompute`` (R),
+  ``GRADrecv+bwd`` = R once its gradient has arrived.
+- Sends are non-blocking (the transport buffers them) and take no time on the sender; the
+  message is at the receiver ``latency + bytes / bandwidth`` after the send. A receive
+  ends when its message is there (its wait is idle time).
+- ``BCAST`` and ``GRADreduce`` are synchronisation points: they start when the last rank
+  reaches them and take ``broadcast`` / ``allreduce`` on every rank.
+
+Conventions. ``forward`` and ``backward`` are per *chunk*: a rank's whole slice of the model
+costs ``F = V * forward`` and ``B = V * backward`` per micro-batch. With those, free
+communication and balanced stages the simulator reproduces the closed forms exactly:
+``(M + P - 1) * (F + B)`` for plain 1F1B and GPipe (``V = 1``), and
+``M * (F + B) + (P - 1) * (F + B) / V`` for interleaved 1F1B when ``M`` is a multiple of ``P``
+(also for looped GPipe with ``M >= P``). By default the last stage's ``F`` and ``B`` cost
+``forward`` and ``backward`` like any stage (the textbook model); ``fused_last_stage=True``
+models the runtime's fused forward+loss+backward instead: ``F`` of the last stage costs
+``forward + backward`` and its ``B`` (which only ships the gradient) costs nothing.
+
+MPipe saving: for a plan with MPipe steps the same body is simulated without them, the
+preprocess run inline where it lives without MPipe — inside stage 0, so ``F 0.m`` costs
+``forward + preprocess_forward`` — and :attr:`SimResult.saving` is the difference.
+``recompute`` is what ``TBWD`` adds over that baseline (the preprocess backward itself is
+counted in ``backward`` of stage 0 in both), e.g. ``R ~ Pf`` for a trainable tower, ``R ~ 0``
+for an embedding.
+
+Costs are in any time unit; the chrome trace takes it to be milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from functools import cached_property
+
+from graph_exec.schedule import Plan, ScheduleError, codes
+from graph_exec.schedule.codes import BODY_LIMIT, FIELD_MASK, PAIR_DELTA, SEND_OF_RECV, STAGE_SHIFT, kind_base
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """Per-step costs of the model (see the module docstring for the conventions)."""
+
+    forward: float = 1.0  #: one ``F`` step: one chunk, one micro-batch
+    backward: float = 2.0  #: one ``B`` step
+    preprocess_forward: float = 0.0  #: Pf: one ``TFWD``
+    recompute: float = 0.0  #: R: one ``TBWD``, or the compute of one ``GRADrecv+bwd``
+    broadcast: float = 0.0  #: one ``BCAST``
+    allreduce: float = 0.0  #: one ``GRADreduce``
+    latency: float = 0.0  #: per transfer
+    bandwidth: float = math.inf  #: bytes per time unit
+    activation_bytes: float = 0.0  #: per body transfer (``Fsend`` / ``Bsend``)
+    preprocess_bytes: float = 0.0  #: per ``OUT`` / ``IN`` / ``GRAD`` transfer
+    fused_last_stage: bool = False  #: the last stage runs forward+loss+backward at ``F``
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name == "fused_last_stage":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+                raise ValueError(f"{field.name} must be a number, got {value!r}")
+            if field.name == "bandwidth":
+                if value <= 0:
+                    raise ValueError(f"bandwidth must be > 0 (inf for free transfers), got {value!r}")
+            elif value < 0 or math.isinf(value):
+                raise ValueError(f"{field.name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One step as the simulator placed it."""
+
+    rank: int
+    token: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """What :func:`simulate` found. ``baseline`` is the body without MPipe (MPipe plans only)."""
+
+    step_time: float
+    busy: tuple[float, ...]  # per rank: time spent computing or in a collective
+    steps: tuple[tuple[tuple[int, float, float], ...], ...]  # per rank: (code, start, end)
+    baseline: SimResult | None = None
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        """Per rank: the step time not spent busy (waiting for data, warm-up, drain)."""
+        return tuple(self.step_time - b for b in self.busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of all ranks' time: ``sum(idle) / (P * step_time)``."""
+        if self.step_time == 0:
+            return 0.0
+        return sum(self.idle) / (len(self.busy) * self.step_time)
+
+    @property
+    def saving(self) -> float | None:
+        """How much shorter the step is than the same body without MPipe (``None`` without MPipe)."""
+        return None if self.baseline is None else self.baseline.step_time - self.step_time
+
+    @cached_property
+    def timeline(self) -> tuple[TimelineEntry, ...]:
+        """Every step as (rank, token, start, end), rank by rank in execution order."""
+        return tuple(
+            TimelineEntry(rank, codes.token(code), start, end)
+            for rank, row in enumerate(self.steps)
+            for code, start, end in row
+        )
+
+
+def simulate(plan: Plan, costs: OpCosts) -> SimResult:
+    """Simulate ``plan`` under ``costs``; MPipe plans also get the body-only baseline."""
+    baseline = None
+    if plan.config.mpipe:
+        baseline = _simulate(plan, plan.body_codes, costs, inline_preprocess=True)
+    result = _simulate(plan, plan.order_codes, costs, inline_preprocess=False)
+    return SimResult(result.step_time, result.busy, result.steps, baseline)
+
+
+class _State:
+    """Messages and collectives shared by the ranks of one simulation."""
+
+    def __init__(self, pp: int) -> None:
+        self.arrival: dict[int, float] = {}  # message (send code) -> time it is at the receiver
+        self.waiter: dict[int, int] = {}  # message -> rank blocked on it
+        self.arrived: dict[int, list[float]] = {}  # collective -> clocks of the ranks there
+        self.waiting: dict[int, list[int]] = {}  # collective -> ranks blocked on it
+        self.finished: dict[int, float] = {}  # collective -> its end time
+        self.work = list(range(pp))
+
+
+def _simulate(
+    plan: Plan, rows: Sequence[Sequence[int]], costs: OpCosts, inline_preprocess: bool
+) -> SimResult:
+    pp = plan.config.pp
+    state = _State(pp)
+    busy = [0.0] * pp
+    steps: list[list[tuple[int, float, float]]] = [[] for _ in range(pp)]
+    ranks = [_rank(plan, rows[r], r, costs, inline_preprocess, state, busy, steps[r]) for r in range(pp)]
+    while state.work:
+        next(ranks[state.work.pop()], None)
+    stuck = [r for r in range(pp) if len(steps[r]) < len(rows[r])]
+    if stuck:
+        raise ScheduleError(f"simulation cannot finish: ranks {stuck} wait forever (validate the plan)")
+    step_time = max((row[-1][2] for row in steps if row), default=0.0)
+    return SimResult(step_time, tuple(busy), tuple(map(tuple, steps)))
+
+
+def _rank(
+    plan: Plan,
+    row: Sequence[int],
+    rank: int,
+    costs: OpCosts,
+    inline_preprocess: bool,
+    state: _State,
+    busy: list[float],
+    out: list[tuple[int, float, float]],
+) -> Iterator[None]:
+    """One rank's list scheduling; yields while it waits for a message or a collective."""
+    last_stage = plan.last_stage
+    fused = costs.fused_last_stage
+    clock = 0.0
+    for code in row:
+        kind = kind_base(code)
+        start = clock
+        if kind == codes.F or kind == codes.B:
+            stage = code >> STAGE_SHIFT & FIELD_MASK
+            if kind == codes.F:
+                cost = costs.forward + (costs.backward if fused and stage == last_stage else 0.0)
+                if inline_preprocess and stage == 0:
+                    cost += costs.preprocess_forward
+            else:
+                cost = 0.0 if fused and stage == last_stage else costs.backward
+            clock += cost
+            busy[rank] += cost
+        elif kind in (codes.TFWD, codes.TBWD):
+            cost = costs.preprocess_forward if kind == codes.TFWD else costs.recompute
+            clock += cost
+            busy[rank] += cost
+        elif kind in PAIR_DELTA:  # send: buffered, the message travels on its own
+            size = costs.activation_bytes if code < BODY_LIMIT else costs.preprocess_bytes
+            state.arrival[code] = clock + costs.latency + size / costs.bandwidth
+            if code in state.waiter:
+                state.work.append(state.waiter.pop(code))
+        elif kind in SEND_OF_RECV:
+            message = code - PAIR_DELTA[SEND_OF_RECV[kind]]
+            while message not in state.arrival:
+                state.waiter[message] = rank
+                yield
+            clock = max(clock, state.arrival.pop(message))
+            if kind == codes.GRADRECV_BWD:
+                clock += costs.recompute
+                busy[rank] += costs.recompute
+        else:  # BCAST or GRADreduce: everybody's, starts when the last rank is there
+            cost = costs.broadcast if kind == codes.BCAST else costs.allreduce
+            clocks = state.arrived.setdefault(code, [])
+            clocks.append(clock)
+            if len(clocks) == plan.config.pp:
+                state.finished[code] = max(clocks) + cost
+                state.work.extend(state.waiting.pop(code, []))
+            while code not in state.finished:
+                state.waiting.setdefault(code, []).append(rank)
+                yield
+            clock = state.finished[code]
+            busy[rank] += cost
+        out.append((code, start, clock))
+
+
+def to_chrome_trace(result: SimResult) -> dict:
+    """The timeline as a chrome://tracing / Perfetto document: one track (thread) per rank.
+
+    Times are written in microseconds, taking one cost unit to be a millisecond. Each event's
+    category (compute, p2p, collective, mpipe) lets a viewer colour or filter them.
+    """
+    events: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "graph-exec simulation"}}
+    ]
+    for rank, row in enumerate(result.steps):
+        events.append(
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"rank {rank}"}}
+        )
+        for code, start, end in row:
+            events.append(
+                {
+                    "name": codes.token(code),
+                    "cat": _category(code),
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": rank,
+                    "ts": start * 1000.0,
+                    "dur": (end - start) * 1000.0,
+                }
+            )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _category(code: int) -> str:
+    kind = kind_base(code)
+    if kind in (codes.F, codes.B):
+        return "compute"
+    if code < BODY_LIMIT:
+        return "p2p"
+    if kind in (codes.BCAST, codes.GRADREDUCE):
+        return "collective"
+    return "mpipe"

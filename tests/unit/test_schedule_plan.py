@@ -1,0 +1,118 @@
+"""The Plan object's public API: geometry, ownership, peers, lazily made Step orders."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from graph_exec.schedule import IDLE, Plan, PlanConfig, Step, StepKind, build_plan
+
+K = StepKind
+
+
+def test_geometry() -> None:
+    plan = build_plan(PlanConfig(pp=4, vpp=3, micro=8))
+    assert (plan.num_stages, plan.last_stage) == (12, 11)
+    assert [plan.stage_rank(s) for s in range(12)] == [0, 1, 2, 3] * 3
+    assert isinstance(plan.orders, tuple) and all(isinstance(row, tuple) for row in plan.orders)
+    assert all(isinstance(step, Step) for row in plan.orders for step in row)
+    assert plan.order(2) is plan.orders[2]  # made once
+
+
+def test_ownership_full_and_min() -> None:
+    full = build_plan(PlanConfig(pp=3, micro=7, preprocess="frozen"))
+    assert [full.owner(m) for m in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [full.owned(r) for r in range(3)] == [(0, 3, 6), (1, 4), (2, 5)]
+    least = build_plan(PlanConfig(pp=3, micro=7, preprocess="frozen", overflow="min"))
+    assert [least.owner(m) for m in range(7)] == [0, 1, 2, 0, 0, 0, 0]
+    assert [least.owned(r) for r in range(3)] == [(0, 3, 4, 5, 6), (1,), (2,)]
+    few = build_plan(PlanConfig(pp=4, micro=2, preprocess="frozen"))
+    assert [few.owned(r) for r in range(4)] == [(0,), (1,), (), ()]  # ranks >= NT own nothing
+
+
+def test_peers() -> None:
+    plan = build_plan(PlanConfig(pp=3, vpp=2, micro=4, preprocess="trainable", backward="owner"))
+    cases = {
+        (0, "Fsend0.1"): 1,
+        (1, "Frecv1.1"): 0,
+        (2, "Fsend2.1"): 0,  # stage 3 wraps around to rank 0
+        (0, "Frecv3.1"): 2,
+        (0, "Bsend3.0"): 2,
+        (2, "Brecv2.0"): 0,
+        (1, "OUTsend1"): 0,
+        (0, "OUTrecv2"): 2,
+        (0, "GRADsend1"): 1,
+        (1, "GRADrecv+bwd1"): 0,
+        (0, "F0.0"): None,
+        (2, "BCAST"): None,
+        (1, "TFWD1"): None,
+    }
+    for (rank, token), peer in cases.items():
+        assert plan.peer(rank, Step.parse(token)) == peer, token
+
+
+def test_peer_of_a_step_the_rank_does_not_run() -> None:
+    plan = build_plan(PlanConfig(pp=2, micro=4, preprocess="frozen"))
+    with pytest.raises(ValueError, match=r"F1\.0 runs on rank 1, not on rank 0"):
+        plan.peer(0, Step.parse("F1.0"))
+    with pytest.raises(ValueError, match=r"OUTrecv1 runs on rank 0, not on rank 1"):
+        plan.peer(1, Step.parse("OUTrecv1"))
+    with pytest.raises(ValueError, match="outside this plan"):
+        plan.peer(0, Step.parse("F0.9"))
+
+
+def test_with_idle_keeps_idle_slots_that_orders_drop() -> None:
+    plan = build_plan(PlanConfig(pp=2, vpp=2, micro=4, preprocess="trainable"))
+    assert IDLE in plan.with_idle[0]
+    for picture, order in zip(plan.with_idle, plan.orders, strict=True):
+        assert tuple(s for s in picture if s != IDLE) == order
+    assert plan.body == tuple(
+        tuple(s for s in row if s.kind not in {K.BCAST, K.TFWD, K.OUTRECV, K.OUTSEND, K.TBWD})
+        for row in plan.orders
+    )
+
+
+def test_step_parse_round_trips_every_kind() -> None:
+    for token in [
+        "F0.1",
+        "B12.3",
+        "Fsend0.1",
+        "Frecv1.0",
+        "Bsend2.2",
+        "Brecv0.0",
+        "BCAST",
+        "TFWD3",
+        "OUTsend1",
+        "OUTrecv1",
+        "INsend1",
+        "INrecv1",
+        "TBWD0",
+        "GRADsend1",
+        "GRADrecv+bwd2",
+        "GRADreduce",
+        "·",
+    ]:
+        assert Step.parse(token).token == token
+    for bad in ["F0", "TFWD", "BCAST1", "X1", "F1.2.3", ""]:
+        with pytest.raises(ValueError, match="not a step token"):
+            Step.parse(bad)
+
+
+def test_from_tokens_needs_one_row_per_rank() -> None:
+    with pytest.raises(ValueError, match=r"one row per rank \(2\), got 1"):
+        Plan.from_tokens(PlanConfig(pp=2), [["F0.0"]])
+
+
+def test_schedule_and_simulator_import_without_mindspore() -> None:
+    code = (
+        "import sys; sys.modules['mindspore'] = None\n"
+        "import graph_exec.schedule, graph_exec.simulate, graph_exec.cli.plan, graph_exec.cli.simulate\n"
+        "from graph_exec.cli import main\n"
+        "assert main(['plan', '--pp', '2', '--vpp', '1', '--micro', '2', '--preprocess', 'trainable']) == 0\n"
+        "assert main(['simulate', '--pp', '2', '--vpp', '2', '--micro', '4', '--preprocess', 'frozen']) == 0\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("r0: BCAST TFWD0 OUTrecv1")

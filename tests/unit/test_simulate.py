@@ -1,0 +1,167 @@
+"""The simulator: closed forms, hand-derived MPipe timelines, transfers, trace."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from graph_exec.schedule import PlanConfig, build_plan
+from graph_exec.simulate import OpCosts, simulate, to_chrome_trace
+
+
+@pytest.mark.parametrize("body", ["interleaved", "1f1b", "gpipe"])
+def test_closed_forms_without_communication(body: str) -> None:
+    checked = 0
+    for pp in range(1, 7):
+        for vpp in range(1, 5):
+            if body == "1f1b" and vpp > 1:
+                continue
+            for micro in range(1, 3 * pp + 1):
+                plan = build_plan(PlanConfig(pp, vpp, micro, body=body))
+                for f, b in [(1.0, 1.0), (1.0, 2.0), (0.5, 1.25), (1.5, 3.25)]:
+                    F, B = vpp * f, vpp * b  # a rank's whole slice per micro-batch
+                    if vpp == 1:
+                        expected = (micro + pp - 1) * (F + B)
+                    elif micro % pp == 0 and (body == "interleaved" or micro >= pp):
+                        expected = micro * (F + B) + (pp - 1) * (F + B) / vpp
+                    else:
+                        continue
+                    assert simulate(plan, OpCosts(forward=f, backward=b)).step_time == pytest.approx(expected)
+                    checked += 1
+    assert checked > 100
+
+
+def test_plain_1f1b_and_gpipe_match_for_any_forward_backward_ratio() -> None:
+    for body in ("1f1b", "gpipe"):
+        for pp, micro in [(2, 3), (4, 4), (4, 9), (5, 2)]:
+            plan = build_plan(PlanConfig(pp, 1, micro, body=body))
+            assert simulate(plan, OpCosts(forward=2, backward=1)).step_time == (micro + pp - 1) * 3
+
+
+def test_interleaved_orders_cost_more_than_the_closed_form_when_forward_exceeds_backward() -> None:
+    # P=4, V=1, M=4, f=2, b=1; the formula says (4+4-1)*3 = 21. Rank 2's order (column scan on
+    # unit slots) is: ... F2.1 Fsend2.1 Frecv2.2 Frecv2.3 Brecv2.0 F2.2 ... Rank 1 runs F1.0..F1.3
+    # back to back at 2-4, 4-6, 6-8, 8-10, so the blocking Frecv2.3 holds rank 2 until 10 before
+    # F2.2 (whose input was there at 8). Everything downstream shifts by one unit: 22.
+    plan = build_plan(PlanConfig(pp=4, vpp=1, micro=4))
+    assert simulate(plan, OpCosts(forward=2, backward=1)).step_time == 22
+    assert simulate(plan, OpCosts(forward=1, backward=2)).step_time == 21
+
+
+def test_transfer_time_is_latency_plus_bytes_over_bandwidth() -> None:
+    # P=2, M=1: F0.0 0-1, message at 1+d; F1.0 and B1.0 take 2; gradient at 3+2d; B0.0 1 more.
+    plan = build_plan(PlanConfig(pp=2, vpp=1, micro=1))
+    costs = OpCosts(forward=1, backward=1, latency=0.5, bandwidth=200, activation_bytes=100)
+    result = simulate(plan, costs)
+    assert result.step_time == 4 + 2 * (0.5 + 0.5)
+    assert result.busy == (2, 2) and result.idle == (4, 4)
+    assert result.baseline is None and result.saving is None
+
+
+def test_fused_last_stage_serialises_gpipe_but_not_1f1b() -> None:
+    # GPipe P=2 M=2, f=b=1, fused: r1 runs F1.0 1-3 and F1.1 3-5 (forward+loss+backward each),
+    # its B steps only ship gradients at 5, so r0's B0.0, B0.1 run 5-7. Textbook: 6.
+    gpipe = build_plan(PlanConfig(pp=2, micro=2, body="gpipe"))
+    assert simulate(gpipe, OpCosts(forward=1, backward=1)).step_time == 6
+    assert simulate(gpipe, OpCosts(forward=1, backward=1, fused_last_stage=True)).step_time == 7
+    # 1F1B interleaves F and B on the last rank anyway: r1 F1.0 1-3, F1.1 3-5; r0 B0.0 3-4, B0.1 5-6.
+    plain = build_plan(PlanConfig(pp=2, micro=2, body="1f1b"))
+    assert simulate(plain, OpCosts(forward=1, backward=1, fused_last_stage=True)).step_time == 6
+
+
+# MPipe timelines worked out by hand (free communication).
+#
+# Body P=2 V=1 M=2 (contract rules):  r0: F0.0 Fsend0.0 F0.1 Fsend0.1 Brecv0.0 B0.0 Brecv0.1 B0.1
+#                                     r1: Frecv1.0 F1.0 Frecv1.1 B1.0 Bsend1.0 F1.1 B1.1 Bsend1.1
+
+
+def test_hand_case_frozen_full() -> None:
+    # f=b=1, Pf=2. NT=2: r0 owns 0, r1 owns 1.
+    #   r0: TFWD0 0-2 | OUTrecv1 at 2 | F0.0 2-3 | F0.1 3-4 | Brecv0.0 waits to 5 | B0.0 5-6 |
+    #       Brecv0.1 waits to 7 | B0.1 7-8
+    #   r1: TFWD1 0-2 | OUTsend1 at 2 | Frecv1.0 waits to 3 | F1.0 3-4 | Frecv1.1 at 4 | B1.0 4-5 |
+    #       F1.1 5-6 | B1.1 6-7
+    # Baseline (preprocess inside F0.m: 3 each):
+    #   r0: F0.0 0-3 | F0.1 3-6 | B0.0 7-8 | B0.1 9-10
+    #   r1: F1.0 3-4 | Frecv1.1 waits to 6 | B1.0 6-7 | F1.1 7-8 | B1.1 8-9
+    plan = build_plan(PlanConfig(pp=2, vpp=1, micro=2, preprocess="frozen"))
+    result = simulate(plan, OpCosts(forward=1, backward=1, preprocess_forward=2))
+    assert result.step_time == 8
+    assert result.busy == (6, 6) and result.bubble_fraction == 4 / 16
+    assert result.baseline.step_time == 10
+    assert result.saving == 2  # (NT-1) * (Pf - R) with R = 0
+
+
+def test_hand_case_trainable_interleaved_pays_recompute_on_the_critical_path() -> None:
+    # P=2 V=2 M=2, f=b=1, Pf=1, R=0.5, broadcast 0.25. Body (see the examples test):
+    #   r0: F0.0 Fsend0.0 F0.1 Fsend0.1 Frecv2.0 F2.0 Fsend2.0 Frecv2.1 F2.1 Fsend2.1 Brecv2.0 B2.0
+    #       Bsend2.0 Brecv2.1 B2.1 Bsend2.1 Brecv0.0 B0.0 Brecv0.1 B0.1
+    #   r1: Frecv1.0 F1.0 Frecv1.1 Fsend1.0 F1.1 Frecv3.0 Fsend1.1 F3.0 Frecv3.1 B3.0 Bsend3.0 F3.1
+    #       B3.1 Brecv1.0 Bsend3.1 B1.0 Brecv1.1 Bsend1.0 B1.1 Bsend1.1
+    # MPipe: BCAST 0-0.25 on both; TFWD0 / TFWD1 0.25-1.25; OUTrecv1 at 1.25.
+    #   r0: F0.0 1.25-2.25, F0.1 -3.25, F2.0 3.25-4.25, F2.1 4.25-5.25 (input at 4.25),
+    #       B2.0 6.25-7.25 (grad at 6.25), B2.1 8.25-9.25, B0.0 9.25-10.25, TBWD0 -10.75,
+    #       B0.1 10.75-11.75 (grad was there at 10.25), TBWD1 -12.25
+    #   r1: F1.0 2.25-3.25, F1.1 3.25-4.25, F3.0 4.25-5.25, B3.0 5.25-6.25, F3.1 -7.25,
+    #       B3.1 -8.25, B1.0 8.25-9.25, B1.1 9.25-10.25
+    # Baseline (F0.m = 2): r0 F0.0 0-2, F0.1 2-4, F2.0 4-5, F2.1 5-6, B2.0 7-8, B2.1 9-10,
+    #   B0.0 10-11, B0.1 11-12; r1 F1.0 2-3, F1.1 4-5, F3.0 5-6, B3.0 6-7, F3.1 7-8, B3.1 8-9,
+    #   B1.0 9-10, B1.1 10-11.
+    # Transposing micro 1 saves Pf = 1 in the warm-up, but both TBWDs (2R) and the broadcast
+    # land on rank 0's critical path: -0.25.
+    plan = build_plan(PlanConfig(pp=2, vpp=2, micro=2, preprocess="trainable"))
+    costs = OpCosts(forward=1, backward=1, preprocess_forward=1, recompute=0.5, broadcast=0.25)
+    result = simulate(plan, costs)
+    assert result.step_time == 12.25
+    assert result.baseline.step_time == 12
+    assert result.saving == -0.25
+    assert result.busy == (0.25 + 1 + 8 + 1, 0.25 + 1 + 8)
+
+
+def test_hand_case_owner_backward() -> None:
+    # P=2 V=1 M=2, trainable, owner backward, f=b=1, Pf=2, R=1, allreduce 0.5, broadcast 0.
+    #   r0: BCAST 0 | TFWD0 0-2 | OUTrecv1 at 2 | F0.0 2-3 | F0.1 3-4 | B0.0 5-6 | TBWD0 6-7 |
+    #       B0.1 7-8 (grad at 7) | GRADsend1 at 8 | GRADreduce 9-9.5 (r1 arrives at 9)
+    #   r1: BCAST 0 | TFWD1 0-2 | OUTsend1 at 2 | F1.0 3-4 | B1.0 4-5 | F1.1 5-6 | B1.1 6-7 |
+    #       GRADrecv+bwd1 8-9 (gradient at 8, then R) | GRADreduce 9-9.5
+    # Baseline: the body with F0.m = 3, as in the frozen case: 10.
+    plan = build_plan(PlanConfig(pp=2, vpp=1, micro=2, preprocess="trainable", backward="owner"))
+    costs = OpCosts(forward=1, backward=1, preprocess_forward=2, recompute=1, allreduce=0.5)
+    result = simulate(plan, costs)
+    assert result.step_time == 9.5
+    assert result.busy == (7.5, 7.5)
+    assert result.saving == 0.5
+    timeline = {(e.rank, e.token): (e.start, e.end) for e in result.timeline}
+    assert timeline[1, "GRADrecv+bwd1"] == (7, 9)
+    assert timeline[0, "GRADreduce"] == (8, 9.5)
+
+
+def test_chrome_trace_has_one_track_per_rank() -> None:
+    plan = build_plan(PlanConfig(pp=3, vpp=2, micro=3, preprocess="frozen"))
+    result = simulate(plan, OpCosts(preprocess_forward=1))
+    trace = json.loads(json.dumps(to_chrome_trace(result)))
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert names == {0: "rank 0", 1: "rank 1", 2: "rank 2"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == sum(len(row) for row in plan.orders)
+    first = next(e for e in spans if e["tid"] == 0)
+    assert (first["name"], first["cat"], first["ts"], first["dur"]) == ("TFWD0", "mpipe", 0.0, 1000.0)
+    assert {e["cat"] for e in spans} == {"compute", "p2p", "mpipe"}
+    assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(result.step_time * 1000)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("forward", -1.0, "forward must be a finite number >= 0"),
+        ("recompute", math.inf, "recompute must be a finite number >= 0"),
+        ("latency", math.nan, "latency must be a number"),
+        ("bandwidth", 0.0, "bandwidth must be > 0"),
+        ("backward", "2", "backward must be a number"),
+    ],
+)
+def test_bad_costs(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OpCosts(**{field: value})
