@@ -7,8 +7,17 @@ simulator, so they cannot disagree about where a message goes.
 from __future__ import annotations
 
 from graph_exec.schedule import codes
-from graph_exec.schedule.codes import kind_base, micro_of, stage_of
+from graph_exec.schedule.codes import (
+    PAIR_DELTA,
+    SEND_OF_RECV,
+    decode,
+    encode_step,
+    kind_base,
+    micro_of,
+    stage_of,
+)
 from graph_exec.schedule.config import PlanConfig
+from graph_exec.schedule.steps import Step
 
 _STAGED_NEXT = (codes.FSEND, codes.BRECV)  # talk to the rank of stage s+1
 _STAGED_PREV = (codes.FRECV, codes.BSEND)  # talk to the rank of stage s-1
@@ -43,3 +52,16 @@ def home(config: PlanConfig, code: int) -> int | None:
     if kind in _ON_ZERO:
         return 0
     return None
+
+
+def partner_code(code: int) -> int:
+    """The code of the other half of a send or receive."""
+    kind = kind_base(code)
+    if kind in PAIR_DELTA:
+        return code + PAIR_DELTA[kind]
+    return code - PAIR_DELTA[SEND_OF_RECV[kind]]
+
+
+def partner(step: Step) -> Step:
+    """The other half of a send or receive step (``Frecv1.0`` -> ``Fsend0.0``)."""
+    return decode(partner_code(encode_step(step)))

@@ -108,14 +108,6 @@ class _Run:
         return all(p == len(row) for p, row in zip(self.pos, orders, strict=True))
 
 
-def _partner(code: int) -> int:
-    """The code of the other half of a send or receive."""
-    kind = kind_base(code)
-    if kind in PAIR_DELTA:
-        return code + PAIR_DELTA[kind]
-    return code - PAIR_DELTA[SEND_OF_RECV[kind]]
-
-
 def _mpipe_needs(config: PlanConfig, code: int) -> tuple[int, ...]:
     """The steps that must run before an MPipe step on its rank."""
     kind, m = kind_base(code), code & FIELD_MASK
@@ -231,7 +223,7 @@ def _rank_runner(
                     waiting_at[other] = None
                     work.append(other)
                 continue
-            peer, partner = routing.peer(config, code), _partner(code)
+            peer, partner = routing.peer(config, code), routing.partner_code(code)
         if waiting_at[peer] == partner:  # never this rank: it is running, not waiting
             waiting_at[peer] = None
             work.append(peer)
@@ -400,7 +392,7 @@ def _messages(config: PlanConfig, orders: Rows) -> tuple[dict, dict]:
             if what == _SEND:
                 sent[rank, routing.peer(config, code)].append(code)
             elif what == _RECV:
-                received[routing.peer(config, code), rank].append(_partner(code))
+                received[routing.peer(config, code), rank].append(routing.partner_code(code))
     return sent, received
 
 
@@ -413,7 +405,9 @@ def _check_pairing(config: PlanConfig, orders: Rows) -> None:
         for key in sorted((want - have).elements()):
             problems.append(f"rank {src} sends {token(key)} to rank {dst}, which never receives it")
         for key in sorted((have - want).elements()):
-            problems.append(f"rank {dst} runs {token(_partner(key))} from rank {src}, which never sends it")
+            problems.append(
+                f"rank {dst} runs {token(routing.partner_code(key))} from rank {src}, which never sends it"
+            )
     if problems:
         more = f"\n  … ({len(problems)} in all)" if len(problems) > _SHOWN else ""
         raise PairingError("unpaired transfers:\n  " + "\n  ".join(problems[:_SHOWN]) + more)
@@ -426,7 +420,7 @@ def _check_fifo(config: PlanConfig, orders: Rows) -> None:
             if key != got:
                 raise FifoOrderError(
                     f"ranks {src}->{dst}: send #{n} is {token(key)} but receive #{n} is "
-                    f"{token(_partner(got))}; a FIFO transport pairs them in order"
+                    f"{token(routing.partner_code(got))}; a FIFO transport pairs them in order"
                 )
 
 
