@@ -1,0 +1,27 @@
+"""The pynative executor: the very same kernels, called eagerly.
+
+Nothing is compiled, so a breakpoint inside a kernel or inside the user's ``construct`` stops
+on every call and every intermediate tensor can be inspected. Numbers match the graph
+executor because both call the kernels made by ``graph_exec.kernels`` with the same arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .base import CompileStats
+from .kernel_executor import KernelExecutor
+
+
+class PynativeExecutor(KernelExecutor):
+    """Hooks whose kernels run op by op in PyNative mode."""
+
+    mode = "pynative"
+
+    def _prepare(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        return kernel
+
+    @property
+    def compile_stats(self) -> CompileStats:
+        return CompileStats()

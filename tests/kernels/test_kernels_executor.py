@@ -1,0 +1,213 @@
+"""Executor behaviour: mode selection, signature caching and compile counts, clear errors."""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from kernel_models import MODES, WIDTH, Classifier, Combiner, Gate, Mixer, classification_loss, named
+from mindspore import Tensor, nn
+
+from graph_exec.errors import GraphExecError
+from graph_exec.executors import create_executor
+
+
+def random(*shape: int, seed: int = 0, dtype: type = np.float32) -> Tensor:
+    return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+
+
+def test_unknown_mode_is_refused_with_the_allowed_names() -> None:
+    with pytest.raises(ValueError, match=r"'eager'.*graph, pynative"):
+        create_executor("eager", {})
+
+
+def test_bucketing_is_refused() -> None:
+    with pytest.raises(ValueError, match="bucketing is not supported"):
+        create_executor("graph", {}, bucketing={"batch": (4, 8)})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_modes_report_their_name(mode: str) -> None:
+    assert create_executor(mode, {}).mode == mode
+
+
+def test_duplicate_trainable_parameter_names_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"duplicate trainable parameter name 'a\.weight'.*stage 0.*stage 1"):
+        create_executor("pynative", {0: Combiner(), 1: Combiner()})
+
+
+def test_a_parameter_shared_by_two_stages_has_one_accumulator() -> None:
+    first, second = named(Combiner(), "tied0."), named(Combiner(), "tied1.")
+    second.a.weight = first.a.weight
+    names = list(create_executor("pynative", {0: first, 1: second}).grads())
+    assert names.count("tied0.a.weight") == 1
+    assert len(names) == 3
+
+
+def test_frozen_duplicates_are_allowed() -> None:
+    first, second = Combiner(), Combiner()
+    for param in second.trainable_params():
+        param.requires_grad = False
+    assert sorted(create_executor("pynative", {0: first, 1: second}).grads()) == ["a.bias", "a.weight"]
+
+
+def test_signature_cache_compiles_once_per_new_shape_and_cotangent_set() -> None:
+    executor = create_executor("graph", {0: named(Mixer(), "sig.")})
+    stats = executor.compile_stats
+
+    def forward_backward(batch: int, micro: int, cotangents: str) -> None:
+        inputs = (random(batch, WIDTH, seed=1), random(batch, WIDTH, seed=2))
+        executor.stage_forward(0, micro, inputs)
+        grads = {"both": (random(batch, WIDTH), random(batch, WIDTH)), "first": (random(batch, WIDTH), None)}
+        executor.stage_backward(0, micro, grads[cotangents])
+
+    forward_backward(2, 0, "both")
+    assert stats.compilations == 2  # the forward and the backward
+    compiled, seconds = stats.compilations, stats.compile_seconds
+    assert seconds > 0
+    forward_backward(2, 1, "both")
+    assert (stats.compilations, stats.compile_seconds) == (compiled, seconds)  # repeat: no compile
+    forward_backward(3, 2, "both")
+    assert stats.compilations == compiled + 2  # new batch size: one forward, one backward
+    forward_backward(3, 3, "first")
+    assert stats.compilations == compiled + 3  # same inputs, one cotangent fewer: backward only
+    forward_backward(2, 4, "first")
+    assert stats.compilations == compiled + 4
+
+
+def test_pynative_never_compiles() -> None:
+    executor = create_executor("pynative", {0: named(Mixer(), "eager.")})
+    executor.stage_forward(0, 0, (random(2, WIDTH), random(2, WIDTH)))
+    executor.stage_backward(0, 0, (random(2, WIDTH), None))
+    assert executor.compile_stats.compilations == 0
+    assert executor.compile_stats.compile_seconds == 0
+
+
+@pytest.fixture(params=MODES)
+def mixer_executor(request: pytest.FixtureRequest):
+    return create_executor(request.param, {0: named(Mixer(), f"err_{request.param}.")})
+
+
+def forward(executor, micro: int = 0, batch: int = 2) -> tuple:
+    return executor.stage_forward(0, micro, (random(batch, WIDTH), random(batch, WIDTH)))
+
+
+def test_backward_without_forward(mixer_executor) -> None:
+    with pytest.raises(RuntimeError, match=r"stage_backward\(stage 0, micro 5\) has no forward"):
+        mixer_executor.stage_backward(0, 5, (None, None))
+
+
+def test_backward_twice_for_one_forward(mixer_executor) -> None:
+    forward(mixer_executor, micro=1)
+    mixer_executor.stage_backward(0, 1, (random(2, WIDTH), None))
+    with pytest.raises(RuntimeError, match=r"stage_backward\(stage 0, micro 1\) was already called"):
+        mixer_executor.stage_backward(0, 1, (random(2, WIDTH), None))
+
+
+def test_forward_twice_without_backward(mixer_executor) -> None:
+    forward(mixer_executor, micro=2)
+    with pytest.raises(RuntimeError, match=r"stage 0, micro 2.*already kept"):
+        forward(mixer_executor, micro=2)
+
+
+def test_cotangent_of_wrong_shape_is_refused_and_the_forward_stays_kept(mixer_executor) -> None:
+    forward(mixer_executor, micro=3)
+    with pytest.raises(
+        ValueError, match=r"stage 0, micro 3: cotangent 1 is \[3, 6\] Float32, but output 1 is \[2, 6\]"
+    ):
+        mixer_executor.stage_backward(0, 3, (None, random(3, WIDTH)))
+    assert list(mixer_executor.kept()) == [(0, 3)]
+    mixer_executor.stage_backward(0, 3, (None, random(2, WIDTH)))
+    assert list(mixer_executor.kept()) == []
+
+
+def test_cotangent_of_wrong_dtype(mixer_executor) -> None:
+    forward(mixer_executor)
+    with pytest.raises(ValueError, match=r"stage 0, micro 0: cotangent 0 is \[2, 6\] Float16"):
+        mixer_executor.stage_backward(0, 0, (random(2, WIDTH, dtype=np.float16), None))
+
+
+def test_wrong_number_of_cotangents(mixer_executor) -> None:
+    forward(mixer_executor)
+    with pytest.raises(
+        ValueError, match=r"stage 0, micro 0: expected 2 cotangent\(s\), one per output, got 1"
+    ):
+        mixer_executor.stage_backward(0, 0, (random(2, WIDTH),))
+
+
+def test_cotangent_must_be_a_tensor(mixer_executor) -> None:
+    forward(mixer_executor)
+    with pytest.raises(TypeError, match="cotangent 0 must be a Tensor or None"):
+        mixer_executor.stage_backward(0, 0, (np.zeros((2, WIDTH), np.float32), None))
+
+
+def test_unknown_stage(mixer_executor) -> None:
+    with pytest.raises(KeyError, match=r"stage 4 is not on this rank \(stages here: \[0\]\)"):
+        mixer_executor.stage_forward(4, 0, (random(2, WIDTH),))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_integer_output_takes_no_cotangent(mode: str) -> None:
+    class PassIds(nn.Cell):
+        def construct(self, h: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+            return h * 2, ids
+
+    executor = create_executor(mode, {0: PassIds()})
+    ids = Tensor(np.array([1, 2], np.int32))
+    executor.stage_forward(0, 0, (random(2, WIDTH), ids))
+    with pytest.raises(ValueError, match=r"output 1 is .* cannot take a gradient; pass None"):
+        executor.stage_backward(0, 0, (None, ids))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_last_stage_step_only_on_the_last_stage(mode: str) -> None:
+    stages = {0: named(Gate(), f"g_{mode}."), 1: named(Classifier(), f"c_{mode}.")}
+    executor = create_executor(mode, stages, loss_fn=classification_loss)
+    labels = (Tensor(np.array([0, 1], np.int32)),)
+    with pytest.raises(ValueError, match=r"last_stage_step\(stage 0, micro 0\): the last stage is 1"):
+        executor.last_stage_step(0, 0, (random(2, WIDTH), Tensor(np.array([0, 1], np.int32))), labels)
+    explicit = create_executor(mode, stages, loss_fn=classification_loss, last_stage=7)
+    with pytest.raises(ValueError, match="the last stage is 7"):
+        explicit.last_stage_step(1, 0, (random(2, WIDTH),), labels)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_loss_from_the_stage_itself_when_no_loss_fn(mode: str) -> None:
+    """Without ``loss_fn`` the last chunk gets the labels and returns the scalar loss."""
+
+    class WithLoss(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.classifier = Classifier()
+
+        def construct(self, h: Tensor, labels: Tensor) -> Tensor:
+            return classification_loss(self.classifier(h), labels)
+
+    ms.set_seed(9)
+    cell = named(WithLoss(), f"wl_{mode}.")
+    h, labels = random(2, WIDTH, seed=3), Tensor(np.array([2, 0], np.int32))
+    executor = create_executor(mode, {0: cell}, loss_scale=0.5)
+    loss, (d_h,) = executor.last_stage_step(0, 0, (h,), (labels,))
+    want_loss, (want_dh, _) = ms.value_and_grad(cell, (0,), cell.trainable_params())(h, labels)
+    np.testing.assert_allclose(loss.asnumpy(), want_loss.asnumpy(), rtol=1e-6)
+    np.testing.assert_allclose(d_h.asnumpy(), 0.5 * want_dh.asnumpy(), atol=1e-6, rtol=1e-5)
+
+    not_scalar = create_executor(mode, {0: named(Classifier(), f"ns_{mode}.")})
+    with pytest.raises(
+        ValueError, match=r"stage 0, micro 0\): the loss must be a scalar, got shape \[2, 3\]"
+    ):
+        not_scalar.last_stage_step(0, 0, (h,), ())
+
+
+def test_every_executor_error_is_a_graph_exec_error(mixer_executor) -> None:
+    with pytest.raises(GraphExecError):
+        mixer_executor.stage_backward(0, 9, (None, None))
+    with pytest.raises(GraphExecError):
+        mixer_executor.stage_forward(9, 0, ())
+    forward(mixer_executor)
+    with pytest.raises(GraphExecError):
+        mixer_executor.stage_backward(0, 0, (None,))
+    with pytest.raises(GraphExecError):
+        mixer_executor.stage_backward(0, 0, ("not a tensor", None))
+    with pytest.raises(GraphExecError):
+        create_executor("eager", {})
