@@ -1,7 +1,29 @@
 """graph_exec: pipeline-parallel training of MindSpore models with the MPipe Transpose schedule.
 
 Importing the package is cheap: MindSpore is imported only by the parts that compute or
-communicate, so planning and simulating work on a machine without MindSpore.
+communicate, so planning and simulating work on a machine without MindSpore. The training
+API (``PipelineStage``, ``ScheduleMPipeTranspose``, ``ScheduleInterleaved1F1B``) loads on
+first use.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "PipelineStage": "graph_exec.runtime.stage",
+    "ScheduleMPipeTranspose": "graph_exec.runtime.schedules",
+    "ScheduleInterleaved1F1B": "graph_exec.runtime.schedules",
+}
+
+__all__ = ["PipelineStage", "ScheduleInterleaved1F1B", "ScheduleMPipeTranspose", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graph_exec' has no attribute {name!r}")

@@ -40,3 +40,7 @@ class PipelineStepError(GraphExecError, RuntimeError):
         self.rank = rank
         self.step = step
         self.peer = peer
+
+
+class ConfigurationMismatchError(GraphExecError, ValueError):
+    """The ranks of one pipeline were set up differently (detected before any training message)."""

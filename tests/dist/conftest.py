@@ -38,7 +38,13 @@ def run_workers(tmp_path: Path) -> Callable[..., LaunchResult]:
     ) -> LaunchResult:
         import os
 
-        full_env = {**os.environ, **(env or {})}
+        # Workers import shared test models as `tests.…`: put the repository root on their path.
+        root = str(Path(__file__).resolve().parents[2])
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+            **(env or {}),
+        }
         result = launch(
             WORKERS / script, args, nproc=nproc, log_dir=tmp_path / "logs", timeout_s=timeout_s, env=full_env
         )

@@ -1,0 +1,230 @@
+"""The per-rank driver: walks this rank's plan for one training step and runs each step.
+
+Compute goes through the executor hooks, messages through the transport, receive buffers come
+from the pool. The driver owns the per-step caches: they start empty, each step puts what a
+later step takes, and they end empty. Any exception aborts the step — caches dropped, buffers
+returned, peers told — and comes back as a :class:`PipelineStepError` naming rank, step and peer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from graph_exec.errors import GraphExecError, PipelineStepError
+from graph_exec.executors.base import Executor
+from graph_exec.runtime.buffers import ReceiveBuffers
+from graph_exec.runtime.grad_reduce import StepContribution
+from graph_exec.runtime.microbatch import MicroBatches
+from graph_exec.runtime.state import StepCaches
+from graph_exec.schedule import Plan, Step, StepKind
+from graph_exec.schedule.routing import partner
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One step as it really ran: seconds since the start of the training step."""
+
+    rank: int
+    step: str
+    start: float
+    end: float
+
+
+class RankRuntime:
+    """Runs one rank's order of a plan, one training step per :meth:`run` call."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        rank: int,
+        executor: Executor,
+        transport: Any | None,
+        buffers: ReceiveBuffers | None,
+        *,
+        preprocess_grads: Callable[[], list[Any]] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.order = plan.orders[rank]
+        self.executor = executor
+        self.transport = transport
+        self.buffers = buffers
+        self.caches = StepCaches()
+        self.timeline: list[TimelineEvent] = []
+        self._preprocess_grads = preprocess_grads
+        self._has_preprocess = plan.config.preprocess != "none"
+        self._trainable = plan.config.trainable
+        self._last_stage = plan.config.last_stage
+        self._batch: MicroBatches | None = None
+        self._index = 0
+        self._contribution: StepContribution | None = None
+        self._handlers: dict[StepKind, Callable[[Step], None]] = {
+            StepKind.F: self._forward,
+            StepKind.B: self._backward,
+            StepKind.FSEND: lambda s: self._send(s, self.caches.outputs.pop((s.stage, s.micro))),
+            StepKind.BSEND: lambda s: self._send(s, self.caches.input_grads.pop((s.stage, s.micro))),
+            StepKind.FRECV: lambda s: self.caches.body_inputs.__setitem__((s.stage, s.micro), self._recv(s)),
+            StepKind.BRECV: lambda s: self.caches.cotangents.__setitem__((s.stage, s.micro), self._recv(s)),
+            StepKind.BCAST: self._broadcast,
+            StepKind.TFWD: self._preprocess_forward,
+            StepKind.OUTSEND: lambda s: self._send(s, self.caches.preprocess_outputs.pop(s.micro)),
+            StepKind.OUTRECV: lambda s: self.caches.body_inputs.__setitem__((0, s.micro), self._recv(s)),
+            StepKind.INSEND: self._ship_input,
+            StepKind.INRECV: self._receive_input,
+            StepKind.TBWD: self._preprocess_backward_central,
+            StepKind.GRADSEND: lambda s: self._send(s, self.caches.preprocess_grads.pop(s.micro)),
+            StepKind.GRADRECV_BWD: self._preprocess_backward_owner,
+            StepKind.GRADREDUCE: self._grad_reduce,
+        }
+
+    # -- the walk --------------------------------------------------------------------------
+
+    def run(self, batch: MicroBatches) -> dict[int, Any]:
+        """Run this rank's whole order on ``batch``; returns the losses by micro-batch index."""
+        leftovers = self.caches.leftovers() + [f"executor kept {list(self.executor.kept())}"] * bool(
+            self.executor.kept()
+        )
+        if leftovers:
+            raise GraphExecError(f"rank {self.rank}: data left from a previous step: {'; '.join(leftovers)}")
+        self._batch = batch
+        self.timeline = []
+        if any(step.kind is StepKind.GRADREDUCE for step in self.order) and self._preprocess_grads:
+            self._contribution = StepContribution(self._preprocess_grads())
+        origin = time.perf_counter()
+        for index, step in enumerate(self.order):
+            self._index = index
+            start = time.perf_counter()
+            try:
+                self._handlers[step.kind](step)
+                if self.buffers is not None and self.buffers.due(self._index):
+                    if self.transport is not None:
+                        self.transport.drain()  # a queued send may still read the buffer
+                    self.buffers.release_after(self._index)
+            except Exception as exc:
+                self.abort(f"step {step.token} raised {type(exc).__name__}: {exc}")
+                raise PipelineStepError(self.rank, step.token, self.plan.peer(self.rank, step), exc) from exc
+            except BaseException:
+                self.abort(f"step {step.token} was interrupted")
+                raise
+            self.timeline.append(
+                TimelineEvent(self.rank, step.token, start - origin, time.perf_counter() - origin)
+            )
+        if self.transport is not None:
+            self.transport.drain()
+        losses = dict(self.caches.losses)
+        self.caches.losses.clear()
+        leftovers = self.caches.leftovers()
+        if leftovers or self.executor.kept():
+            self.abort("plan left data behind")
+            raise GraphExecError(
+                f"rank {self.rank}: the plan left data behind (a runtime bug): "
+                f"{'; '.join(leftovers)} executor kept {list(self.executor.kept())}"
+            )
+        return losses
+
+    def abort(self, reason: str) -> None:
+        """Drop every cache, return every buffer and tell the peers (best effort)."""
+        self.caches.clear()
+        self.executor.drop_kept()
+        self._contribution = None
+        if self.buffers is not None:
+            self.buffers.release_all()
+        if self.transport is not None:
+            self.transport.abort(reason)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _send(self, step: Step, tensors: tuple[Any, ...]) -> None:
+        self.transport.send(tensors, self.plan.peer(self.rank, step), step.token)
+
+    def _recv(self, step: Step) -> tuple[Any, ...]:
+        alloc = {} if self.buffers is None else {"alloc": self.buffers.allocator(self._index)}
+        return self.transport.recv(self.plan.peer(self.rank, step), partner(step).token, **alloc)
+
+    def _broadcast(self, step: Step) -> None:
+        self.transport.broadcast(self.executor.broadcast_tensors(), src=0)
+
+    def _grad_reduce(self, step: Step) -> None:
+        if self._contribution is not None:
+            self._contribution.all_reduce(self.transport.all_reduce_sum)
+            self._contribution = None
+
+    # -- body compute ----------------------------------------------------------------------
+
+    def _stage_input(self, stage: int, micro: int) -> tuple[Any, ...]:
+        if stage == 0 and not self.plan.config.mpipe:
+            return self._batch.inputs[micro]  # no preprocess and nothing shipped: straight from the batch
+        return self.caches.body_inputs.pop((stage, micro))
+
+    def _forward(self, step: Step) -> None:
+        stage, micro = step.stage, step.micro
+        inputs = self._stage_input(stage, micro)
+        if stage == self._last_stage:
+            labels = () if self._batch.labels is None else self._batch.labels[micro]
+            loss, grads = self.executor.last_stage_step(stage, micro, inputs, labels)
+            self.caches.losses[micro] = loss
+            self.caches.input_grads[(stage, micro)] = grads  # the B step routes them
+            return
+        outputs = self.executor.stage_forward(stage, micro, inputs)
+        if self.plan.stage_rank(stage + 1) == self.rank:
+            self.caches.body_inputs[(stage + 1, micro)] = outputs  # next chunk is local (P = 1)
+        else:
+            self.caches.outputs[(stage, micro)] = outputs
+
+    def _backward(self, step: Step) -> None:
+        stage, micro = step.stage, step.micro
+        if stage == self._last_stage:
+            grads = self.caches.input_grads.pop((stage, micro))  # computed by the fused step
+        else:
+            grads = self.executor.stage_backward(stage, micro, self.caches.cotangents.pop((stage, micro)))
+        if stage == 0:
+            if self._trainable:
+                self.caches.preprocess_grads[micro] = grads
+        elif self.plan.stage_rank(stage - 1) == self.rank:
+            self.caches.cotangents[(stage - 1, micro)] = grads
+        else:
+            self.caches.input_grads[(stage, micro)] = grads
+
+    # -- preprocess ------------------------------------------------------------------------
+
+    def _preprocess_forward(self, step: Step) -> None:
+        micro = step.micro
+        inputs = self._batch.inputs[micro]
+        outputs = (
+            self.executor.preprocess_forward(inputs, self._batch.kwargs[micro])
+            if self._has_preprocess
+            else inputs
+        )
+        if self.rank == 0:
+            self.caches.body_inputs[(0, micro)] = outputs
+        else:
+            self.caches.preprocess_outputs[micro] = outputs
+
+    def _ship_input(self, step: Step) -> None:
+        kwargs = self._batch.kwargs[step.micro]
+        self._send(step, (*self._batch.inputs[step.micro], *(kwargs[k] for k in sorted(kwargs))))
+
+    def _receive_input(self, step: Step) -> None:
+        received = self._recv(step)
+        count = len(self._batch.inputs[step.micro])
+        keys = sorted(self._batch.kwargs[step.micro])
+        self.caches.shipped_inputs[step.micro] = (
+            received[:count],
+            dict(zip(keys, received[count:], strict=True)),
+        )
+
+    def _preprocess_backward_central(self, step: Step) -> None:
+        micro = step.micro
+        if micro in self.caches.shipped_inputs:
+            inputs, kwargs = self.caches.shipped_inputs.pop(micro)
+        else:
+            inputs, kwargs = self._batch.inputs[micro], self._batch.kwargs[micro]
+        self.executor.preprocess_backward(inputs, kwargs, self.caches.preprocess_grads.pop(micro))
+
+    def _preprocess_backward_owner(self, step: Step) -> None:
+        micro = step.micro
+        cotangents = self._recv(step)
+        self.executor.preprocess_backward(self._batch.inputs[micro], self._batch.kwargs[micro], cotangents)
