@@ -161,22 +161,28 @@ class ScheduleMPipeTranspose:
         return None
 
     def grads(self) -> dict[str, Any]:
-        """``{parameter name: gradient}`` for every parameter this rank trains.
+        """``{parameter name: gradient}`` for every parameter this rank trains, in the order of
+        :meth:`trainable_params` (the live accumulators: read them before the next ``run()``).
 
         With central backward the preprocess gradient lives on rank 0 only (other ranks receive
         the updated weights by broadcast); with owner backward every rank holds it.
         """
-        setup = self._require_setup("grads()")
-        kept = set(self._trained_names(setup))
-        return {name: grad for name, grad in setup.executor.grads().items() if name in kept}
+        accumulators = self._require_setup("grads()").executor.grads()
+        return {p.name: accumulators[p.name] for p in self.trainable_params()}
 
     def trainable_params(self) -> list[Any]:
-        """The parameters :meth:`grads` covers, in the same order (hand them to an optimizer)."""
-        setup = self._require_setup("trainable_params()")
-        params = {p.name: p for s in self.stages for p in s.submodule.trainable_params()}
-        if self.preprocess_module is not None:
-            params.update({p.name: p for p in self.preprocess_module.trainable_params()})
-        return [params[name] for name in self._trained_names(setup)]
+        """The parameters this rank trains, each once (hand them to an optimizer).
+
+        Available before the first ``run()``: the stages' trainable parameters, plus the
+        preprocess ones on rank 0 (central backward) or on every rank (owner backward).
+        """
+        from graph_exec.transport import pipeline_rank
+
+        cells = [s.submodule for s in self.stages]
+        if self.preprocess_module is not None and (self.backward == "owner" or pipeline_rank() == 0):
+            cells.append(self.preprocess_module)
+        unique = {p.name: p for cell in cells for p in cell.trainable_params()}
+        return list(unique.values())
 
     def zero_grad(self) -> None:
         """Reset every gradient buffer of this rank to zero."""
@@ -212,13 +218,6 @@ class ScheduleMPipeTranspose:
         if self._setup is None:
             raise GraphExecError(f"{what} is available after the first run()")
         return self._setup
-
-    def _trained_names(self, setup: _Setup) -> list[str]:
-        names = list(setup.executor.grads())
-        preprocess = {p.name for p in setup.executor.broadcast_tensors()}
-        if self.backward == "central" and setup.rank != 0:
-            names = [n for n in names if n not in preprocess]
-        return names
 
     def _preprocess_kind(self) -> str:
         if self.preprocess_module is None:

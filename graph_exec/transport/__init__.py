@@ -6,6 +6,7 @@ from graph_exec.transport.comm import (
     TransportStats,
     is_initialized,
     numpy_allocator,
+    pipeline_rank,
     require_initialized,
 )
 from graph_exec.transport.meta import TensorMeta
@@ -17,5 +18,6 @@ __all__ = [
     "TransportStats",
     "is_initialized",
     "numpy_allocator",
+    "pipeline_rank",
     "require_initialized",
 ]

@@ -68,6 +68,15 @@ def is_initialized() -> bool:
     return bool(GlobalComm.INITED)
 
 
+def pipeline_rank() -> int:
+    """This process's rank in the pipeline (the world rank; 0 without communication)."""
+    if not is_initialized():
+        return 0
+    from mindspore.communication import get_rank
+
+    return int(get_rank())
+
+
 def require_initialized() -> None:
     """Raise a clear error, with launch instructions, if communication is not initialised."""
     if not is_initialized():
