@@ -15,6 +15,8 @@ import sys
 COMMANDS = {
     "plan": ".plan",
     "simulate": ".simulate",
+    "run": ".run",
+    "bench": ".bench",
 }
 
 

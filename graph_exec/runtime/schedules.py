@@ -74,7 +74,8 @@ class ScheduleMPipeTranspose:
     batch is only read for the micro-batches it owns, the rest reach rank 0 by transfer),
     ``loss_fn(output, *labels)`` (``None``: the last chunk returns the loss), ``scale_grads``
     (divide gradients by the number of micro-batches), ``timeout_s`` (bound on every wait for
-    a peer).
+    a peer), ``sync_steps`` (benchmarks: wait for every compute step's results before timing
+    it, so :attr:`timeline` shows each step's own duration; see ``RankRuntime`` for its cost).
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class ScheduleMPipeTranspose:
         loss_fn: Callable[..., Any] | None = None,
         scale_grads: bool = False,
         timeout_s: float = 300.0,
+        sync_steps: bool = False,
     ) -> None:
         self.stages = _check_stages(stages)
         if isinstance(micro_batch_num, bool) or not isinstance(micro_batch_num, int) or micro_batch_num < 1:
@@ -125,6 +127,7 @@ class ScheduleMPipeTranspose:
         self.loss_fn = loss_fn
         self.scale_grads = bool(scale_grads)
         self.timeout_s = float(timeout_s)
+        self.sync_steps = bool(sync_steps)
         self._setup: _Setup | None = None
         self._failed: str | None = None
 
@@ -262,6 +265,7 @@ class ScheduleMPipeTranspose:
             transport,
             ReceiveBuffers(pool, lifetimes),
             preprocess_grads=lambda: [executor.grads()[n] for n in preprocess_names],
+            sync_steps=self.sync_steps,
         )
         self._setup = _Setup(plan, rank, executor, runtime, transport, pool)
         return self._setup
@@ -326,7 +330,14 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         loss_fn: Callable[..., Any] | None = None,
         scale_grads: bool = False,
         timeout_s: float = 300.0,
+        sync_steps: bool = False,
     ) -> None:
         super().__init__(
-            stages, micro_batch_num, mode=mode, loss_fn=loss_fn, scale_grads=scale_grads, timeout_s=timeout_s
+            stages,
+            micro_batch_num,
+            mode=mode,
+            loss_fn=loss_fn,
+            scale_grads=scale_grads,
+            timeout_s=timeout_s,
+            sync_steps=sync_steps,
         )

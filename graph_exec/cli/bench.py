@@ -1,0 +1,154 @@
+"""``graph-exec bench [EXAMPLE]``: MPipe variants against the interleaved-1F1B baseline.
+
+One msrun launch trains every run (each variant in each mode, plus the baselines they are
+compared with) on the same workload, step by step in turn so machine noise hits them alike,
+with every compute step timed to its completion. The parent then merges the ranks' records
+and prints the table, the MPipe savings and the simulator's inputs; ``--json`` saves it all
+(schema in :mod:`graph_exec.report.bench_report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from graph_exec.cli.jobs import JobFailed, add_launch_arguments, execute, output_file, run_directory
+from graph_exec.cli.plan import positive_int
+from graph_exec.cli.run import add_model_arguments, workload
+from graph_exec.executors import MODES
+from graph_exec.report.bench_report import VARIANTS, document, evaluate, plan_config, runs_for, table
+from graph_exec.report.bench_schema import check
+from graph_exec.report.job import JobSpec
+from graph_exec.schedule import PlanConfigError
+
+
+def _names(allowed: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
+    """argparse type: a comma-separated, non-empty list drawn from ``allowed``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+        unknown = [n for n in names if n not in allowed]
+        if unknown or not names:
+            bad = ", ".join(map(repr, unknown)) or repr(text)
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad}; choose from: {','.join(allowed)}")
+        return names
+
+    return parse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from graph_exec.examples import EXAMPLES
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark MPipe variants against the interleaved-1F1B baseline",
+        description="Train the no-MPipe baseline and MPipe variants side by side in one launch and "
+        "report step time, ratios, bubble, runtime overhead, compilations, allocations and the "
+        "simulator's prediction from the measured per-op costs.",
+    )
+    parser.add_argument(
+        "example",
+        nargs="?",
+        default="vl_tower",
+        choices=tuple(EXAMPLES),
+        help="the example (default vl_tower)",
+    )
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--steps", metavar="K", type=positive_int, default=8, help="measured steps per run (default 8)"
+    )
+    parser.add_argument(
+        "--warmup",
+        metavar="W",
+        type=positive_int,
+        default=3,
+        help="steps per run before measuring, at least 1: the first one compiles (default 3)",
+    )
+    parser.add_argument(
+        "--variants",
+        type=_names(tuple(VARIANTS), "variant"),
+        default=tuple(VARIANTS),
+        help=f"comma-separated MPipe variants (default all: {','.join(VARIANTS)}); "
+        "the baselines they compare with are added",
+    )
+    parser.add_argument(
+        "--modes",
+        type=_names(MODES, "mode"),
+        default=MODES,
+        help=f"comma-separated (default {','.join(MODES)})",
+    )
+    parser.add_argument(
+        "--json", metavar="FILE", type=output_file, help="save every number (schema version 1)"
+    )
+    add_launch_arguments(parser, timeout_s=1200)
+    parser.set_defaults(func=lambda args: _run(args, parser))
+
+
+def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
+    """The bench job ``args`` describe; an impossible configuration exits with code 2."""
+    micro, batch = workload(args, parser)
+    job = JobSpec(
+        example=args.example,
+        size=args.size,
+        ranks=args.ranks,
+        vpp=args.vpp,
+        micro=micro,
+        batch=batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        runs=runs_for(args.variants, args.modes),
+        lr=args.lr,
+        timeout_s=min(120.0, args.timeout),
+        pin_cores=args.pin_cores,
+        calibrate=True,
+    )
+    for spec in job.runs:
+        try:
+            plan_config(job, spec)
+        except PlanConfigError as err:
+            parser.error(f"run {spec.name}: {err}")
+    return job
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    job = job_from_args(args, parser)
+    names = [spec.name for spec in job.runs]
+    print(
+        f"bench {job.example} ({job.size}) on {job.ranks} ranks, V={job.vpp} M={job.micro} batch {job.batch}: "
+        f"{len(names)} runs x ({job.warmup} warm-up + {job.steps} measured steps)",
+        flush=True,
+    )
+    seen: dict[int, dict[str, float]] = {}
+
+    def progress(line: dict) -> None:
+        times = seen.setdefault(line["step"], {})
+        times[line["run"]] = line["seconds"]
+        if len(times) == len(names):
+            phase = "warm-up" if line["step"] < job.warmup else "measured"
+            fastest, slowest = min(times, key=times.get), max(times, key=times.get)
+            print(
+                f"step {line['step'] + 1:>2}/{job.total_steps} ({phase}): fastest {fastest} "
+                f"{times[fastest] * 1e3:.0f} ms, slowest {slowest} {times[slowest] * 1e3:.0f} ms",
+                flush=True,
+            )
+
+    try:
+        with run_directory(args.log_dir) as run_dir:
+            execute(job, run_dir, args.timeout, progress, "graph-exec bench")
+            doc = document(job, args.variants, args.modes, evaluate(job, run_dir))
+    except JobFailed as failed:
+        return failed.code
+    problems = check(doc)
+    if problems:  # a bug in this command, not in the user's input
+        print(
+            "graph-exec bench: the report does not match its schema:\n  " + "\n  ".join(problems),
+            file=sys.stderr,
+        )
+        return 1
+    sys.stdout.write("\n" + table(doc))
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        print(f"\nresults written to {args.json}")
+    return 0

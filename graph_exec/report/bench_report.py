@@ -1,0 +1,327 @@
+"""``graph-exec bench`` results: variants, per-run evaluation, the printed table, the JSON file.
+
+A bench job runs, on one workload, the interleaved-1F1B baseline without MPipe and the MPipe
+variants of :data:`VARIANTS`, each in every requested mode. Every MPipe variant is compared
+with the baseline of the same mode and the same preprocess trainability (added to the job
+automatically).
+
+JSON document (``--json``), ``version`` 1 (checked by :mod:`graph_exec.report.bench_schema`),
+every time in seconds, every share a fraction::
+
+    schema        "graph-exec-bench"
+    version       1
+    created       ISO-8601 UTC time
+    environment   {python, mindspore, graph_exec: version strings; cpus: int}
+    job           {example, size, ranks, vpp, micro, batch, steps, warmup, lr,
+                   variants: [str], modes: [str]}
+    definitions   {name: sentence}: how step time, bubble, overhead, prediction are measured
+    runs          one object per (variant, mode):
+      name, variant, mode            "frozen-full.graph", "frozen-full", "graph"
+      baseline                       bool: the no-MPipe interleaved-1F1B run
+      preprocess, overflow, backward the schedule ("none" preprocess for a baseline)
+      step_time_s, step_times_s      median, and every measured step
+      baseline_run, ratio_to_baseline   the baseline's name and step_time / its step_time
+                                     (null for a baseline)
+      pynative_over_graph            pynative step time / graph step time of this variant
+                                     (null unless both modes ran)
+      bubble_fraction, overhead_fraction, dispatch_s
+      compilations, compile_s        summed over ranks (whole run, warm-up included)
+      allocations_after_warmup       receive-buffer allocations after warm-up, all ranks
+      losses                         mean loss of every step (warm-up included)
+      prediction                     {step_time_s, error (signed, relative), bubble_fraction,
+                                      costs: {forward_s, backward_s, preprocess_forward_s,
+                                      recompute_s, broadcast_s, allreduce_s, latency_s,
+                                      bandwidth_bytes_per_s (null = infinite),
+                                      activation_bytes, preprocess_bytes, fused_last_stage}}
+      mpipe                          null for a baseline, else {nt, pf_s (median TFWD),
+                                     theory_saving_s = (nt - 1) * pf_s, saving_s = baseline
+                                     step time - this step time, saving_share =
+                                     saving_s / theory_saving_s, simulated_saving_s: the
+                                     simulator's saving against the textbook baseline (the
+                                     same body, stage 0 forward + Pf, nothing else added) with
+                                     this run's measured costs (frozen preprocess only, else
+                                     null), simulated_share = simulated_saving_s /
+                                     theory_saving_s}
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graph_exec.report import analysis, predict
+from graph_exec.report.analysis import RunSummary, summarize
+from graph_exec.report.job import JobSpec, RunSpec
+from graph_exec.report.predict import Prediction
+from graph_exec.report.records import read_run
+from graph_exec.schedule import PlanConfig, StepKind, build_plan
+
+SCHEMA = "graph-exec-bench"
+VERSION = 1
+
+#: MPipe variant name -> RunSpec fields. The baselines are added by :func:`runs_for`.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "frozen-full": {"trainable": False, "overflow": "full"},
+    "frozen-min": {"trainable": False, "overflow": "min"},
+    "trainable-full": {"trainable": True, "overflow": "full"},
+    "trainable-min": {"trainable": True, "overflow": "min"},
+    "trainable-full-owner": {"trainable": True, "overflow": "full", "backward": "owner"},
+    "trainable-min-owner": {"trainable": True, "overflow": "min", "backward": "owner"},
+}
+
+DEFINITIONS = {
+    "step_time": "first rank entering run() to last rank leaving it (steps start after a barrier); "
+    "median over the measured steps",
+    "bubble_fraction": "1 - (time in F, B, TFWD, TBWD, GRADrecv+bwd summed over ranks) / (ranks x step time)",
+    "overhead_fraction": "runtime's own time on the worst rank / step time: run() wall time minus its "
+    "plan steps, plus its send steps, plus its hook calls x the calibrated per-call dispatch cost",
+    "prediction": "graph_exec.simulate on the run's plan with per-op costs measured in the same run "
+    "(medians; sends billed to the compute they follow; fused last stage)",
+}
+
+
+def baseline_name(variant: str) -> str:
+    return f"baseline-{'trainable' if VARIANTS[variant]['trainable'] else 'frozen'}"
+
+
+def runs_for(variants: Sequence[str], modes: Sequence[str]) -> tuple[RunSpec, ...]:
+    """Every run of a bench job: per mode, the baselines the variants need, then the variants."""
+    runs = []
+    for mode in modes:
+        for trainable in sorted({VARIANTS[v]["trainable"] for v in variants}):
+            name = f"baseline-{'trainable' if trainable else 'frozen'}"
+            runs.append(RunSpec(name=f"{name}.{mode}", mode=mode, baseline=True, trainable=trainable))
+        runs.extend(RunSpec(name=f"{v}.{mode}", mode=mode, **VARIANTS[v]) for v in variants)
+    return tuple(runs)
+
+
+def plan_config(job: JobSpec, spec: RunSpec) -> PlanConfig:
+    """The plan a run executes (what the schedule builds on every rank)."""
+    return PlanConfig(
+        pp=job.ranks,
+        vpp=job.vpp,
+        micro=job.micro,
+        preprocess=spec.preprocess,
+        overflow=spec.overflow if not spec.baseline else "full",
+        backward=spec.backward if not spec.baseline else "central",
+    )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run, evaluated."""
+
+    spec: RunSpec
+    summary: RunSummary
+    prediction: Prediction
+    pf: float | None  #: median TFWD seconds (MPipe runs)
+    nt: int
+
+    @property
+    def variant(self) -> str:
+        return self.spec.name.rsplit(".", 1)[0]
+
+
+def evaluate(job: JobSpec, run_dir: Path) -> list[RunResult]:
+    """Read and evaluate every run of ``job`` from ``run_dir``."""
+    last_stage = job.ranks * job.vpp - 1
+    results = []
+    for spec in job.runs:
+        records = read_run(run_dir, spec.name, job.ranks)
+        config = plan_config(job, spec)
+        results.append(
+            RunResult(
+                spec,
+                summarize(records, job.warmup, last_stage),
+                predict.predict(build_plan(config), records, job.warmup),
+                analysis.median_seconds(records, job.warmup, StepKind.TFWD),
+                config.nt,
+            )
+        )
+    return results
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def _comparisons(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
+    by_name = {r.spec.name: r for r in results}
+    out = {}
+    for r in results:
+        base = None if r.spec.baseline else by_name.get(f"{baseline_name(r.variant)}.{r.spec.mode}")
+        graph, pynative = by_name.get(f"{r.variant}.graph"), by_name.get(f"{r.variant}.pynative")
+        saving = None if base is None else base.summary.step_time - r.summary.step_time
+        theory = None if r.pf is None else (r.nt - 1) * r.pf
+        # R = a whole TBWD here, which the textbook baseline does not charge to B: frozen only
+        simulated = r.prediction.result.saving if r.spec.preprocess == "frozen" else None
+        out[r.spec.name] = {
+            "baseline_run": None if base is None else base.spec.name,
+            "ratio_to_baseline": None
+            if base is None
+            else _ratio(r.summary.step_time, base.summary.step_time),
+            "pynative_over_graph": None
+            if graph is None or pynative is None
+            else _ratio(pynative.summary.step_time, graph.summary.step_time),
+            "mpipe": None
+            if r.spec.baseline
+            else {
+                "nt": r.nt,
+                "pf_s": r.pf,
+                "theory_saving_s": theory,
+                "saving_s": saving,
+                "saving_share": None if saving is None or not theory else saving / theory,
+                "simulated_saving_s": simulated,
+                "simulated_share": None if simulated is None or not theory else simulated / theory,
+            },
+        }
+    return out
+
+
+def _costs(prediction: Prediction) -> dict[str, Any]:
+    c = prediction.costs
+    return {
+        "forward_s": c.forward,
+        "backward_s": c.backward,
+        "preprocess_forward_s": c.preprocess_forward,
+        "recompute_s": c.recompute,
+        "broadcast_s": c.broadcast,
+        "allreduce_s": c.allreduce,
+        "latency_s": c.latency,
+        "bandwidth_bytes_per_s": None if math.isinf(c.bandwidth) else c.bandwidth,
+        "activation_bytes": c.activation_bytes,
+        "preprocess_bytes": c.preprocess_bytes,
+        "fused_last_stage": c.fused_last_stage,
+    }
+
+
+def document(
+    job: JobSpec, variants: Sequence[str], modes: Sequence[str], results: Sequence[RunResult]
+) -> dict:
+    """The ``--json`` document (see the module docstring for its schema)."""
+    import mindspore
+
+    import graph_exec
+
+    comparisons = _comparisons(results)
+    runs = []
+    for r in results:
+        s = r.summary
+        runs.append(
+            {
+                "name": r.spec.name,
+                "variant": r.variant,
+                "mode": r.spec.mode,
+                "baseline": r.spec.baseline,
+                "preprocess": r.spec.preprocess,
+                "overflow": r.spec.overflow,
+                "backward": r.spec.backward,
+                "step_time_s": s.step_time,
+                "step_times_s": list(s.step_times),
+                **{k: v for k, v in comparisons[r.spec.name].items() if k != "mpipe"},
+                "bubble_fraction": s.bubble,
+                "overhead_fraction": s.overhead,
+                "dispatch_s": s.dispatch_seconds,
+                "compilations": s.compilations,
+                "compile_s": s.compile_seconds,
+                "allocations_after_warmup": s.allocations_after_warmup,
+                "losses": list(s.losses),
+                "prediction": {
+                    "step_time_s": r.prediction.step_time,
+                    "error": r.prediction.error(s.step_time),
+                    "bubble_fraction": r.prediction.result.bubble_fraction,
+                    "costs": _costs(r.prediction),
+                },
+                "mpipe": comparisons[r.spec.name]["mpipe"],
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "environment": {
+            "python": platform.python_version(),
+            "mindspore": mindspore.__version__,
+            "graph_exec": graph_exec.__version__,
+            "cpus": os.cpu_count() or 0,
+        },
+        "job": {
+            "example": job.example,
+            "size": job.size,
+            "ranks": job.ranks,
+            "vpp": job.vpp,
+            "micro": job.micro,
+            "batch": job.batch,
+            "steps": job.steps,
+            "warmup": job.warmup,
+            "lr": job.lr,
+            "variants": list(variants),
+            "modes": list(modes),
+        },
+        "definitions": dict(DEFINITIONS),
+        "runs": runs,
+    }
+
+
+# -- printed table ---------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    """``value * scale`` formatted with ``spec`` (width first), or a right-aligned ``-``."""
+    if value is None or math.isnan(value):
+        return "-".rjust(int(spec.lstrip("+").split(".")[0]))
+    return f"{value * scale:{spec}}"
+
+
+def table(doc: dict) -> str:
+    """The bench results as text: the main table, the MPipe savings, the simulator's inputs."""
+    head = (
+        f"{'run':30s}{'step ms':>9s}{'/base':>7s}{'pyn/gr':>7s}{'bubble':>7s}{'ovhd':>7s}"
+        f"{'pred ms':>9s}{'err':>8s}{'comp':>6s}{'comp s':>8s}{'alloc':>6s}"
+    )
+    lines = [head, "-" * len(head)]
+    for run in doc["runs"]:
+        pred = run["prediction"]
+        lines.append(
+            f"{run['name']:30s}{_fmt(run['step_time_s'], '9.1f', 1e3)}"
+            f"{_fmt(run['ratio_to_baseline'], '7.2f')}{_fmt(run['pynative_over_graph'], '7.2f')}"
+            f"{_fmt(run['bubble_fraction'], '7.0%')}{_fmt(run['overhead_fraction'], '7.1%')}"
+            f"{_fmt(pred['step_time_s'], '9.1f', 1e3)}{_fmt(pred['error'], '+8.1%')}"
+            f"{run['compilations']:6d}{run['compile_s']:8.1f}{run['allocations_after_warmup']:6d}"
+        )
+    mpipe = [run for run in doc["runs"] if run["mpipe"] is not None]
+    if mpipe:
+        lines += [
+            "",
+            f"{'MPipe saving (ms)':30s}{'measured':>9s}{'Pf':>7s}{'NT':>4s}{'(NT-1)Pf':>9s}{'share':>8s}"
+            f"{'simulated':>10s}{'share':>8s}",
+        ]
+        for run in mpipe:
+            m = run["mpipe"]
+            lines.append(
+                f"{run['name']:30s}{_fmt(m['saving_s'], '9.1f', 1e3)}{_fmt(m['pf_s'], '7.2f', 1e3)}"
+                f"{m['nt']:4d}{_fmt(m['theory_saving_s'], '9.1f', 1e3)}{_fmt(m['saving_share'], '8.0%')}"
+                f"{_fmt(m['simulated_saving_s'], '10.1f', 1e3)}{_fmt(m['simulated_share'], '8.0%')}"
+            )
+    costs = ("forward_s", "backward_s", "preprocess_forward_s", "recompute_s", "broadcast_s", "allreduce_s")
+    lines += [
+        "",
+        f"{'simulator inputs (ms)':30s}{'F':>7s}{'B':>7s}{'Pf+snd':>7s}{'R':>7s}{'BCAST':>7s}{'reduce':>7s}"
+        f"{'lat':>7s}{'MB/s':>8s}{'disp':>7s}",
+    ]
+    for run in doc["runs"]:
+        c = run["prediction"]["costs"]
+        bandwidth = c["bandwidth_bytes_per_s"]
+        lines.append(
+            f"{run['name']:30s}"
+            + "".join(_fmt(c[k], "7.2f", 1e3) for k in (*costs, "latency_s"))
+            + (f"{'inf':>8s}" if bandwidth is None else _fmt(bandwidth, "8.0f", 1e-6))
+            + _fmt(run["dispatch_s"], "7.3f", 1e3)
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,74 @@
+"""What one launch runs: a :class:`JobSpec` written by the parent, read by every worker.
+
+The spec travels as a JSON file in the run directory (``job.json``) rather than on the command
+line, so the parent and the workers agree on one document and msrun never has to quote it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+JOB_FILE = "job.json"
+#: Prefix of the progress lines the last-stage worker prints (one JSON object each) and the
+#: parent picks out of that worker's log while the job runs.
+PROGRESS = "@@graph-exec "
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training configuration: a schedule over the example model.
+
+    ``baseline`` runs :class:`ScheduleInterleaved1F1B` over the model with the preprocess folded
+    into stage 0 (no MPipe); ``overflow`` and ``backward`` then do not apply.
+    """
+
+    name: str
+    mode: str = "graph"
+    baseline: bool = False
+    trainable: bool = False
+    overflow: str = "full"
+    backward: str = "central"
+
+    @property
+    def preprocess(self) -> str:
+        """The plan's preprocess kind (``"none"`` for the baseline: nothing is transposed)."""
+        if self.baseline:
+            return "none"
+        return "trainable" if self.trainable else "frozen"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything the workers of one launch need; ``runs`` are executed round-robin, step by step."""
+
+    example: str
+    size: str
+    ranks: int
+    vpp: int
+    micro: int
+    batch: int
+    steps: int  #: measured steps per run, after ``warmup``
+    warmup: int  #: steps per run before the measured ones (compilation, allocator warm-up)
+    runs: tuple[RunSpec, ...]
+    lr: float = 1e-3
+    timeout_s: float = 120.0  #: bound on every wait for a peer inside a step
+    calibrate: bool = False  #: also measure transfer sizes and the executor's per-call dispatch cost
+    pin_cores: bool = False  #: bind each rank to its share of the cores (see graph_exec.cli.worker)
+    seed: int = 0
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + self.steps
+
+    def write(self, run_dir: Path) -> Path:
+        path = run_dir / JOB_FILE
+        path.write_text(json.dumps(asdict(self), indent=1), encoding="utf-8")
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> JobSpec:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data["runs"] = tuple(RunSpec(**run) for run in data["runs"])
+        return cls(**data)

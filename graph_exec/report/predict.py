@@ -1,0 +1,172 @@
+"""The simulator's prediction of a run's step time from the run's own measured per-op costs.
+
+Costs taken from the measured steps (medians over ranks and steps, seconds):
+
+- ``forward`` / ``backward``: per chunk, the mean over the non-last stages of each stage's
+  median ``F`` / ``B``, each plus the median of the send that follows it (``Fsend``/``Bsend``):
+  the simulator's sends are free, the real ones are not, and they always follow that compute.
+  The last stage is fused (``fused_last_stage``): its ``F`` costs ``forward + backward``.
+- ``preprocess_forward`` (Pf): median ``TFWD`` plus median ``OUTsend``; ``recompute`` (R):
+  median over the ``TBWD`` steps and the compute part of the ``GRADrecv+bwd`` steps (from the
+  moment the gradient could have arrived to the end).
+- ``broadcast`` / ``allreduce``: per step, the shortest ``BCAST`` / ``GRADreduce`` over the ranks
+  (the last rank to arrive waits least), median over steps.
+- ``latency`` / ``bandwidth``: from every send/receive pair, the time from "message sent and
+  receiver waiting" to "received" (``recv end − max(send end, recv start)``), fitted as
+  ``latency + bytes / bandwidth`` over the activation and preprocess transfer sizes; when the
+  sizes are within 2x of each other no bandwidth term can be told apart and the median is
+  the latency (bandwidth infinite).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from graph_exec.report.records import Event, RankRecord
+from graph_exec.schedule import Plan, Step, StepKind
+from graph_exec.schedule.routing import partner
+from graph_exec.schedule.steps import SEND_KINDS
+from graph_exec.simulate import OpCosts, SimResult, simulate
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The costs fed to the simulator and what it predicted."""
+
+    costs: OpCosts
+    result: SimResult
+
+    @property
+    def step_time(self) -> float:
+        return self.result.step_time
+
+    def error(self, measured: float) -> float:
+        """Signed relative error of the predicted step time against ``measured``."""
+        return (self.step_time - measured) / measured if measured > 0 else math.nan
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _durations(records: Sequence[RankRecord], warmup: int) -> dict[tuple[StepKind, int | None], list[float]]:
+    """Measured durations by (kind, stage), over every rank and measured step."""
+    out: dict[tuple[StepKind, int | None], list[float]] = defaultdict(list)
+    for record in records:
+        for step in record.steps[warmup:]:
+            for event in step.events:
+                parsed = Step.parse(event.token)
+                out[parsed.kind, parsed.stage].append(event.seconds)
+    return out
+
+
+def _per_chunk(durations: dict, kind: StepKind, send: StepKind, last_stage: int) -> float:
+    stages = sorted(s for k, s in durations if k is kind and s is not None and s != last_stage)
+    if not stages:
+        return 0.0
+    compute = statistics.fmean(_median(durations[kind, s]) for s in stages)
+    sends = [d for (k, _), values in durations.items() if k is send for d in values]
+    return compute + _median(sends)
+
+
+def _collective(records: Sequence[RankRecord], warmup: int, kind: StepKind) -> float:
+    shortest = []
+    for index in range(warmup, min(len(r.steps) for r in records)):
+        times = [
+            e.seconds for r in records for e in r.steps[index].events if Step.parse(e.token).kind is kind
+        ]
+        if times:
+            shortest.append(min(times))
+    return _median(shortest)
+
+
+def _received(plan: Plan, records: Sequence[RankRecord], warmup: int) -> Iterator[tuple[Step, Event, Event]]:
+    """Every measured receive with the send it matched: ``(receive step, receive, send)``."""
+    for index in range(warmup, min(len(r.steps) for r in records)):
+        sends = {
+            (rank, step): event
+            for rank, record in enumerate(records)
+            for event in record.steps[index].events
+            if (step := Step.parse(event.token)).kind in SEND_KINDS
+        }
+        for rank, record in enumerate(records):
+            for event in record.steps[index].events:
+                step = Step.parse(event.token)
+                if step.kind in SEND_KINDS or (sender := plan.peer(rank, step)) is None:
+                    continue
+                sent = sends.get((sender, partner(step)))
+                if sent is not None:
+                    yield step, event, sent
+
+
+def _transfers(plan: Plan, records: Sequence[RankRecord], warmup: int) -> tuple[float, float]:
+    """``(latency, bandwidth)`` fitted to every measured transfer (see the module docstring)."""
+    sizes = {
+        "body": max(r.activation_bytes for r in records),
+        "preprocess": max(r.preprocess_bytes for r in records),
+    }
+    samples = [  # (bytes, seconds); GRADrecv+bwd also computes, so it says nothing about transfers
+        (sizes["body" if step.stage is not None else "preprocess"], event.end - max(sent.end, event.start))
+        for step, event, sent in _received(plan, records, warmup)
+        if step.kind is not StepKind.GRADRECV_BWD
+    ]
+    if not samples:
+        return 0.0, math.inf
+    small, large = min(b for b, _ in samples), max(b for b, _ in samples)
+    if small <= 0 or large < 2 * small:
+        return max(0.0, _median([t for _, t in samples])), math.inf
+    mean_b = statistics.fmean(b for b, _ in samples)
+    mean_t = statistics.fmean(t for _, t in samples)
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in samples) / sum((b - mean_b) ** 2 for b, _ in samples)
+    if slope <= 0:
+        return max(0.0, mean_t), math.inf
+    return max(0.0, mean_t - slope * mean_b), 1.0 / slope
+
+
+def _recompute(plan: Plan, records: Sequence[RankRecord], warmup: int, latency: float) -> float:
+    """Median R over every ``TBWD`` and the compute part of every ``GRADrecv+bwd`` (the time
+    after its gradient could have arrived: its wait is the simulator's to work out)."""
+    samples = [
+        e.seconds
+        for r in records
+        for s in r.steps[warmup:]
+        for e in s.events
+        if Step.parse(e.token).kind is StepKind.TBWD
+    ]
+    samples += [
+        event.end - max(event.start, sent.end + latency)
+        for step, event, sent in _received(plan, records, warmup)
+        if step.kind is StepKind.GRADRECV_BWD
+    ]
+    return max(0.0, _median(samples))
+
+
+def measured_costs(plan: Plan, records: Sequence[RankRecord], warmup: int) -> OpCosts:
+    """The simulator's cost model filled from a run's measured steps (see module docstring)."""
+    durations = _durations(records, warmup)
+    last = plan.last_stage
+    latency, bandwidth = _transfers(plan, records, warmup)
+    return OpCosts(
+        forward=_per_chunk(durations, StepKind.F, StepKind.FSEND, last),
+        backward=_per_chunk(durations, StepKind.B, StepKind.BSEND, last),
+        preprocess_forward=_median(durations.get((StepKind.TFWD, None), []))
+        + _median(durations.get((StepKind.OUTSEND, None), [])),
+        recompute=_recompute(plan, records, warmup, latency),
+        broadcast=_collective(records, warmup, StepKind.BCAST),
+        allreduce=_collective(records, warmup, StepKind.GRADREDUCE),
+        latency=latency,
+        bandwidth=bandwidth,
+        activation_bytes=float(max(r.activation_bytes for r in records)),
+        preprocess_bytes=float(max(r.preprocess_bytes for r in records)),
+        fused_last_stage=True,
+    )
+
+
+def predict(plan: Plan, records: Sequence[RankRecord], warmup: int) -> Prediction:
+    """Simulate ``plan`` with the costs measured in ``records``."""
+    costs = measured_costs(plan, records, warmup)
+    return Prediction(costs, simulate(plan, costs))

@@ -1,0 +1,133 @@
+"""``graph-exec run`` and ``graph-exec bench`` end to end: real msrun launches, smallest settings.
+
+Each test runs the command the way a user does (a subprocess with a time limit) and checks
+what it printed and wrote: progress while training runs, the summary, the trace, the bench
+JSON against its schema, and a clean failure report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from graph_exec.report.bench_schema import check
+
+COMMAND = [sys.executable, "-m", "graph_exec.cli"]
+ENV = {**os.environ, "GLOG_v": "3"}
+
+
+def test_run_streams_progress_then_summarises_and_traces(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    argv = [*COMMAND, "run", "embed_lm", "--ranks", "2", "--steps", "3", "--backward", "owner"]
+    argv += ["--trace", str(trace), "--log-dir", str(tmp_path / "job")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    lines: list[str] = []
+    running_at_first_step = None
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("step ") and running_at_first_step is None:
+                running_at_first_step = proc.poll() is None
+        code = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "\n".join(lines)
+    assert code == 0, text
+    assert running_at_first_step, "the first progress line arrived only after the command ended"
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [s.split()[1] for s in steps] == ["1/3", "2/3", "3/3"], text
+    assert all(" loss " in s and s.endswith(" ms") for s in steps)
+    assert "backward=owner" in lines[0]
+    for expected in (
+        "loss: ",
+        "median step time: ",
+        "compilations: ",
+        "receive-buffer allocations after warm-up: 0",
+    ):
+        assert any(line.startswith(expected) for line in lines), (expected, text)
+    doc = json.loads(trace.read_text())
+    tracks = {e["tid"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert tracks == {0, 1}
+    tokens = {e["name"] for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert {"F0.0", "TFWD1", "OUTsend1", "GRADreduce", "step 2"} <= tokens
+    assert sorted(p.name for p in (tmp_path / "job").glob("run.rank*.json")) == [
+        "run.rank0.json",
+        "run.rank1.json",
+    ]
+
+
+def test_bench_writes_a_schema_valid_report(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = [*COMMAND, "bench", "vl_tower", "--variants", "frozen-full", "--steps", "2", "--warmup", "1"]
+    argv += ["--json", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert check(doc) == []
+    runs = {r["name"]: r for r in doc["runs"]}
+    assert set(runs) == {
+        "baseline-frozen.graph",
+        "frozen-full.graph",
+        "baseline-frozen.pynative",
+        "frozen-full.pynative",
+    }
+    for run in runs.values():
+        assert run["allocations_after_warmup"] == 0
+        assert len(run["step_times_s"]) == 2 and len(run["losses"]) == 3
+        assert 0 <= run["bubble_fraction"] < 1 and run["prediction"]["step_time_s"] > 0
+    # the same model and data: MPipe changes the schedule, not the numbers
+    assert runs["frozen-full.graph"]["losses"] == runs["baseline-frozen.graph"]["losses"]
+    mpipe = runs["frozen-full.graph"]
+    assert mpipe["baseline_run"] == "baseline-frozen.graph" and mpipe["pynative_over_graph"] > 0
+    assert mpipe["mpipe"]["nt"] == 2 and mpipe["mpipe"]["pf_s"] > 0
+    assert runs["frozen-full.pynative"]["compilations"] == 0 < mpipe["compilations"]
+    for name in runs:
+        assert name in proc.stdout
+
+
+def _job_processes(marker: str) -> list[int]:
+    """Processes whose command line mentions ``marker`` (a job's unique directory)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes().decode(errors="replace"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_failed_run_reports_keeps_its_logs_and_leaves_no_process() -> None:
+    argv = [*COMMAND, "run", "vl_tower", "--steps", "2", "--timeout", "3"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 1
+    assert "msrun timed out after" in proc.stderr
+    kept = Path(proc.stderr.rsplit("logs kept in ", 1)[1].strip())
+    try:
+        assert (kept / "job.json").exists() and (kept / "logs").is_dir()
+        assert _job_processes(str(kept)) == []  # the workers msrun started are gone too
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+
+
+def test_ctrl_c_stops_every_process_of_the_job(tmp_path: Path) -> None:
+    argv = [*COMMAND, "run", "embed_lm", "--steps", "50", "--log-dir", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step "):
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted, the job was stopped" in err
+    assert _job_processes(str(tmp_path)) == []
