@@ -3,7 +3,9 @@
 Used by ``graph-exec run``/``bench`` and by the multi-rank tests, so both get the same
 guarantees: a free port, a log directory with one log per worker, a cluster time-out (so a
 worker that dies early does not leave msrun waiting its default 600 s) and a hard wall-clock
-limit that kills the whole process group.
+limit. msrun starts every worker in a session of its own, so killing msrun's process group
+would leave the workers running: the processes of the job are recorded while it runs, and
+whatever is left of them is killed when the job times out or the caller is interrupted.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,8 +80,13 @@ def launch(
     timeout_s: float,
     env: Mapping[str, str] | None = None,
     cluster_timeout_s: int = 30,
+    poll: Callable[[], None] | None = None,
 ) -> LaunchResult:
-    """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``."""
+    """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``.
+
+    ``poll`` is called about four times a second while the job runs (and once after), e.g. to
+    show progress from the worker logs. msrun's own output goes to ``log_dir/msrun.out``.
+    """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     log_path = Path(log_dir)
@@ -103,24 +111,70 @@ def launch(
     child_env.setdefault("GLOG_v", "3")
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        env=child_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    output_path = log_path / "msrun.out"
+    with output_path.open("w") as output:
+        proc = subprocess.Popen(
+            cmd, env=child_env, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+    started: dict[int, str] = {}  # pid -> start time, so that a reused pid is never killed
     timed_out = False
     try:
-        output, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
+        while proc.poll() is None:
+            started.update(_descendants(proc.pid))
+            if poll is not None:
+                poll()
+            if time.monotonic() - start > timeout_s:
+                timed_out = True
+                break
+            time.sleep(0.25)
+    finally:
+        if proc.poll() is None:  # timed out, or the caller was interrupted
+            started.update(_descendants(proc.pid))
+            _kill({proc.pid: _processes().get(proc.pid, (0, ""))[1], **started})
+            proc.wait()
+    if poll is not None:
+        poll()
     logs = {
         int(m.group(1)): p.read_text(errors="replace")
         for p in log_path.glob("worker_*.log")
         if (m := re.fullmatch(r"worker_(\d+)\.log", p.name))
     }
-    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, log_path, output, logs)
+    output_text = output_path.read_text(errors="replace")
+    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, log_path, output_text, logs)
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process: pid -> (parent pid, start time), from /proc."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        table[int(stat.parent.name)] = (int(fields[1]), fields[19])  # ppid, starttime
+    return table
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """The processes below ``root`` (pid -> start time)."""
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found[child] = table[child][1]
+                todo.append(child)
+    return found
+
+
+def _kill(recorded: dict[int, str]) -> None:
+    """SIGKILL every recorded process that is still the one recorded."""
+    alive = _processes()
+    for pid, start in recorded.items():
+        if pid in alive and alive[pid][1] == start:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)

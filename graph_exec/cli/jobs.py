@@ -13,12 +13,10 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 from graph_exec.launch import LaunchResult, launch
@@ -132,44 +130,18 @@ class _LogTail:
 def run_job(
     job: JobSpec, run_dir: Path, timeout_s: float, on_progress: Callable[[dict], None]
 ) -> LaunchResult:
-    """Launch ``job`` on ``job.ranks`` local ranks, calling ``on_progress`` per progress line.
-
-    msrun starts every worker in a session of its own, so killing msrun's process group (what
-    the launcher does on time-out) leaves the workers running. The processes of the job are
-    therefore recorded while it runs, and whatever is left of them is killed when the job
-    times out or the user interrupts it.
-    """
+    """Launch ``job`` on ``job.ranks`` local ranks, calling ``on_progress`` per progress line
+    of the last-stage rank while it runs."""
     job.write(run_dir)
-    outcome: dict[str, LaunchResult | BaseException] = {}
-
-    def target() -> None:
-        try:
-            outcome["result"] = launch(
-                WORKER, [str(run_dir)], nproc=job.ranks, log_dir=run_dir / "logs", timeout_s=timeout_s
-            )
-        except BaseException as exc:  # handed to the main thread
-            outcome["error"] = exc
-
-    tail = _LogTail(run_dir / "logs" / f"worker_{job.ranks - 1}.log")  # the last stage's rank
-    thread = threading.Thread(target=target, name="graph-exec-launch", daemon=True)
-    thread.start()
-    started: dict[int, str] = {}  # pid -> its start time, so a reused pid is never killed
-    try:
-        while thread.is_alive():
-            started.update(_descendants(os.getpid()))
-            thread.join(0.25)
-            _echo(tail.lines(), on_progress)
-    except KeyboardInterrupt:
-        started.update(_descendants(os.getpid()))
-        _kill(started)
-        raise
-    _echo(tail.lines(), on_progress)
-    if "error" in outcome:
-        raise outcome["error"]
-    result = outcome["result"]
-    if result.timed_out:
-        _kill(started)
-    return result
+    tail = _LogTail(run_dir / "logs" / f"worker_{job.ranks - 1}.log")
+    return launch(
+        WORKER,
+        [str(run_dir)],
+        nproc=job.ranks,
+        log_dir=run_dir / "logs",
+        timeout_s=timeout_s,
+        poll=lambda: _echo(tail.lines(), on_progress),
+    )
 
 
 def execute(
@@ -192,40 +164,3 @@ def _echo(lines: list[str], on_progress: Callable[[dict], None]) -> None:
     for line in lines:
         if line.startswith(PROGRESS):
             on_progress(json.loads(line[len(PROGRESS) :]))
-
-
-def _processes() -> dict[int, tuple[int, str]]:
-    """Every process: pid -> (parent pid, start time), from /proc."""
-    out = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        out[int(stat.parent.name)] = (int(fields[1]), fields[19])  # ppid, starttime
-    return out
-
-
-def _descendants(root: int) -> dict[int, str]:
-    """The processes below ``root`` (pid -> start time)."""
-    table = _processes()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: dict[int, str] = {}
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found[child] = table[child][1]
-                todo.append(child)
-    return found
-
-
-def _kill(started: dict[int, str]) -> None:
-    """SIGKILL every recorded process that is still the one recorded."""
-    alive = _processes()
-    for pid, start in started.items():
-        if pid in alive and alive[pid][1] == start:
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)

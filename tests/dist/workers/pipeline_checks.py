@@ -87,6 +87,10 @@ class Checker:
         print(f"CHECK {name} {'OK' if ok else 'FAIL ' + detail}", flush=True)
         self.failures += not ok
 
+    def losses(self, name: str, losses: list, expected: list[float]) -> None:
+        got = np.array([float(loss.asnumpy()) for loss in losses])
+        self.check(name, np.allclose(got, expected, atol=ATOL, rtol=RTOL), f"{got} vs {expected}")
+
     def close(
         self, name: str, actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], factor=1.0
     ) -> None:
