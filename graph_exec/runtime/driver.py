@@ -36,13 +36,12 @@ class TimelineEvent:
 class RankRuntime:
     """Runs one rank's order of a plan, one training step per :meth:`run` call.
 
-    ``sync_steps`` (opt-in, for benchmarks) makes every compute step wait for its results
-    before its timeline entry is closed. A compiled MindSpore call may return before its graph
-    has run, so without it a step's time can be billed to a later step (usually the next one
-    that waits on data); with it every entry is the step's own duration. It gives up the
-    overlap of Python dispatch with the previous kernel, which on this CPU machine was worth
-    nothing: tiny ``embed_lm``, 2 ranks, graph mode ran 112 ms per step with it and 229 ms
-    without; pynative 209 ms either way.
+    ``sync_steps`` makes every compute step wait for its results before the next step starts
+    (and before its timeline entry is closed). A compiled MindSpore call may return before its
+    graph has run; without the wait a step's time is billed to a later step, and on CPU the
+    asynchronous dispatch was measured to be much *slower*: 2 ranks, graph mode, ``embed_lm``
+    tiny 520/390 ms per step without the wait against 160/130 ms with it, ``vl_tower`` small
+    800/780 against 390/388 ms. The schedules therefore turn it on for CPU by default.
     """
 
     def __init__(
