@@ -34,7 +34,7 @@ def create_executor(
     loss_fn: Callable[..., Any] | None = None,
     last_stage: int | None = None,
     loss_scale: float = 1.0,
-    bucketing: Any = None,
+    first_stage_input_grads: bool = True,
 ) -> Executor:
     """The executor for one rank.
 
@@ -43,23 +43,27 @@ def create_executor(
     (``None``: the last chunk returns the scalar loss itself, called as
     ``chunk(*inputs, *labels)``); ``last_stage`` is the index of the model's last stage
     (default: the highest index in ``stages``); gradients are those of ``loss_scale * loss``.
-    ``bucketing`` (padding shapes up to buckets to bound recompiles) is not supported: padding
-    is only loss- and gradient-neutral for models whose rows and positions are independent,
-    which an executor cannot check; pass ``None``.
+    ``first_stage_input_grads=False`` skips the gradient of stage 0's inputs (they are raw
+    data, or the output of a frozen preprocess: nobody reads it), saving that work in every
+    stage-0 backward.
+
+    Shape bucketing (padding shapes up to buckets to bound recompiles) is deliberately not
+    offered: padding is only loss- and gradient-neutral for models whose rows and positions
+    are independent, which an executor cannot check.
     """
     if mode not in MODES:
         raise ExecutorConfigError(f"unknown executor mode {mode!r}; expected one of {', '.join(MODES)}")
-    if bucketing is not None:
-        raise ExecutorConfigError(
-            "shape bucketing is not supported: padding changes losses and gradients of models whose "
-            "batch rows or positions interact (batch norm, mean losses, non-causal attention)"
-        )
     if mode == "graph":
         from .graph import GraphExecutor as chosen
     else:
         from .pynative import PynativeExecutor as chosen
     return chosen(
-        stages, preprocess=preprocess, loss_fn=loss_fn, last_stage=last_stage, loss_scale=loss_scale
+        stages,
+        preprocess=preprocess,
+        loss_fn=loss_fn,
+        last_stage=last_stage,
+        loss_scale=loss_scale,
+        first_stage_input_grads=first_stage_input_grads,
     )
 
 

@@ -56,12 +56,14 @@ class KernelExecutor(Executor):
         loss_fn: Callable[..., Tensor] | None = None,
         last_stage: int | None = None,
         loss_scale: float = 1.0,
+        first_stage_input_grads: bool = True,
     ) -> None:
         prepare_mindspore()
         self._stages = dict(sorted(stages.items()))
         self._preprocess = preprocess
         self._loss_fn = loss_fn
         self._loss_scale = float(loss_scale)
+        self._first_stage_input_grads = first_stage_input_grads
         self._last_stage = max(self._stages) if last_stage is None and self._stages else last_stage
         owners = [(f"stage {k}", cell) for k, cell in self._stages.items()]
         if preprocess is not None:
@@ -171,7 +173,7 @@ class KernelExecutor(Executor):
             raise HookOrderError(f"stage_backward(stage {stage}, micro {micro}) {why}")
         present = _check_cotangents(f"stage {stage}, micro {micro}", kept.outputs, cotangents)
         grads = self._stage_grads[stage]
-        grad_inputs = tuple(i for i, tensor in enumerate(kept.inputs) if is_float(tensor))
+        grad_inputs = self._grad_inputs(stage, kept.inputs)
         result: list[Tensor | None] = [None] * len(kept.inputs)
         if grad_inputs or (present and len(grads)):
             layout = BackwardLayout(len(kept.inputs), grad_inputs, present)
@@ -200,7 +202,7 @@ class KernelExecutor(Executor):
         specs = tensor_specs(inputs, f"{where} inputs")
         label_specs = tensor_specs(labels, f"{where} labels")
         grads = self._stage_grads[stage]
-        grad_inputs = tuple(i for i, tensor in enumerate(inputs) if is_float(tensor))
+        grad_inputs = self._grad_inputs(stage, inputs)
         loss, input_grads = self._call(
             ("last_stage_step", stage, specs, label_specs),
             lambda: make_last_stage_step(
@@ -236,6 +238,13 @@ class KernelExecutor(Executor):
         self._backward_done.clear()
 
     # ------------------------------------------------------------------ helpers
+
+    def _grad_inputs(self, stage: int, inputs: Tensors) -> tuple[int, ...]:
+        """Positions of the inputs whose gradient is wanted: the float ones, none of stage 0's
+        when nobody reads them."""
+        if stage == 0 and not self._first_stage_input_grads:
+            return ()
+        return tuple(i for i, tensor in enumerate(inputs) if is_float(tensor))
 
     def _stage(self, stage: int) -> nn.Cell:
         cell = self._stages.get(stage)

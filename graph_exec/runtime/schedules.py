@@ -308,6 +308,8 @@ class ScheduleMPipeTranspose:
             loss_fn=self.loss_fn,
             last_stage=num_stages - 1,
             loss_scale=1.0 / self.micro_batch_num if self.scale_grads else 1.0,
+            # Only a trainable preprocess reads dL/d(stage 0 input); otherwise it is wasted work.
+            first_stage_input_grads=config.trainable,
         )
         return build_plan(config), executor
 

@@ -21,11 +21,6 @@ def test_unknown_mode_is_refused_with_the_allowed_names() -> None:
         create_executor("eager", {})
 
 
-def test_bucketing_is_refused() -> None:
-    with pytest.raises(ValueError, match="bucketing is not supported"):
-        create_executor("graph", {}, bucketing={"batch": (4, 8)})
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_modes_report_their_name(mode: str) -> None:
     assert create_executor(mode, {}).mode == mode

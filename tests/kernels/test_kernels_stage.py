@@ -53,6 +53,27 @@ def test_missing_cotangent_counts_as_zero(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_first_stage_input_grads_can_be_skipped(mode: str) -> None:
+    """Stage 0's inputs are raw data or a frozen preprocess's output: no gradient, same weights."""
+    ms.set_seed(1)
+    cell = named(Mixer(), f"mix_skip_{mode}.")
+    inputs = (random(3, WIDTH, seed=1), random(3, WIDTH, seed=2))
+    cotangents = (random(3, WIDTH, seed=3), random(3, WIDTH, seed=4))
+    _, want_weights = vjp_reference(cell, inputs, cotangents, (0, 1))
+
+    executor = create_executor(
+        mode, {0: cell, 1: named(Mixer(), f"mix_skip1_{mode}.")}, first_stage_input_grads=False
+    )
+    for stage in (0, 1):
+        executor.stage_forward(stage, 0, inputs)
+    assert executor.stage_backward(0, 0, cotangents) == (None, None)
+    assert all(g is not None for g in executor.stage_backward(1, 0, cotangents))  # other stages unchanged
+    for name, grad in snapshot(executor.grads()).items():
+        if name in want_weights:
+            assert_close(grad, want_weights[name], f"gradient of {name}")
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_no_cotangent_at_all_gives_zero_input_grads_and_no_weight_grads(mode: str) -> None:
     cell = named(Mixer(), f"mix0_{mode}.")
     inputs = (random(2, WIDTH, seed=4), random(2, WIDTH, seed=5))
