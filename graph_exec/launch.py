@@ -50,6 +50,8 @@ class LaunchResult:
         """A failure report: exit status, then the tail of every worker's log."""
         head = "timed out" if self.timed_out else f"exit code {self.returncode}"
         parts = [f"msrun {head} after {self.seconds:.1f} s (logs in {self.log_dir})"]
+        if not self.worker_logs:  # msrun itself failed (bad arguments, no free port): its words
+            parts.extend(self.output.splitlines()[-tail_lines:])
         for rank, text in sorted(self.worker_logs.items()):
             lines = [ln for ln in text.splitlines() if not _NOISE.search(ln)]
             parts.append(f"----- worker {rank} (last {tail_lines} lines) -----")
@@ -83,6 +85,10 @@ def launch(
     poll: Callable[[], None] | None = None,
 ) -> LaunchResult:
     """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``.
+
+    msrun's own option parser sees ``args`` too and accepts abbreviations, so a script option
+    that abbreviates one of msrun's (``--worker`` for ``--worker_num``) is taken by msrun: pass
+    positional arguments or unambiguous option names.
 
     ``poll`` is called about four times a second while the job runs (and once after), e.g. to
     show progress from the worker logs. msrun's own output goes to ``log_dir/msrun.out``.

@@ -9,6 +9,7 @@ preprocess weights, SUM all-reduce of preprocess gradients) act in place.
 
 from __future__ import annotations
 
+import atexit
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,44 @@ def require_initialized() -> None:
         raise CommunicationNotInitializedError(f"MindSpore communication is not initialised: {LAUNCH_HINT}")
 
 
+class _ExitBarrier:
+    """At interpreter exit, wait briefly until every rank gets there (one barrier per process).
+
+    A message's sender may still be waiting for the receiver's acknowledgement when the
+    receiver has already returned from its last receive; if the receiver's process exits at
+    that moment, the sender fails with "Send failed" (seen with MCCL on CPU). Registered once,
+    run with the most recent transport; skipped if its communication is already broken.
+    Registered when the first transport exists, hence after MindSpore's own exit handlers,
+    which therefore run after it (exit handlers run last-registered first).
+    """
+
+    def __init__(self) -> None:
+        self.latest: Transport | None = None
+
+    def track(self, transport: Transport) -> None:
+        if self.latest is None:
+            atexit.register(self)
+        self.latest = transport
+
+    def __call__(self, timeout_s: float = 10.0) -> None:
+        transport = self.latest
+        if transport is None or transport._worker.broken is not None:
+            return
+        from mindspore.communication import GlobalComm
+
+        try:
+            transport._worker.run(
+                lambda: transport._dist.barrier(group=GlobalComm.WORLD_COMM_GROUP),
+                timeout_s,
+                "in the exit barrier",
+            )
+        except Exception:  # exiting anyway: a missing peer must not turn into a hang or a traceback
+            return
+
+
+_exit_barrier = _ExitBarrier()
+
+
 @dataclass
 class TransportStats:
     """Message counters for one rank (headers included)."""
@@ -135,6 +174,7 @@ class Transport:
         import mindspore as ms
 
         self._header_tensor = ms.from_numpy(self._header)
+        _exit_barrier.track(self)
 
     # -- point to point -------------------------------------------------------------------
 
@@ -148,15 +188,14 @@ class Transport:
         header = ms.from_numpy(encode_group(GroupMeta(label, entries)))
         payload = tuple(t for t in tensors if t is not None and t.size > 0)
         peer = self.ranks[dst]
-
-        def post() -> None:
-            for tensor in (header, *payload):
-                handle = self._dist.isend(tensor, dst=peer, group=self.group)
-                self._pending.append((handle, (tensor,)))
-                self.stats.messages_sent += 1
-                self.stats.bytes_sent += _nbytes(tensor)
-
-        self._worker.run(post, self.timeout_s, f"sending {label} to rank {dst}")
+        # Posted from the calling thread: isend does not block, and the worker is idle
+        # whenever the caller runs (every worker call is waited for), so calls never overlap.
+        self._worker.require_usable()
+        for tensor in (header, *payload):
+            handle = self._dist.isend(tensor, dst=peer, group=self.group)
+            self._pending.append((handle, (tensor,)))
+            self.stats.messages_sent += 1
+            self.stats.bytes_sent += _nbytes(tensor)
 
     def recv(self, src: int, expect: str, alloc: Allocator = numpy_allocator) -> tuple[Any | None, ...]:
         """Receive the tensor group that pipeline rank ``src`` sent with label ``expect``."""

@@ -46,10 +46,14 @@ class CommWorker:
                 call.error = exc
             call.done.set()
 
-    def run(self, fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-        """Run ``fn`` on the worker; raise :class:`PeerTimeoutError` after ``timeout_s``."""
+    def require_usable(self) -> None:
+        """Raise if an earlier call timed out (its stuck call may still consume a message)."""
         if self.broken is not None:
             raise CommunicationError(f"communication is unusable after an earlier failure ({self.broken})")
+
+    def run(self, fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        """Run ``fn`` on the worker; raise :class:`PeerTimeoutError` after ``timeout_s``."""
+        self.require_usable()
         call = _Call(fn)
         self._queue.put(call)
         if not call.done.wait(timeout_s):
