@@ -14,14 +14,20 @@ import json
 import sys
 from collections.abc import Callable
 
-from graph_exec.cli.jobs import JobFailed, add_launch_arguments, execute, output_file, run_directory
-from graph_exec.cli.plan import positive_int
+from graph_exec.cli.argtypes import positive_int
+from graph_exec.cli.jobs import (
+    JobFailed,
+    add_launch_arguments,
+    checked_job,
+    execute,
+    output_file,
+    run_directory,
+)
 from graph_exec.cli.run import add_model_arguments, workload
 from graph_exec.executors import MODES
-from graph_exec.report.bench_report import VARIANTS, document, evaluate, plan_config, runs_for, table
+from graph_exec.report.bench_report import VARIANTS, document, evaluate, runs_for, table
 from graph_exec.report.bench_schema import check
 from graph_exec.report.job import JobSpec
-from graph_exec.schedule import PlanConfigError
 
 
 def _names(allowed: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
@@ -89,27 +95,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
     """The bench job ``args`` describe; an impossible configuration exits with code 2."""
     micro, batch = workload(args, parser)
-    job = JobSpec(
-        example=args.example,
-        size=args.size,
-        ranks=args.ranks,
-        vpp=args.vpp,
-        micro=micro,
-        batch=batch,
-        steps=args.steps,
-        warmup=args.warmup,
-        runs=runs_for(args.variants, args.modes),
-        lr=args.lr,
-        timeout_s=min(120.0, args.timeout),
-        pin_cores=args.pin_cores,
-        calibrate=True,
+    runs = runs_for(args.variants, args.modes)
+    return checked_job(
+        args, parser, runs, micro=micro, batch=batch, steps=args.steps, warmup=args.warmup, calibrate=True
     )
-    for spec in job.runs:
-        try:
-            plan_config(job, spec)
-        except PlanConfigError as err:
-            parser.error(f"run {spec.name}: {err}")
-    return job
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

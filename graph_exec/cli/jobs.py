@@ -19,8 +19,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from graph_exec.cli.argtypes import seconds
 from graph_exec.launch import LaunchResult, launch
-from graph_exec.report.job import PROGRESS, JobSpec
+from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
+from graph_exec.schedule import PlanConfigError
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -56,7 +58,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> N
     parser.add_argument(
         "--timeout",
         metavar="S",
-        type=_seconds,
+        type=seconds,
         default=timeout_s,
         help=f"kill the whole job after S seconds (default {timeout_s:g})",
     )
@@ -76,14 +78,40 @@ def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> N
     )
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number of seconds > 0")
-    return value
+def checked_job(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    runs: tuple[RunSpec, ...],
+    *,
+    micro: int,
+    batch: int,
+    steps: int,
+    warmup: int,
+    calibrate: bool = False,
+) -> JobSpec:
+    """The job the shared model and launch options describe, if every run's plan can be
+    built; else exit with code 2 naming the run."""
+    job = JobSpec(
+        example=args.example,
+        size=args.size,
+        ranks=args.ranks,
+        vpp=args.vpp,
+        micro=micro,
+        batch=batch,
+        steps=steps,
+        warmup=warmup,
+        runs=runs,
+        lr=args.lr,
+        timeout_s=min(120.0, args.timeout),
+        pin_cores=args.pin_cores,
+        calibrate=calibrate,
+    )
+    for spec in job.runs:
+        try:
+            job.plan_config(spec)
+        except PlanConfigError as err:
+            parser.error(f"run {spec.name}: {err}" if len(job.runs) > 1 else str(err))
+    return job
 
 
 class JobFailed(Exception):

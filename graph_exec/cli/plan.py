@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from graph_exec.cli.argtypes import non_negative_int, positive_int
 from graph_exec.schedule import (
     Plan,
     PlanConfig,
@@ -20,28 +21,6 @@ from graph_exec.schedule import (
     to_text,
 )
 from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW, PREPROCESS
-
-
-def positive_int(text: str) -> int:
-    """argparse type: 1, 2, …"""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a positive integer (1, 2, …)")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: 0, 1, …"""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 0")
-    return value
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,13 +14,19 @@ import json
 import time
 from pathlib import Path
 
-from graph_exec.cli.jobs import JobFailed, add_launch_arguments, execute, output_file, run_directory
-from graph_exec.cli.plan import positive_int
+from graph_exec.cli.argtypes import positive_int
+from graph_exec.cli.jobs import (
+    JobFailed,
+    add_launch_arguments,
+    checked_job,
+    execute,
+    output_file,
+    run_directory,
+)
 from graph_exec.report.analysis import summarize
 from graph_exec.report.job import JobSpec, RunSpec
 from graph_exec.report.records import read_run
 from graph_exec.report.trace import PLOT_EXTRA_HINT, chrome_trace, plot_timeline
-from graph_exec.schedule import PlanConfig, PlanConfigError
 from graph_exec.schedule.config import BACKWARD, OVERFLOW
 
 SIZES = ("tiny", "small")
@@ -114,31 +120,8 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         overflow=args.overflow or "full",
         backward=args.backward or "central",
     )
-    try:
-        PlanConfig(
-            pp=args.ranks,
-            vpp=args.vpp,
-            micro=micro,
-            preprocess=spec.preprocess,
-            overflow=spec.overflow,
-            backward=spec.backward,
-        )
-    except PlanConfigError as err:
-        parser.error(str(err))
-    return JobSpec(
-        example=args.example,
-        size=args.size,
-        ranks=args.ranks,
-        vpp=args.vpp,
-        micro=micro,
-        batch=batch,
-        steps=args.steps - 1 if args.steps > 1 else 1,
-        warmup=1 if args.steps > 1 else 0,
-        runs=(spec,),
-        lr=args.lr,
-        timeout_s=min(120.0, args.timeout),
-        pin_cores=args.pin_cores,
-    )
+    steps, warmup = (args.steps - 1, 1) if args.steps > 1 else (1, 0)
+    return checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=steps, warmup=warmup)
 
 
 def describe(job: JobSpec) -> str:

@@ -4,47 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
+from graph_exec.cli.argtypes import finite_non_negative, positive_number
 from graph_exec.cli.plan import add_plan_arguments, build_or_report, config_from_args
 from graph_exec.simulate import OpCosts, SimResult, simulate, to_chrome_trace
 
-
-def _cost(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a finite number >= 0")
-    return value
-
-
-def _bandwidth(text: str) -> float:
-    """argparse type: a number > 0, or inf."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number > 0 (or inf)")
-    return value
-
-
 #: flag -> (OpCosts field, argparse type, help)
 _COST_FLAGS = {
-    "--fwd-time": ("forward", _cost, "one F step (one chunk, one micro-batch)"),
-    "--bwd-time": ("backward", _cost, "one B step"),
-    "--pre-fwd-time": ("preprocess_forward", _cost, "Pf: one preprocess forward (TFWD)"),
-    "--recompute-time": ("recompute", _cost, "R: one TBWD (or the compute of GRADrecv+bwd)"),
-    "--bcast-time": ("broadcast", _cost, "one BCAST of the trainable preprocess weights"),
-    "--reduce-time": ("allreduce", _cost, "one GRADreduce"),
-    "--latency": ("latency", _cost, "per transfer"),
-    "--bandwidth": ("bandwidth", _bandwidth, "bytes per time unit"),
-    "--act-bytes": ("activation_bytes", _cost, "bytes per body transfer"),
-    "--pre-bytes": ("preprocess_bytes", _cost, "bytes per OUT/IN/GRAD transfer"),
+    "--fwd-time": ("forward", finite_non_negative, "one F step (one chunk, one micro-batch)"),
+    "--bwd-time": ("backward", finite_non_negative, "one B step"),
+    "--pre-fwd-time": ("preprocess_forward", finite_non_negative, "Pf: one preprocess forward (TFWD)"),
+    "--recompute-time": ("recompute", finite_non_negative, "R: one TBWD (or the compute of GRADrecv+bwd)"),
+    "--bcast-time": ("broadcast", finite_non_negative, "one BCAST of the trainable preprocess weights"),
+    "--reduce-time": ("allreduce", finite_non_negative, "one GRADreduce"),
+    "--latency": ("latency", finite_non_negative, "per transfer"),
+    "--bandwidth": ("bandwidth", positive_number, "bytes per time unit"),
+    "--act-bytes": ("activation_bytes", finite_non_negative, "bytes per body transfer"),
+    "--pre-bytes": ("preprocess_bytes", finite_non_negative, "bytes per OUT/IN/GRAD transfer"),
 }
 
 

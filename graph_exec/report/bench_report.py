@@ -60,7 +60,7 @@ from graph_exec.report.analysis import RunSummary, summarize
 from graph_exec.report.job import JobSpec, RunSpec
 from graph_exec.report.predict import Prediction
 from graph_exec.report.records import read_run
-from graph_exec.schedule import PlanConfig, StepKind, build_plan
+from graph_exec.schedule import StepKind, build_plan
 
 SCHEMA = "graph-exec-bench"
 VERSION = 1
@@ -101,18 +101,6 @@ def runs_for(variants: Sequence[str], modes: Sequence[str]) -> tuple[RunSpec, ..
     return tuple(runs)
 
 
-def plan_config(job: JobSpec, spec: RunSpec) -> PlanConfig:
-    """The plan a run executes (what the schedule builds on every rank)."""
-    return PlanConfig(
-        pp=job.ranks,
-        vpp=job.vpp,
-        micro=job.micro,
-        preprocess=spec.preprocess,
-        overflow=spec.overflow if not spec.baseline else "full",
-        backward=spec.backward if not spec.baseline else "central",
-    )
-
-
 @dataclass(frozen=True)
 class RunResult:
     """One run, evaluated."""
@@ -134,7 +122,7 @@ def evaluate(job: JobSpec, run_dir: Path) -> list[RunResult]:
     results = []
     for spec in job.runs:
         records = read_run(run_dir, spec.name, job.ranks)
-        config = plan_config(job, spec)
+        config = job.plan_config(spec)
         results.append(
             RunResult(
                 spec,

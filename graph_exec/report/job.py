@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from graph_exec.schedule import PlanConfig
+
 JOB_FILE = "job.json"
 #: Prefix of the progress lines the last-stage worker prints (one JSON object each) and the
 #: parent picks out of that worker's log while the job runs.
@@ -57,6 +59,18 @@ class JobSpec:
     calibrate: bool = False  #: also measure transfer sizes and the executor's per-call dispatch cost
     pin_cores: bool = False  #: bind each rank to its share of the cores (see graph_exec.cli.worker)
     seed: int = 0
+
+    def plan_config(self, spec: RunSpec) -> PlanConfig:
+        """The plan ``spec`` executes (what the schedule builds on every rank); raises
+        :class:`~graph_exec.schedule.PlanConfigError` for an impossible combination."""
+        return PlanConfig(
+            pp=self.ranks,
+            vpp=self.vpp,
+            micro=self.micro,
+            preprocess=spec.preprocess,
+            overflow=spec.overflow if not spec.baseline else "full",
+            backward=spec.backward if not spec.baseline else "central",
+        )
 
     @property
     def total_steps(self) -> int:

@@ -272,7 +272,7 @@ def _bench_dir(tmp_path: Path) -> tuple[JobSpec, list[str]]:
         runs=bench_report.runs_for(["frozen-full"], ["graph", "pynative"]),
     )
     for spec in job.runs:
-        plan = build_plan(bench_report.plan_config(job, spec))
+        plan = build_plan(job.plan_config(spec))
         slow = 1.0 if spec.mode == "graph" else 2.5
         costs = OpCosts(
             forward=0.010 * slow,
