@@ -58,11 +58,22 @@ class OpCosts:
     activation_bytes: float = 0.0  #: per body transfer (``Fsend`` / ``Bsend``)
     preprocess_bytes: float = 0.0  #: per ``OUT`` / ``IN`` / ``GRAD`` transfer
     fused_last_stage: bool = False  #: the last stage runs forward+loss+backward at ``F``
+    #: Per-stage overrides of ``forward`` / ``backward`` (index = virtual stage; empty = none),
+    #: for models whose stages are not balanced, e.g. a baseline stage 0 holding the preprocess.
+    stage_forward: tuple[float, ...] = ()
+    stage_backward: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
             if field.name == "fused_last_stage":
+                continue
+            if field.name in ("stage_forward", "stage_backward"):
+                if any(
+                    isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf
+                    for v in value
+                ):
+                    raise ValueError(f"{field.name} must hold finite numbers >= 0, got {value!r}")
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
                 raise ValueError(f"{field.name} must be a number, got {value!r}")
@@ -71,6 +82,14 @@ class OpCosts:
                     raise ValueError(f"bandwidth must be > 0 (inf for free transfers), got {value!r}")
             elif value < 0 or math.isinf(value):
                 raise ValueError(f"{field.name} must be a finite number >= 0, got {value!r}")
+
+    def forward_at(self, stage: int) -> float:
+        """One ``F`` step of ``stage``."""
+        return self.stage_forward[stage] if stage < len(self.stage_forward) else self.forward
+
+    def backward_at(self, stage: int) -> float:
+        """One ``B`` step of ``stage``."""
+        return self.stage_backward[stage] if stage < len(self.stage_backward) else self.backward
 
 
 @dataclass(frozen=True)
@@ -177,11 +196,13 @@ def _rank(
         if kind == codes.F or kind == codes.B:
             stage = code >> STAGE_SHIFT & FIELD_MASK
             if kind == codes.F:
-                cost = costs.forward + (costs.backward if fused and stage == last_stage else 0.0)
+                cost = costs.forward_at(stage) + (
+                    costs.backward_at(stage) if fused and stage == last_stage else 0.0
+                )
                 if inline_preprocess and stage == 0:
                     cost += costs.preprocess_forward
             else:
-                cost = 0.0 if fused and stage == last_stage else costs.backward
+                cost = 0.0 if fused and stage == last_stage else costs.backward_at(stage)
             clock += cost
             busy[rank] += cost
         elif kind in (codes.TFWD, codes.TBWD):

@@ -32,7 +32,8 @@ every time in seconds, every share a fraction::
                                       costs: {forward_s, backward_s, preprocess_forward_s,
                                       recompute_s, broadcast_s, allreduce_s, latency_s,
                                       bandwidth_bytes_per_s (null = infinite),
-                                      activation_bytes, preprocess_bytes, fused_last_stage}}
+                                      activation_bytes, preprocess_bytes, fused_last_stage,
+                                      stage_forward_s[], stage_backward_s[] (per stage)}}
       mpipe                          null for a baseline, else {nt, pf_s (median TFWD),
                                      theory_saving_s = (nt - 1) * pf_s, saving_s = baseline
                                      step time - this step time, saving_share =
@@ -82,7 +83,7 @@ DEFINITIONS = {
     "overhead_fraction": "runtime's own time on the worst rank / step time: run() wall time minus its "
     "plan steps, plus its send steps, plus its hook calls x the calibrated per-call dispatch cost",
     "prediction": "graph_exec.simulate on the run's plan with per-op costs measured in the same run "
-    "(medians; sends billed to the compute they follow; fused last stage)",
+    "(medians per stage; sends billed to the compute they follow)",
 }
 
 
@@ -186,6 +187,8 @@ def _costs(prediction: Prediction) -> dict[str, Any]:
         "activation_bytes": c.activation_bytes,
         "preprocess_bytes": c.preprocess_bytes,
         "fused_last_stage": c.fused_last_stage,
+        "stage_forward_s": list(c.stage_forward),
+        "stage_backward_s": list(c.stage_backward),
     }
 
 

@@ -26,6 +26,8 @@ _COSTS = {
     "activation_bytes": _NUM,
     "preprocess_bytes": _NUM,
     "fused_last_stage": bool,
+    "stage_forward_s": [_NUM],
+    "stage_backward_s": [_NUM],
 }
 _MPIPE = {
     "nt": int,

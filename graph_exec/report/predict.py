@@ -2,10 +2,12 @@
 
 Costs taken from the measured steps (medians over ranks and steps, seconds):
 
-- ``forward`` / ``backward``: per chunk, the mean over the non-last stages of each stage's
-  median ``F`` / ``B``, each plus the median of the send that follows it (``Fsend``/``Bsend``):
-  the simulator's sends are free, the real ones are not, and they always follow that compute.
-  The last stage is fused (``fused_last_stage``): its ``F`` costs ``forward + backward``.
+- ``stage_forward`` / ``stage_backward``: per virtual stage, its median ``F`` / ``B`` plus the
+  median of the send that follows it (``Fsend``/``Bsend``): the simulator's sends are free,
+  the real ones are not, and they always follow that compute. Per stage, because stages are
+  not balanced (a baseline's stage 0 holds the preprocess; the last stage's ``F`` is the
+  fused forward+loss+backward and its ``B`` only hands the gradient on). ``forward`` /
+  ``backward`` report the mean over the non-last stages.
 - ``preprocess_forward`` (Pf): median ``TFWD`` plus median ``OUTsend``; ``recompute`` (R):
   median over the ``TBWD`` steps and the compute part of the ``GRADrecv+bwd`` steps (from the
   moment the gradient could have arrived to the end).
@@ -64,13 +66,11 @@ def _durations(records: Sequence[RankRecord], warmup: int) -> dict[tuple[StepKin
     return out
 
 
-def _per_chunk(durations: dict, kind: StepKind, send: StepKind, last_stage: int) -> float:
-    stages = sorted(s for k, s in durations if k is kind and s is not None and s != last_stage)
-    if not stages:
-        return 0.0
-    compute = statistics.fmean(_median(durations[kind, s]) for s in stages)
-    sends = [d for (k, _), values in durations.items() if k is send for d in values]
-    return compute + _median(sends)
+def _per_stage(durations: dict, kind: StepKind, send: StepKind, num_stages: int) -> tuple[float, ...]:
+    return tuple(
+        _median(durations.get((kind, s), [])) + _median(durations.get((send, s), []))
+        for s in range(num_stages)
+    )
 
 
 def _collective(records: Sequence[RankRecord], warmup: int, kind: StepKind) -> float:
@@ -148,11 +148,15 @@ def _recompute(plan: Plan, records: Sequence[RankRecord], warmup: int, latency: 
 def measured_costs(plan: Plan, records: Sequence[RankRecord], warmup: int) -> OpCosts:
     """The simulator's cost model filled from a run's measured steps (see module docstring)."""
     durations = _durations(records, warmup)
-    last = plan.last_stage
     latency, bandwidth = _transfers(plan, records, warmup)
+    forward = _per_stage(durations, StepKind.F, StepKind.FSEND, plan.num_stages)
+    backward = _per_stage(durations, StepKind.B, StepKind.BSEND, plan.num_stages)
+    body = slice(0, max(1, plan.num_stages - 1))  # the non-last stages (all of them if only one)
     return OpCosts(
-        forward=_per_chunk(durations, StepKind.F, StepKind.FSEND, last),
-        backward=_per_chunk(durations, StepKind.B, StepKind.BSEND, last),
+        forward=statistics.fmean(forward[body]),
+        backward=statistics.fmean(backward[body]),
+        stage_forward=forward,
+        stage_backward=backward,
         preprocess_forward=_median(durations.get((StepKind.TFWD, None), []))
         + _median(durations.get((StepKind.OUTSEND, None), [])),
         recompute=_recompute(plan, records, warmup, latency),
@@ -162,7 +166,6 @@ def measured_costs(plan: Plan, records: Sequence[RankRecord], warmup: int) -> Op
         bandwidth=bandwidth,
         activation_bytes=float(max(r.activation_bytes for r in records)),
         preprocess_bytes=float(max(r.preprocess_bytes for r in records)),
-        fused_last_stage=True,
     )
 
 

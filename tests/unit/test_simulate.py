@@ -165,3 +165,13 @@ def test_chrome_trace_has_one_track_per_rank() -> None:
 def test_bad_costs(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OpCosts(**{field: value})
+
+
+def test_per_stage_costs_override_the_uniform_ones() -> None:
+    # One micro-batch on 2 ranks runs strictly in sequence: F0, F1, B1, B0.
+    plan = build_plan(PlanConfig(pp=2, vpp=1, micro=1))
+    assert simulate(plan, OpCosts(forward=1, backward=2)).step_time == 6
+    heavy_first = OpCosts(forward=1, backward=2, stage_forward=(3.0, 1.0), stage_backward=(2.0, 0.5))
+    assert simulate(plan, heavy_first).step_time == 3 + 1 + 0.5 + 2
+    with pytest.raises(ValueError, match="stage_forward must hold finite numbers >= 0"):
+        OpCosts(stage_forward=(1.0, -1.0))
