@@ -1,6 +1,6 @@
 """Transport on two real ranks: tensor groups, collectives, abort notices and time-outs."""
 
-from tests.dist.conftest import checks
+from tests.multirank.conftest import checks
 
 
 def test_transport_exchanges_and_abort(run_workers):

@@ -18,7 +18,8 @@ WORKERS = Path(__file__).parent / "workers"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Everything under tests/dist is a multi-rank test."""
+    """Everything under tests/multirank is a multi-rank test (a directory named `dist` would be
+    skipped by pytest's default norecursedirs)."""
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.dist)

@@ -7,7 +7,7 @@ tail if any check failed or a rank did not finish.
 
 import pytest
 
-from tests.dist.conftest import checks
+from tests.multirank.conftest import checks
 
 
 def failed_lines(result, rank):
