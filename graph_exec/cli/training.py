@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import mindspore as ms
-import mindspore.mint.distributed as dist
 from mindspore import nn
 
 import graph_exec as ge
@@ -28,6 +27,7 @@ from graph_exec.executors import create_executor
 from graph_exec.kernels import as_tuple, make_stage_forward
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.records import Event, RankRecord, StepRecord
+from graph_exec.transport import barrier
 
 #: Repeats of the dispatch calibration (hook call and bare kernel call, alternated).
 CALIBRATION_REPEATS = 25
@@ -84,7 +84,7 @@ class Trainer:
     def step(self, index: int) -> StepRecord:
         """One training step: barrier, ``run()``, optimizer; returns (and keeps) its record."""
         inputs, labels = self.model.batch(index, self.job.batch)
-        dist.barrier()
+        barrier()
         start = time.perf_counter()
         losses = self.schedule.run(*inputs, labels=labels)
         end = time.perf_counter()

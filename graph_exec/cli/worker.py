@@ -47,9 +47,7 @@ def main(argv: list[str]) -> int:
     prepare_mindspore("CPU")
     init()
     from graph_exec.cli.training import train
-    from graph_exec.transport.cpu_workarounds import rebind_default_groups
 
-    rebind_default_groups()  # the per-step barrier needs the CPU world group as its default
     train(job, run_dir, get_rank(), get_group_size())
     return 0
 

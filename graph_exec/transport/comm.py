@@ -78,6 +78,17 @@ def pipeline_rank() -> int:
     return int(get_rank())
 
 
+def barrier() -> None:
+    """Wait until every process of the job gets here (no deadline: for drivers and tools that
+    line ranks up between steps, under a launcher that bounds the whole job)."""
+    require_initialized()
+    import mindspore.mint.distributed as dist
+    from mindspore.communication import GlobalComm
+
+    rebind_default_groups()
+    dist.barrier(group=GlobalComm.WORLD_COMM_GROUP)
+
+
 def require_initialized() -> None:
     """Raise a clear error, with launch instructions, if communication is not initialised."""
     if not is_initialized():
