@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 _prepared: str | None = None
 
 
@@ -22,3 +25,14 @@ def prepare_mindspore(device: str | None = None) -> str:
         ms.runtime.launch_blocking()
     _prepared = target
     return target
+
+
+def wait_for(tensors: Iterable[Any]) -> None:
+    """Block until every tensor (``None`` entries skipped) has been computed, in order.
+
+    A compiled MindSpore call may return before its graph has run; ``asnumpy()`` is the wait
+    that works on CPU (``mindspore.runtime.synchronize()`` does not wait on its first call).
+    """
+    for tensor in tensors:
+        if tensor is not None:
+            tensor.asnumpy()

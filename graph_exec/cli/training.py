@@ -25,19 +25,13 @@ from graph_exec.examples import load
 from graph_exec.examples.common import ExampleModel
 from graph_exec.executors import create_executor
 from graph_exec.kernels import as_tuple, make_stage_forward
+from graph_exec.msenv import wait_for
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.records import Event, RankRecord, StepRecord
 from graph_exec.transport import barrier
 
 #: Repeats of the dispatch calibration (hook call and bare kernel call, alternated).
 CALIBRATION_REPEATS = 25
-
-
-def wait(tensors: Sequence[Any]) -> None:
-    """Block until every tensor has been computed (``asnumpy`` is the wait that works on CPU)."""
-    for tensor in tensors:
-        if tensor is not None:
-            tensor.asnumpy()
 
 
 def nbytes(tensors: Sequence[Any]) -> int:
@@ -180,14 +174,14 @@ class Trainer:
 
         def hook() -> float:
             begin = time.perf_counter()
-            wait(executor.stage_forward(stage, 0, x))
+            wait_for(executor.stage_forward(stage, 0, x))
             elapsed = time.perf_counter() - begin
             executor.drop_kept()
             return elapsed
 
         def direct() -> float:
             begin = time.perf_counter()
-            wait(bare(*x))
+            wait_for(bare(*x))
             return time.perf_counter() - begin
 
         for _ in range(3):

@@ -127,16 +127,12 @@ def _transfers(plan: Plan, records: Sequence[RankRecord], warmup: int) -> tuple[
     return max(0.0, mean_t - slope * mean_b), 1.0 / slope
 
 
-def _recompute(plan: Plan, records: Sequence[RankRecord], warmup: int, latency: float) -> float:
+def _recompute(
+    plan: Plan, records: Sequence[RankRecord], warmup: int, latency: float, durations: dict
+) -> float:
     """Median R over every ``TBWD`` and the compute part of every ``GRADrecv+bwd`` (the time
     after its gradient could have arrived: its wait is the simulator's to work out)."""
-    samples = [
-        e.seconds
-        for r in records
-        for s in r.steps[warmup:]
-        for e in s.events
-        if Step.parse(e.token).kind is StepKind.TBWD
-    ]
+    samples = list(durations.get((StepKind.TBWD, None), []))
     samples += [
         event.end - max(event.start, sent.end + latency)
         for step, event, sent in _received(plan, records, warmup)
@@ -159,7 +155,7 @@ def measured_costs(plan: Plan, records: Sequence[RankRecord], warmup: int) -> Op
         stage_backward=backward,
         preprocess_forward=_median(durations.get((StepKind.TFWD, None), []))
         + _median(durations.get((StepKind.OUTSEND, None), [])),
-        recompute=_recompute(plan, records, warmup, latency),
+        recompute=_recompute(plan, records, warmup, latency, durations),
         broadcast=_collective(records, warmup, StepKind.BCAST),
         allreduce=_collective(records, warmup, StepKind.GRADREDUCE),
         latency=latency,

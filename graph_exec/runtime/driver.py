@@ -15,6 +15,7 @@ from typing import Any
 
 from graph_exec.errors import GraphExecError, PipelineStepError
 from graph_exec.executors.base import Executor
+from graph_exec.msenv import wait_for
 from graph_exec.runtime.buffers import ReceiveBuffers
 from graph_exec.runtime.grad_reduce import StepContribution
 from graph_exec.runtime.microbatch import MicroBatches
@@ -165,16 +166,14 @@ class RankRuntime:
     def _settle(self, *results: Any) -> None:
         """With ``sync_steps``: wait until a compute step's results exist (no-op otherwise).
 
-        ``asnumpy()`` is the wait that works on CPU, in the order given: callers pass input
-        gradients before the loss (waiting on the loss of a fused step first was measured 3-5x
-        slower). A step that returns nothing (a backward whose inputs take no gradient, a
-        preprocess backward) waits on the gradient accumulators it wrote into.
+        Waits in the order given: callers pass input gradients before the loss (waiting on the
+        loss of a fused step first was measured 3-5x slower). A step that returns nothing (a
+        backward whose inputs take no gradient, a preprocess backward) waits on the gradient
+        accumulators it wrote into.
         """
         if not self.sync_steps:
             return
-        tensors = [t for t in results if t is not None] or list(self.executor.grads().values())
-        for tensor in tensors:
-            tensor.asnumpy()
+        wait_for([t for t in results if t is not None] or self.executor.grads().values())
 
     # -- body compute ----------------------------------------------------------------------
 
