@@ -28,7 +28,7 @@ from graph_exec.transport.meta import (
     encode_abort,
     encode_group,
 )
-from graph_exec.transport.worker import CommWorker
+from graph_exec.transport.comm_thread import CommWorker
 
 #: Builds the receive tensor for one incoming payload (the runtime passes a pool-backed one).
 Allocator = Callable[[TensorMeta], Any]
