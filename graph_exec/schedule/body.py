@@ -117,7 +117,7 @@ def gpipe(pp: int, vpp: int, micro: int) -> list[list[int]]:
 def _producer(code: int, last_stage: int) -> int | None:
     """The compute step on another stage whose result ``code`` consumes, if any."""
     stage = codes.stage_of(code)
-    if code < codes.B:
+    if codes.is_forward(code):
         return code - codes.STAGE_UNIT if stage > 0 else None
     return code + codes.STAGE_UNIT if stage < last_stage else None
 
