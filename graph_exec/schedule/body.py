@@ -1,7 +1,7 @@
 """Body builders: the compute steps (``F`` / ``B``) of each rank, with idle slots.
 
 Each builder returns one list per rank of step codes (see :mod:`codes`) in *slots*: one slot
-per compute step, ``codes.IDLE`` where the rank waits. The slots matter beyond pictures: the
+per compute step, ``codes.IDLE`` where the rank waits. The slots matter beyond display: the
 P2P column scan (:mod:`p2p`) walks them in time order, so a message is always inserted into
 the receiver's list before the slot that consumes it.
 

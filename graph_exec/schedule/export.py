@@ -56,7 +56,7 @@ _TORCH_ACTION = {
 
 def to_text(plan: Plan, with_idle: bool = False) -> str:
     """One line per rank, ``r<rank>: <tokens>`` (idle slots as ``·`` only with ``with_idle``)."""
-    rows = plan.picture_codes if with_idle else plan.order_codes
+    rows = plan.with_idle_codes if with_idle else plan.order_codes
     return "\n".join(f"r{rank}: " + " ".join(map(codes.token, row)) for rank, row in enumerate(rows)) + "\n"
 
 

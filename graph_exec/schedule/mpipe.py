@@ -6,7 +6,7 @@ owned preprocess forwards, transfers to rank 0), rank 0's inline steps next to `
 That is what makes "strip the MPipe steps and you get the body" an invariant.
 
 The functions take body rows with or without idle slots alike, so the same code produces the
-executable orders and the pictures.
+executable orders and the orders ``with_idle`` (for display).
 """
 
 from __future__ import annotations

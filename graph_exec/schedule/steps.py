@@ -54,7 +54,7 @@ class StepKind(StrEnum):
     GRADRECV_BWD = "GRADrecv+bwd"
     #: Every rank, last step (owner backward): SUM all-reduce of the preprocess gradients over the pipeline.
     GRADREDUCE = "GRADreduce"
-    #: An empty slot of the body's time grid: in pictures only, never executed.
+    #: An empty slot of the body's time grid: shown by ``with_idle`` only, never executed.
     IDLE = "·"
 
 
