@@ -5,10 +5,11 @@ per compute step, ``codes.IDLE`` where the rank waits. The slots matter beyond d
 P2P column scan (:mod:`p2p`) walks them in time order, so a message is always inserted into
 the receiver's list before the slot that consumes it.
 
-- :func:`interleaved` follows the contract's emission rules exactly (§3 of
-  ``mpipe-schedule.md``), idle slots included, because the contract's example orders depend
-  on where those idle slots fall.
-- :func:`one_f_one_b` and :func:`gpipe` only define each rank's compute *order*; their slots
+- :func:`interleaved` follows ``docs/schedule.md``, "Interleaved 1F1B" exactly, idle slots
+  included, because the order of the P2P steps (and so the worked examples) depends on where
+  those idle slots fall.
+- :func:`one_f_one_b` and :func:`gpipe` (``docs/schedule.md``, "Plain 1F1B and GPipe") only
+  define each rank's compute *order*; their slots
   come from :func:`unit_time_slots`, a unit-cost replay of that order, which is causal by
   construction.
 """
@@ -41,7 +42,7 @@ def _rounds(pp: int, micro: int) -> list[int]:
 
 
 def interleaved(pp: int, vpp: int, micro: int) -> list[list[int]]:
-    """Interleaved 1F1B slots, exactly as the contract's emission rules say."""
+    """Interleaved 1F1B slots, exactly as ``docs/schedule.md``, "Interleaved 1F1B" says."""
     rounds = _rounds(pp, micro)
     # Forward op o runs chunk (o - A[a]) // R_a of its round a: R_a ops of chunk 0, then R_a
     # of chunk 1, ... The chunk sequence and the per-chunk micro counters are the same on
@@ -57,7 +58,7 @@ def interleaved(pp: int, vpp: int, micro: int) -> list[list[int]]:
         micro_of.append(counters[chunk])
         counters[chunk] += 1
     total = micro * vpp
-    short = micro < pp  # the contract's extra idle slots for fewer micros than ranks
+    short = micro < pp  # extra idle slots for fewer micros than ranks
     last_micro = micro - 1
     slots = []
     for rank in range(pp):

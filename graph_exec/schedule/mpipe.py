@@ -1,4 +1,6 @@
-"""MPipe Transpose layering: the preprocess steps added around an unchanged body (contract §4).
+"""MPipe Transpose layering: the preprocess steps added around an unchanged body.
+
+The rules are ``docs/schedule.md``, "MPipe layering".
 
 The body is never reordered; MPipe only *inserts* steps: a prefix per rank (broadcast,
 owned preprocess forwards, transfers to rank 0), rank 0's inline steps next to ``F 0.m`` /

@@ -1,6 +1,6 @@
-"""P2P insertion: turn compute slots into orders with sends and receives (contract §3).
+"""P2P insertion: turn compute slots into orders with sends and receives.
 
-The contract's column scan walks the slots in time order. At slot ``t`` every rank first
+The rule is ``docs/schedule.md``, "P2P insertion": a column scan walks the slots in time order. At slot ``t`` every rank first
 takes its own item; then, even ranks first and odd ranks second, each ``F s.m`` whose next
 stage lives on another rank appends ``Fsend s.m`` to its own list and ``Frecv (s+1).m`` to
 the receiver's, and each ``B s.m`` with ``s > 0`` appends ``Bsend s.m`` / ``Brecv (s-1).m``

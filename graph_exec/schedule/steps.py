@@ -98,7 +98,7 @@ class Step:
 
     @property
     def token(self) -> str:
-        """The contract's spelling: ``F0.1``, ``TFWD3``, ``BCAST``, ``·``."""
+        """The token: ``F0.1``, ``TFWD3``, ``BCAST``, ``·``."""
         if self.stage is not None:
             return f"{self.kind.value}{self.stage}.{self.micro}"
         if self.micro is not None:
@@ -112,7 +112,7 @@ class Step:
     def parse(cls, token: str) -> Step:
         """The inverse of :attr:`token`, so plans can be written by hand (tests, JSON files).
 
-        Raises ``ValueError`` naming the token when it is not a step of the contract.
+        Raises ``ValueError`` naming the token when it is not a step token.
         """
         match = _TOKEN_RE.fullmatch(token.strip())
         if match is None:

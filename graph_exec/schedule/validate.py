@@ -1,6 +1,6 @@
-"""Validation of a plan against the contract; ``build_plan`` runs it on every build.
+"""Validation of a plan; ``build_plan`` runs it on every build.
 
-What is checked:
+What is checked (``docs/schedule.md``, "Invariants"):
 
 1. body: removing every MPipe step gives exactly the body; no step appears twice on a rank;
    every ``F`` and ``B`` of every (stage, micro) appears once, on the rank of its stage;
@@ -65,7 +65,7 @@ _SHOWN = 6  # examples listed in an error message before "…"
 
 
 def validate(plan: Plan) -> None:
-    """Raise a :class:`~graph_exec.schedule.errors.ScheduleError` if ``plan`` breaks the contract."""
+    """Raise a :class:`~graph_exec.schedule.errors.ScheduleError` if ``plan`` breaks an invariant."""
     config, orders, body = plan.config, plan.order_codes, plan.body_codes
     run = _execute(config, orders)
     if run.violation is None and run.complete(orders):
