@@ -4,9 +4,8 @@ Pure Python, never imports MindSpore. ``build_plan(PlanConfig(...))`` builds the
 (interleaved 1F1B, plain 1F1B or GPipe: :mod:`.body`), inserts its P2P transfers (:mod:`.p2p`),
 layers the MPipe Transpose steps on top (:mod:`.mpipe`) and checks the result
 (:mod:`.validate`). The rules are written down in ``docs/schedule.md``; each module cites
-its section. The names used here (``micro``, ``num_preprocess_layers``) and their public-API
-counterparts (``micro_batch_num``, ``num_transpose_layers``) are mapped in
-``docs/schedule.md``, "Notation and names".
+its section. This layer has its own short names (``micro``, ``num_preprocess_layers``); how
+they map to the public API's is in ``docs/schedule.md``, "Notation and names".
 """
 
 from graph_exec.schedule.config import PlanConfig, PlanConfigError

@@ -9,9 +9,8 @@ the receiver's list before the slot that consumes it.
   included, because the order of the P2P steps (and so the worked examples) depends on where
   those idle slots fall.
 - :func:`one_f_one_b` and :func:`gpipe` (``docs/schedule.md``, "Plain 1F1B and GPipe") only
-  define each rank's compute *order*; their slots
-  come from :func:`unit_time_slots`, a unit-cost replay of that order, which is causal by
-  construction.
+  define each rank's compute *order*; their slots come from :func:`unit_time_slots`, a
+  unit-cost replay of that order, which is causal by construction.
 """
 
 from __future__ import annotations

@@ -31,36 +31,35 @@ class PlanConfigError(GraphExecError, ValueError):
 class PlanConfig:
     """One pipeline plan: ``P`` ranks, ``V`` chunks per rank, ``M`` micro-batches, MPipe options.
 
-        Defaults describe a plain interleaved-1F1B body (no preprocess); ``micro`` defaults to
-        ``pp`` (one round of micro-batches). Field names are the schedule layer's (the public API
-    calls ``micro`` ``micro_batch_num`` and ``num_preprocess_layers`` ``num_transpose_layers``:
-    ``docs/schedule.md``, "Notation and names"). The MPipe options (``docs/schedule.md``,
-    "MPipe layering"):
+    Defaults describe a plain interleaved-1F1B body (no preprocess); ``micro`` defaults to
+    ``pp`` (one round of micro-batches). Field names are the schedule layer's; their public-API
+    counterparts are in ``docs/schedule.md``, "Notation and names". The MPipe options
+    (``docs/schedule.md``, "MPipe layering"):
 
-        - ``preprocess``: ``"trainable"`` (parameters broadcast every step, gradient via ``TBWD``),
-          ``"frozen"`` (outputs only), ``"none"`` (dataload only: ``T = 0``, the preprocess is the
-          identity; with replicated input the plan is exactly the body).
-        - ``num_preprocess_layers`` (``T``): how many leading layers of stage 0 form the preprocess.
-          ``"none"`` means ``T = 0`` and accepts only 0; ``"trainable"`` and ``"frozen"`` need
-          ``T >= 1`` (a preprocess without layers is ``"none"``). ``None`` picks 0 or 1 accordingly.
-          The plan's steps do not depend on the value beyond that; the runtime uses it to split
-          the model.
-        - ``overflow``: ``"full"`` (micro ``m`` owned by ``m mod NT``) or ``"min"`` (micros
-          ``m >= NT`` stay on rank 0, run inline before ``F 0.m``).
-        - ``backward``: ``"central"`` (rank 0 runs ``TBWD`` for every micro) or ``"owner"``
-          (owners recompute and back-propagate, then ``GRADreduce``); owner needs a trainable
-          preprocess, since otherwise there is no gradient to compute.
-        - ``input``: ``"replicated"`` (every rank holds the batch) or ``"owned"`` (micro ``m``'s raw
-          input lives on its owner, so central backward ships it to rank 0 with ``IN*``).
-        - ``body``: ``"interleaved"`` (interleaved 1F1B, any ``V``), ``"1f1b"``
-          (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
-          backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
+    - ``preprocess``: ``"trainable"`` (parameters broadcast every step, gradient via ``TBWD``),
+      ``"frozen"`` (outputs only), ``"none"`` (dataload only: ``T = 0``, the preprocess is the
+      identity; with replicated input the plan is exactly the body).
+    - ``num_preprocess_layers`` (``T``): how many leading layers of stage 0 form the preprocess.
+      ``"none"`` means ``T = 0`` and accepts only 0; ``"trainable"`` and ``"frozen"`` need
+      ``T >= 1`` (a preprocess without layers is ``"none"``). ``None`` picks 0 or 1 accordingly.
+      The plan's steps do not depend on the value beyond that; the runtime uses it to split
+      the model.
+    - ``overflow``: ``"full"`` (micro ``m`` owned by ``m mod NT``) or ``"min"`` (micros
+      ``m >= NT`` stay on rank 0, run inline before ``F 0.m``).
+    - ``backward``: ``"central"`` (rank 0 runs ``TBWD`` for every micro) or ``"owner"``
+      (owners recompute and back-propagate, then ``GRADreduce``); owner needs a trainable
+      preprocess, since otherwise there is no gradient to compute.
+    - ``input``: ``"replicated"`` (every rank holds the batch) or ``"owned"`` (micro ``m``'s raw
+      input lives on its owner, so central backward ships it to rank 0 with ``IN*``).
+    - ``body``: ``"interleaved"`` (interleaved 1F1B, any ``V``), ``"1f1b"``
+      (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
+      backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
 
-        ``pp = 1`` has no peer rank, so nothing can be transposed: rank 0 owns every micro-batch
-        and runs a trainable or frozen preprocess inline (``TFWD`` before the body's forwards,
-        ``TBWD`` after ``B 0.m``), without ``BCAST`` since a group of one has nobody to send to.
-        Options that only make sense with a peer are rejected: ``backward="owner"`` (no other
-        owner to back-propagate on) and ``input="owned"`` (rank 0 necessarily holds every input).
+    ``pp = 1`` has no peer rank, so nothing can be transposed: rank 0 owns every micro-batch
+    and runs a trainable or frozen preprocess inline (``TFWD`` before the body's forwards,
+    ``TBWD`` after ``B 0.m``), without ``BCAST`` since a group of one has nobody to send to.
+    Options that only make sense with a peer are rejected: ``backward="owner"`` (no other
+    owner to back-propagate on) and ``input="owned"`` (rank 0 necessarily holds every input).
     """
 
     pp: int

@@ -50,3 +50,19 @@ def test_code_cites_sections_that_exist(name: str) -> None:
     assert cited, f"nothing cites docs/{name}"
     missing = sorted(c for c in cited if c[0] not in headings)
     assert not missing, f"citations of sections docs/{name} does not have: {missing}"
+
+
+def test_every_step_kind_has_its_one_line() -> None:
+    """Each ``StepKind`` member is preceded by a ``#:`` line saying what it does and where."""
+    import inspect
+
+    from graph_exec.schedule import StepKind
+
+    source = inspect.getsource(StepKind).splitlines()
+    undocumented = [
+        kind.name
+        for kind in StepKind
+        for i, line in enumerate(source)
+        if line.strip().startswith(f"{kind.name} = ") and not source[i - 1].strip().startswith("#: ")
+    ]
+    assert not undocumented
