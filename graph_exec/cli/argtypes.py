@@ -1,6 +1,6 @@
 """argparse types for numbers, shared by every sub-command.
 
-Each type parses the text and applies the same rule the library applies to the value
+The common types apply the same rules the library applies to the values
 (:mod:`graph_exec.checks`), so ``--micro 0`` and ``micro=0`` are refused with the same words.
 A bad value becomes argparse's usual error (exit code 2) with a message that repeats the
 value and says what is allowed; no traceback reaches the user.
@@ -15,21 +15,29 @@ from typing import Any
 from graph_exec import checks
 
 
-def number(parse: Callable[[str], Any], check: checks.Check) -> Callable[[str], Any]:
-    """An argparse type: ``parse(text)`` if it parses and ``check`` accepts it, else a usage error."""
+def number(parse: Callable[[str], Any], accept: Callable[[Any], bool], allowed: str) -> Callable[[str], Any]:
+    """An argparse type: ``parse(text)`` if it parses and ``accept`` says yes, else an error saying ``allowed``."""
 
     def convert(text: str) -> Any:
         try:
-            return check("value", parse(text))
+            value = parse(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {check.allowed}") from None
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {allowed}")
+        return value
 
-    convert.__name__ = check.allowed  # argparse names the type in some messages
+    convert.__name__ = allowed  # argparse names the type in some messages
     return convert
 
 
-positive_int = number(int, checks.positive_int)
-non_negative_int = number(int, checks.non_negative_int)
-finite_non_negative = number(float, checks.finite_non_negative)
-positive_number = number(float, checks.positive_number)
-seconds = number(float, checks.positive_seconds)
+def checked(parse: Callable[[str], Any], check: checks.Check) -> Callable[[str], Any]:
+    """The argparse type for values that ``check`` (from :mod:`graph_exec.checks`) accepts."""
+    return number(parse, check.accept, check.allowed)
+
+
+positive_int = checked(int, checks.positive_int)
+non_negative_int = checked(int, checks.non_negative_int)
+finite_non_negative = checked(float, checks.finite_non_negative)
+positive_number = checked(float, checks.positive_number)
+seconds = checked(float, checks.positive_seconds)
