@@ -46,8 +46,8 @@ class Check:
         return self.convert(value)
 
 
-positive_int = Check("a positive integer (1, 2, …)", lambda v: _is_int(v) and v >= 1)
-non_negative_int = Check("an integer >= 0", lambda v: _is_int(v) and v >= 0)
+positive_int = Check("a positive int", lambda v: _is_int(v) and v >= 1)
+non_negative_int = Check("an int >= 0", lambda v: _is_int(v) and v >= 0)
 finite_non_negative = Check("a finite number >= 0", lambda v: _is_real(v) and 0 <= v < math.inf, float)
 positive_number = Check("a number > 0 (or inf)", lambda v: _is_real(v) and v > 0, float)
 positive_seconds = Check("a number of seconds > 0", lambda v: _is_real(v) and 0 < v < math.inf, float)

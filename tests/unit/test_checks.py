@@ -40,7 +40,7 @@ def test_seconds_come_back_as_float() -> None:
 
 
 def test_the_caller_chooses_the_error_class() -> None:
-    with pytest.raises(PlanConfigError, match=r"^pp must be a positive integer \(1, 2, …\), got 0$"):
+    with pytest.raises(PlanConfigError, match=r"^pp must be a positive int, got 0$"):
         checks.positive_int("pp", 0, PlanConfigError)
 
 
