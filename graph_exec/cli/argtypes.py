@@ -1,5 +1,7 @@
 """argparse types for numbers, shared by every sub-command.
 
+The common types apply the same rules the library applies to the values
+(:mod:`graph_exec.checks`), so ``--micro 0`` and ``micro=0`` are refused with the same words.
 A bad value becomes argparse's usual error (exit code 2) with a message that repeats the
 value and says what is allowed; no traceback reaches the user.
 """
@@ -7,19 +9,16 @@ value and says what is allowed; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
-Number = TypeVar("Number", int, float)
+from graph_exec import checks
 
 
-def number(
-    parse: Callable[[str], Number], accept: Callable[[Number], bool], allowed: str
-) -> Callable[[str], Number]:
+def number(parse: Callable[[str], Any], accept: Callable[[Any], bool], allowed: str) -> Callable[[str], Any]:
     """An argparse type: ``parse(text)`` if it parses and ``accept`` says yes, else an error saying ``allowed``."""
 
-    def convert(text: str) -> Number:
+    def convert(text: str) -> Any:
         try:
             value = parse(text)
         except ValueError:
@@ -32,8 +31,13 @@ def number(
     return convert
 
 
-positive_int = number(int, lambda v: v >= 1, "a positive integer (1, 2, …)")
-non_negative_int = number(int, lambda v: v >= 0, "an integer >= 0")
-finite_non_negative = number(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
-positive_number = number(float, lambda v: v > 0, "a number > 0 (or inf)")
-seconds = number(float, lambda v: 0 < v < math.inf, "a number of seconds > 0")
+def checked(parse: Callable[[str], Any], check: checks.Check) -> Callable[[str], Any]:
+    """The argparse type for values that ``check`` (from :mod:`graph_exec.checks`) accepts."""
+    return number(parse, check.accept, check.allowed)
+
+
+positive_int = checked(int, checks.positive_int)
+non_negative_int = checked(int, checks.non_negative_int)
+finite_non_negative = checked(float, checks.finite_non_negative)
+positive_number = checked(float, checks.positive_number)
+seconds = checked(float, checks.positive_seconds)

@@ -1,9 +1,11 @@
 """The schedule layer: what every pipeline rank runs, and in which order.
 
 Pure Python, never imports MindSpore. ``build_plan(PlanConfig(...))`` builds the body
-(interleaved 1F1B, plain 1F1B or GPipe), inserts its P2P transfers, layers the MPipe Transpose
-steps on top and validates the result against the contract in
-``shared/design/mpipe-schedule.md``.
+(interleaved 1F1B, plain 1F1B or GPipe: :mod:`.body`), inserts its P2P transfers (:mod:`.p2p`),
+layers the MPipe Transpose steps on top (:mod:`.mpipe`) and checks the result
+(:mod:`.validate`). The rules are written down in ``docs/schedule.md``; each module cites
+its section. This layer has its own short names (``micro``, ``num_preprocess_layers``); how
+they map to the public API's is in ``docs/schedule.md``, "Notation and names".
 """
 
 from graph_exec.schedule.config import PlanConfig, PlanConfigError

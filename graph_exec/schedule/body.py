@@ -1,16 +1,16 @@
 """Body builders: the compute steps (``F`` / ``B``) of each rank, with idle slots.
 
 Each builder returns one list per rank of step codes (see :mod:`codes`) in *slots*: one slot
-per compute step, ``codes.IDLE`` where the rank waits. The slots matter beyond pictures: the
+per compute step, ``codes.IDLE`` where the rank waits. The slots matter beyond display: the
 P2P column scan (:mod:`p2p`) walks them in time order, so a message is always inserted into
 the receiver's list before the slot that consumes it.
 
-- :func:`interleaved` follows the contract's emission rules exactly (§3 of
-  ``mpipe-schedule.md``), idle slots included, because the contract's example orders depend
-  on where those idle slots fall.
-- :func:`one_f_one_b` and :func:`gpipe` only define each rank's compute *order*; their slots
-  come from :func:`unit_time_slots`, a unit-cost replay of that order, which is causal by
-  construction.
+- :func:`interleaved` follows ``docs/schedule.md``, "Interleaved 1F1B" exactly, idle slots
+  included, because the order of the P2P steps (and so the worked examples) depends on where
+  those idle slots fall.
+- :func:`one_f_one_b` and :func:`gpipe` (``docs/schedule.md``, "Plain 1F1B and GPipe") only
+  define each rank's compute *order*; their slots come from :func:`unit_time_slots`, a
+  unit-cost replay of that order, which is causal by construction.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _rounds(pp: int, micro: int) -> list[int]:
 
 
 def interleaved(pp: int, vpp: int, micro: int) -> list[list[int]]:
-    """Interleaved 1F1B slots, exactly as the contract's emission rules say."""
+    """Interleaved 1F1B slots, exactly as ``docs/schedule.md``, "Interleaved 1F1B" says."""
     rounds = _rounds(pp, micro)
     # Forward op o runs chunk (o - A[a]) // R_a of its round a: R_a ops of chunk 0, then R_a
     # of chunk 1, ... The chunk sequence and the per-chunk micro counters are the same on
@@ -57,7 +57,7 @@ def interleaved(pp: int, vpp: int, micro: int) -> list[list[int]]:
         micro_of.append(counters[chunk])
         counters[chunk] += 1
     total = micro * vpp
-    short = micro < pp  # the contract's extra idle slots for fewer micros than ranks
+    short = micro < pp  # extra idle slots for fewer micros than ranks
     last_micro = micro - 1
     slots = []
     for rank in range(pp):
@@ -117,7 +117,7 @@ def gpipe(pp: int, vpp: int, micro: int) -> list[list[int]]:
 def _producer(code: int, last_stage: int) -> int | None:
     """The compute step on another stage whose result ``code`` consumes, if any."""
     stage = codes.stage_of(code)
-    if code < codes.B:
+    if codes.is_forward(code):
         return code - codes.STAGE_UNIT if stage > 0 else None
     return code + codes.STAGE_UNIT if stage < last_stage else None
 

@@ -1,4 +1,4 @@
-"""Steps as plain integers, for the hot paths.
+"""Steps as plain integers, for the hot paths (``docs/schedule.md``, "Step codes").
 
 A plan for 64 ranks, 4 chunks and 1024 micro-batches has about 1.6 million steps. Making a
 :class:`~graph_exec.schedule.steps.Step` object costs close to a microsecond here, so building
@@ -11,9 +11,10 @@ where ``kind_index`` is the position of the kind in :class:`StepKind` and an abs
 micro index is stored as 0. Every real step code stays below 2**60, which CPython stores in
 two 30-bit digits: hashing and comparing them is measurably cheaper than three-digit ints
 (:class:`PlanConfig` therefore caps stages and micro-batches at 2**28). Two properties are
-relied on elsewhere:
+relied on elsewhere (and named by the ``is_*`` predicates below):
 
-- body kinds have the smallest indices, so ``code < BODY_LIMIT`` means "body step";
+- body kinds have the smallest indices, in the order ``F, B, Fsend, Frecv, Bsend, Brecv``, so
+  "body step", "compute step", "forward of stage 0" are each one comparison;
 - a send and the receive it pairs with differ by a constant per kind (:data:`PAIR_DELTA`),
   so pairing is one addition.
 
@@ -59,8 +60,9 @@ IDLE = base(StepKind.IDLE)
 
 #: Every body code is below this, every MPipe code and IDLE at or above it.
 BODY_LIMIT = (max(_INDEX[k] for k in BODY_KINDS) + 1) << KIND_SHIFT
-if min(_INDEX[k] for k in set(StepKind) - BODY_KINDS) << KIND_SHIFT < BODY_LIMIT:
-    raise ImportError("StepKind must list the body kinds first: codes.BODY_LIMIT relies on it")
+_BODY_ORDER = (StepKind.F, StepKind.B, StepKind.FSEND, StepKind.FRECV, StepKind.BSEND, StepKind.BRECV)
+if KINDS[: len(_BODY_ORDER)] != _BODY_ORDER or KINDS[-1] is not StepKind.IDLE:
+    raise ImportError("StepKind must list the body kinds first, in codes._BODY_ORDER, and IDLE last")
 
 #: ``send code + PAIR_DELTA[send kind] == code of the receive that takes the message``.
 #: A forward message of stage s is received by stage s+1, a backward one by stage s-1.
@@ -80,6 +82,57 @@ RECV_OF_SEND: dict[int, int] = {
     GRADSEND: GRADRECV_BWD,
 }
 SEND_OF_RECV: dict[int, int] = {recv: send for send, recv in RECV_OF_SEND.items()}
+
+
+# Predicates: what a code is, by name. They are plain range tests on the kind order checked
+# above (F < B < Fsend < … < MPipe kinds < IDLE). The loops that visit every step of a large
+# plan (p2p.insert_p2p, validate._rank_runner) inline the same comparisons instead, because a
+# function call per step there costs a measurable share of build_plan's time.
+
+
+def is_forward(code: int) -> bool:
+    """``F s.m`` on any stage."""
+    return code < B
+
+
+def is_backward(code: int) -> bool:
+    """``B s.m`` on any stage."""
+    return B <= code < FSEND
+
+
+def is_compute(code: int) -> bool:
+    """``F`` or ``B``: the body's compute steps."""
+    return code < FSEND
+
+
+def is_stage0_forward(code: int) -> bool:
+    """``F 0.m``: the forward that reads the batch or the preprocess output."""
+    return code < STAGE_UNIT
+
+
+def is_stage0_backward(code: int) -> bool:
+    """``B 0.m``: the backward that leaves the gradient of the preprocess output."""
+    return B <= code < B + STAGE_UNIT
+
+
+def is_body(code: int) -> bool:
+    """A body step: compute or neighbour P2P (``F``, ``B``, ``Fsend``, ``Frecv``, ``Bsend``, ``Brecv``)."""
+    return code < BODY_LIMIT
+
+
+def is_mpipe(code: int) -> bool:
+    """A step MPipe layers on the body (``BCAST`` … ``GRADreduce``); neither body nor idle."""
+    return BODY_LIMIT <= code < IDLE
+
+
+def is_send(code: int) -> bool:
+    """A step that sends a message to one peer rank."""
+    return kind_base(code) in PAIR_DELTA
+
+
+def is_recv(code: int) -> bool:
+    """A step that receives a message from one peer rank."""
+    return kind_base(code) in SEND_OF_RECV
 
 
 def encode(kind: StepKind, stage: int | None = None, micro: int | None = None) -> int:
@@ -123,5 +176,5 @@ def decode(code: int) -> Step:
 
 
 def token(code: int) -> str:
-    """The contract spelling of a code (for error messages and exports)."""
+    """The token of a code (for error messages and exports)."""
     return decode(code).token

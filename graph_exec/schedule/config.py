@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graph_exec import checks
 from graph_exec.errors import GraphExecError
 
 PREPROCESS = ("trainable", "frozen", "none")
@@ -26,23 +27,14 @@ class PlanConfigError(GraphExecError, ValueError):
     """A configuration that cannot be planned; the message names the value and what is allowed."""
 
 
-def _positive_int(name: str, value: object) -> None:
-    # bool is an int subclass, but True micro-batches is a bug in the caller, not a count.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanConfigError(f"{name} must be a positive int (1, 2, …), got {value!r}")
-
-
-def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in allowed:
-        raise PlanConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class PlanConfig:
     """One pipeline plan: ``P`` ranks, ``V`` chunks per rank, ``M`` micro-batches, MPipe options.
 
     Defaults describe a plain interleaved-1F1B body (no preprocess); ``micro`` defaults to
-    ``pp`` (one round of micro-batches). The MPipe options follow the schedule contract:
+    ``pp`` (one round of micro-batches). Field names are the schedule layer's; their public-API
+    counterparts are in ``docs/schedule.md``, "Notation and names". The MPipe options
+    (``docs/schedule.md``, "MPipe layering"):
 
     - ``preprocess``: ``"trainable"`` (parameters broadcast every step, gradient via ``TBWD``),
       ``"frozen"`` (outputs only), ``"none"`` (dataload only: ``T = 0``, the preprocess is the
@@ -59,7 +51,7 @@ class PlanConfig:
       preprocess, since otherwise there is no gradient to compute.
     - ``input``: ``"replicated"`` (every rank holds the batch) or ``"owned"`` (micro ``m``'s raw
       input lives on its owner, so central backward ships it to rank 0 with ``IN*``).
-    - ``body``: ``"interleaved"`` (the contract's interleaved 1F1B, any ``V``), ``"1f1b"``
+    - ``body``: ``"interleaved"`` (interleaved 1F1B, any ``V``), ``"1f1b"``
       (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
       backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
 
@@ -81,21 +73,21 @@ class PlanConfig:
     body: str = "interleaved"
 
     def __post_init__(self) -> None:
-        _positive_int("pp", self.pp)
-        _positive_int("vpp", self.vpp)
+        checks.positive_int("pp", self.pp, PlanConfigError)
+        checks.positive_int("vpp", self.vpp, PlanConfigError)
         if self.micro is None:
             object.__setattr__(self, "micro", self.pp)
-        _positive_int("micro", self.micro)
+        checks.positive_int("micro", self.micro, PlanConfigError)
         if self.micro > INDEX_LIMIT or self.pp * self.vpp > INDEX_LIMIT:
             raise PlanConfigError(
                 f"at most {INDEX_LIMIT} micro-batches and {INDEX_LIMIT} stages (pp*vpp), "
                 f"got micro={self.micro}, pp*vpp={self.pp * self.vpp}"
             )
-        _choice("preprocess", self.preprocess, PREPROCESS)
-        _choice("overflow", self.overflow, OVERFLOW)
-        _choice("backward", self.backward, BACKWARD)
-        _choice("input", self.input, INPUT)
-        _choice("body", self.body, BODY)
+        checks.choice("preprocess", self.preprocess, PREPROCESS, PlanConfigError)
+        checks.choice("overflow", self.overflow, OVERFLOW, PlanConfigError)
+        checks.choice("backward", self.backward, BACKWARD, PlanConfigError)
+        checks.choice("input", self.input, INPUT, PlanConfigError)
+        checks.choice("body", self.body, BODY, PlanConfigError)
         self._check_layers()
         if self.body == "1f1b" and self.vpp != 1:
             raise PlanConfigError(
@@ -115,8 +107,7 @@ class PlanConfig:
         if layers is None:
             object.__setattr__(self, "num_preprocess_layers", 0 if self.preprocess == "none" else 1)
             return
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-            raise PlanConfigError(f"num_preprocess_layers must be an int >= 0, got {layers!r}")
+        checks.non_negative_int("num_preprocess_layers", layers, PlanConfigError)
         if self.preprocess == "none" and layers != 0:
             raise PlanConfigError(
                 f"preprocess 'none' is dataload only (T=0), got num_preprocess_layers={layers}; "

@@ -11,7 +11,7 @@ from graph_exec.errors import GraphExecError
 
 
 class ScheduleError(GraphExecError):
-    """A plan that violates the schedule contract."""
+    """A plan that breaks a rule of ``docs/schedule.md``, "Invariants"."""
 
 
 class CoverageError(ScheduleError):
@@ -19,7 +19,7 @@ class CoverageError(ScheduleError):
 
 
 class InvariantError(ScheduleError):
-    """A rule of the contract is broken (body changed by MPipe, TBWD not after B 0.m, …)."""
+    """A layering rule is broken (body changed by MPipe, TBWD not after B 0.m, …)."""
 
 
 class DependencyError(ScheduleError):

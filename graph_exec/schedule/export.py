@@ -1,7 +1,7 @@
 """Plans as text, JSON and CSV.
 
-**Text** — exactly one line per rank, ``r<rank>: <tokens>``, tokens spelled as in the
-contract, so a printed plan can be compared with the contract's examples line by line.
+**Text** — exactly one line per rank, ``r<rank>: <tokens>``, so a printed plan can be
+compared line by line with ``docs/schedule.md``, "Worked examples".
 ``with_idle=True`` shows the body's idle slots as ``·``.
 
 **JSON** — the machine format (``to_json``)::
@@ -22,7 +22,7 @@ contract, so a printed plan can be compared with the contract's examples line by
       ]
     }
 
-``kind`` is the contract's spelling of the step type (``F``, ``Fsend``, ``GRADrecv+bwd``…);
+``kind`` is the token spelling of the step type (``F``, ``Fsend``, ``GRADrecv+bwd``…);
 ``stage`` is set for body steps, ``micro`` for every step except ``BCAST`` / ``GRADreduce``;
 ``peer`` is the other rank of a send or receive, ``null`` otherwise.
 
@@ -56,7 +56,7 @@ _TORCH_ACTION = {
 
 def to_text(plan: Plan, with_idle: bool = False) -> str:
     """One line per rank, ``r<rank>: <tokens>`` (idle slots as ``·`` only with ``with_idle``)."""
-    rows = plan.picture_codes if with_idle else plan.order_codes
+    rows = plan.with_idle_codes if with_idle else plan.order_codes
     return "\n".join(f"r{rank}: " + " ".join(map(codes.token, row)) for rank, row in enumerate(rows)) + "\n"
 
 

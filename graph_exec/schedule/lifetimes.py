@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graph_exec.schedule import codes
-from graph_exec.schedule.codes import FIELD_MASK, STAGE_SHIFT, kind_base
+from graph_exec.schedule.codes import is_recv, kind_base, micro_of, stage_of
 from graph_exec.schedule.plan import Plan
 from graph_exec.schedule.steps import Step
 
@@ -41,10 +41,10 @@ def _reader(code: int, last_stage: int) -> int:
     kind = kind_base(code)
     if kind == codes.FRECV:
         fwd = code - codes.FRECV + codes.F
-        return fwd if code >> STAGE_SHIFT & FIELD_MASK == last_stage else fwd - codes.F + codes.B
+        return fwd if stage_of(code) == last_stage else fwd - codes.F + codes.B
     if kind == codes.BRECV:
         return code - codes.BRECV + codes.B
-    m = code & FIELD_MASK
+    m = micro_of(code)
     if kind == codes.OUTRECV:
         return codes.F | m if last_stage == 0 else codes.B | m
     if kind == codes.INRECV:
@@ -56,10 +56,9 @@ def buffer_lifetimes(plan: Plan, rank: int) -> list[BufferLifetime]:
     """Every receive of ``rank`` with the index of its last reader, in order."""
     row = plan.order_codes[rank]
     index = {code: i for i, code in enumerate(row)}
-    recv_kinds = set(codes.SEND_OF_RECV)
     lifetimes = []
     for i, code in enumerate(row):
-        if kind_base(code) in recv_kinds:
+        if is_recv(code):
             reader = _reader(code, plan.last_stage)
             lifetimes.append(BufferLifetime(codes.decode(code), i, index[reader]))
     return lifetimes

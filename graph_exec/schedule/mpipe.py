@@ -1,4 +1,6 @@
-"""MPipe Transpose layering: the preprocess steps added around an unchanged body (contract §4).
+"""MPipe Transpose layering: the preprocess steps added around an unchanged body.
+
+The rules are ``docs/schedule.md``, "MPipe layering".
 
 The body is never reordered; MPipe only *inserts* steps: a prefix per rank (broadcast,
 owned preprocess forwards, transfers to rank 0), rank 0's inline steps next to ``F 0.m`` /
@@ -6,7 +8,7 @@ owned preprocess forwards, transfers to rank 0), rank 0's inline steps next to `
 That is what makes "strip the MPipe steps and you get the body" an invariant.
 
 The functions take body rows with or without idle slots alike, so the same code produces the
-executable orders and the pictures.
+executable orders and the orders ``with_idle`` (for display).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from graph_exec.schedule import codes
-from graph_exec.schedule.codes import STAGE_UNIT
+from graph_exec.schedule.codes import is_stage0_backward, is_stage0_forward, micro_of
 from graph_exec.schedule.config import PlanConfig
 
 
@@ -76,16 +78,11 @@ def patch_rank0(config: PlanConfig, row: Sequence[int]) -> Sequence[int]:
     out: list[int] = []
     append = out.append
     for code in row:
-        if code < STAGE_UNIT:  # F 0.m
-            if code in inline:  # F 0.m and TFWD m share the micro field
-                append(codes.TFWD | code)
-            append(code)
-        elif codes.B <= code < codes.B + STAGE_UNIT:  # B 0.m
-            append(code)
-            if code - codes.B in tbwd:
-                append(codes.TBWD | code - codes.B)
-        else:
-            append(code)
+        if is_stage0_forward(code) and micro_of(code) in inline:
+            append(codes.TFWD | micro_of(code))
+        append(code)
+        if is_stage0_backward(code) and micro_of(code) in tbwd:
+            append(codes.TBWD | micro_of(code))
     return out
 
 

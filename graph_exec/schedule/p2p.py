@@ -1,6 +1,6 @@
-"""P2P insertion: turn compute slots into orders with sends and receives (contract §3).
+"""P2P insertion: turn compute slots into orders with sends and receives.
 
-The contract's column scan walks the slots in time order. At slot ``t`` every rank first
+The rule is ``docs/schedule.md``, "P2P insertion": a column scan walks the slots in time order. At slot ``t`` every rank first
 takes its own item; then, even ranks first and odd ranks second, each ``F s.m`` whose next
 stage lives on another rank appends ``Fsend s.m`` to its own list and ``Frecv (s+1).m`` to
 the receiver's, and each ``B s.m`` with ``s > 0`` appends ``Bsend s.m`` / ``Brecv (s-1).m``
@@ -46,6 +46,9 @@ def insert_p2p(slots: list[list[int]], pp: int, vpp: int, keep_idle: bool) -> li
     to_frecv = codes.FRECV - codes.F + STAGE_UNIT
     to_bsend = codes.BSEND - codes.B
     to_brecv = codes.BRECV - codes.B - STAGE_UNIT
+    # The loop below visits every slot of every rank, so it tests kinds by raw comparison with
+    # the locals above rather than with the codes.is_* predicates: a function call per slot
+    # would add a measurable share of build_plan's time.
     rows = []
     for q in range(pp):
         left, right = (q - 1) % pp, (q + 1) % pp

@@ -7,6 +7,7 @@ rank's order, not the 1.6 million steps of a 64-rank plan.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from functools import cached_property
 
@@ -21,10 +22,13 @@ Orders = tuple[tuple[Step, ...], ...]
 class Plan:
     """Per-rank orders of one configuration.
 
-    ``orders`` is what the runtime executes (no idle slots); ``with_idle`` is the same with
-    the idle slots of the body's time grid, for pictures; ``body`` is the orders without any
-    MPipe step. The ``*_codes`` attributes are the same orders as step codes, for tools that
-    walk large plans (validator, simulator).
+    Three views, each as :class:`Step` tuples and as step codes (``*_codes``, for tools that
+    walk large plans: validator, simulator):
+
+    - ``orders`` / ``order_codes``: what the runtime executes (no idle slots);
+    - ``with_idle`` / ``with_idle_codes``: the same with the idle slots of the body's time grid,
+      for display (``graph-exec plan --with-idle``);
+    - ``body`` / ``body_codes``: the orders without any MPipe step.
 
     Normally made by :func:`build_plan`, which validates it; the constructor takes codes and
     does not validate (tools and tests that need a hand-made or broken plan use it, or
@@ -36,12 +40,12 @@ class Plan:
         config: PlanConfig,
         order_codes: Sequence[Sequence[int]],
         body_codes: Sequence[Sequence[int]],
-        picture_codes: Sequence[Sequence[int]] | None = None,
+        with_idle_codes: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.config = config
         self.order_codes: tuple[tuple[int, ...], ...] = tuple(map(tuple, order_codes))
         self.body_codes: tuple[tuple[int, ...], ...] = tuple(map(tuple, body_codes))
-        self._pictures = None if picture_codes is None else tuple(map(tuple, picture_codes))
+        self._with_idle_codes = None if with_idle_codes is None else tuple(map(tuple, with_idle_codes))
         self._orders: dict[int, tuple[Step, ...]] = {}
 
     @classmethod
@@ -53,17 +57,25 @@ class Plan:
         """
         if len(rows) != config.pp:
             raise ValueError(f"need one row per rank ({config.pp}), got {len(rows)}")
-        pictures = [[codes.encode_step(Step.parse(t)) for t in row] for row in rows]
-        orders = [[code for code in row if code != codes.IDLE] for row in pictures]
-        return cls(config, orders, _body(config, keep_idle=False), pictures)
+        with_idle = [[codes.encode_step(Step.parse(t)) for t in row] for row in rows]
+        orders = [[code for code in row if code != codes.IDLE] for row in with_idle]
+        return cls(config, orders, _body(config, keep_idle=False), with_idle)
+
+    @property
+    def with_idle_codes(self) -> tuple[tuple[int, ...], ...]:
+        """The orders with idle slots, as codes (built on first use: only displays need them)."""
+        if self._with_idle_codes is None:
+            body_with_idle = _body(self.config, keep_idle=True)
+            self._with_idle_codes = tuple(map(tuple, mpipe.layer(self.config, body_with_idle)))
+        return self._with_idle_codes
 
     @property
     def picture_codes(self) -> tuple[tuple[int, ...], ...]:
-        """The orders with idle slots, as codes (rebuilt on first use: only pictures need them)."""
-        if self._pictures is None:
-            body_pictures = _body(self.config, keep_idle=True)
-            self._pictures = tuple(map(tuple, mpipe.layer(self.config, body_pictures)))
-        return self._pictures
+        """Deprecated name of :attr:`with_idle_codes`."""
+        warnings.warn(
+            "Plan.picture_codes is deprecated, use Plan.with_idle_codes", DeprecationWarning, stacklevel=2
+        )
+        return self.with_idle_codes
 
     def order(self, rank: int) -> tuple[Step, ...]:
         """The steps ``rank`` executes, in order (made once, then cached)."""
@@ -80,7 +92,7 @@ class Plan:
     @cached_property
     def with_idle(self) -> Orders:
         """Every rank's order with the body's idle slots (``IDLE`` steps), for display."""
-        return tuple(tuple(map(codes.decode, row)) for row in self.picture_codes)
+        return tuple(tuple(map(codes.decode, row)) for row in self.with_idle_codes)
 
     @cached_property
     def body(self) -> Orders:

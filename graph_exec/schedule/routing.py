@@ -44,7 +44,7 @@ def peer(config: PlanConfig, code: int) -> int | None:
 
 def home(config: PlanConfig, code: int) -> int | None:
     """The rank a step must run on; ``None`` for steps every rank runs (BCAST, GRADreduce)."""
-    if code < codes.BODY_LIMIT:
+    if codes.is_body(code):
         return config.stage_rank(stage_of(code))
     kind = kind_base(code)
     if kind in _ON_OWNER:

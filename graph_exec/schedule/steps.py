@@ -2,8 +2,8 @@
 
 A plan is one ordered list of steps per rank. Every step knows its kind and, where it has
 them, the virtual stage and the micro-batch it belongs to. Tokens are spelled exactly as in
-the MPipe schedule contract (``F0.1``, ``Fsend0.1``, ``TFWD3``, ``GRADrecv+bwd2``) so that a
-plan printed by the CLI can be compared with the contract's examples character by character.
+``docs/schedule.md`` (``F0.1``, ``Fsend0.1``, ``TFWD3``, ``GRADrecv+bwd2``) so that a plan
+printed by the CLI can be compared with the examples there character by character.
 """
 
 from __future__ import annotations
@@ -14,24 +14,47 @@ from enum import StrEnum
 
 
 class StepKind(StrEnum):
-    """Every kind of step a rank can run (``IDLE`` only appears in pictures)."""
+    """Every kind of step a rank can run, spelled as in the plan's tokens.
 
+    ``s`` is a virtual stage, ``m`` a micro-batch; "owner" is the rank that owns ``m``
+    (``PlanConfig.owner``). What each step needs before it may run is in ``docs/schedule.md``,
+    section "Step types"; what the runtime does for it, in ``docs/architecture.md``, "How a
+    step flows".
+    """
+
+    #: Forward of stage ``s``, micro ``m``, on stage ``s``'s rank (the last stage adds loss and backward).
     F = "F"
+    #: Backward of stage ``s``, micro ``m``, on stage ``s``'s rank: input grads out, weight grads accumulated.
     B = "B"
+    #: Send ``F s.m``'s output from stage ``s``'s rank to stage ``s+1``'s rank.
     FSEND = "Fsend"
+    #: Receive stage ``s``'s input from stage ``s-1``'s rank, on stage ``s``'s rank.
     FRECV = "Frecv"
+    #: Send ``B s.m``'s input gradients from stage ``s``'s rank to stage ``s-1``'s rank.
     BSEND = "Bsend"
+    #: Receive the gradient of stage ``s``'s output from stage ``s+1``'s rank, on stage ``s``'s rank.
     BRECV = "Brecv"
+    #: Every rank (trainable preprocess, ``P > 1``): broadcast the preprocess weights from rank 0, in place.
     BCAST = "BCAST"
+    #: Preprocess forward of ``m``, detached from the body, on the owner (rank 0 inline for ``min`` overflow).
     TFWD = "TFWD"
+    #: Owner to rank 0: ship ``m``'s preprocess output.
     OUTSEND = "OUTsend"
+    #: Rank 0: receive ``m``'s preprocess output as stage 0's body input.
     OUTRECV = "OUTrecv"
+    #: Owner to rank 0 (owned input, central backward): ship ``m``'s raw input so rank 0 can recompute.
     INSEND = "INsend"
+    #: Rank 0: receive ``m``'s raw input, kept for ``TBWD m``.
     INRECV = "INrecv"
+    #: Rank 0, right after ``B 0.m``: recompute ``m``'s preprocess and accumulate its parameter gradients.
     TBWD = "TBWD"
+    #: Rank 0 to the owner (owner backward): ship the gradient of ``m``'s preprocess output.
     GRADSEND = "GRADsend"
+    #: Owner (owner backward): receive that gradient, recompute ``m``'s preprocess, back-propagate locally.
     GRADRECV_BWD = "GRADrecv+bwd"
+    #: Every rank, last step (owner backward): SUM all-reduce of the preprocess gradients over the pipeline.
     GRADREDUCE = "GRADreduce"
+    #: An empty slot of the body's time grid: shown by ``with_idle`` only, never executed.
     IDLE = "·"
 
 
@@ -75,7 +98,7 @@ class Step:
 
     @property
     def token(self) -> str:
-        """The contract's spelling: ``F0.1``, ``TFWD3``, ``BCAST``, ``·``."""
+        """The token: ``F0.1``, ``TFWD3``, ``BCAST``, ``·``."""
         if self.stage is not None:
             return f"{self.kind.value}{self.stage}.{self.micro}"
         if self.micro is not None:
@@ -89,7 +112,7 @@ class Step:
     def parse(cls, token: str) -> Step:
         """The inverse of :attr:`token`, so plans can be written by hand (tests, JSON files).
 
-        Raises ``ValueError`` naming the token when it is not a step of the contract.
+        Raises ``ValueError`` naming the token when it is not a step token.
         """
         match = _TOKEN_RE.fullmatch(token.strip())
         if match is None:

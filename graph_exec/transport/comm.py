@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from graph_exec.errors import CommunicationNotInitializedError, ProtocolError, RemoteRankError
+from graph_exec.transport.comm_thread import CommWorker
 from graph_exec.transport.cpu_workarounds import rebind_default_groups
 from graph_exec.transport.meta import (
     META_WORDS,
@@ -28,7 +29,6 @@ from graph_exec.transport.meta import (
     encode_abort,
     encode_group,
 )
-from graph_exec.transport.worker import CommWorker
 
 #: Builds the receive tensor for one incoming payload (the runtime passes a pool-backed one).
 Allocator = Callable[[TensorMeta], Any]

@@ -48,21 +48,21 @@ def test_plan_formats(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (
             ["plan", "--pp", "0", "--vpp", "1", "--micro", "4", "--preprocess", "none"],
-            "argument --pp: invalid value '0': must be a positive integer",
+            "argument --pp: invalid value '0': must be a positive int",
         ),
         (
             ["plan", "--pp", "2", "--vpp", "x", "--micro", "4", "--preprocess", "none"],
-            "argument --vpp: invalid value 'x': must be a positive integer",
+            "argument --vpp: invalid value 'x': must be a positive int",
         ),
         (
             ["plan", "--pp", "2", "--vpp", "1", "--micro", "-3", "--preprocess", "none"],
-            "argument --micro: invalid value '-3': must be a positive integer",
+            "argument --micro: invalid value '-3': must be a positive int",
         ),
         (
             [*PLAN, "--preprocess", "trainable", "-T", "-1"],
             "argument -T/--num-preprocess-layers: invalid value '-1'",
         ),
-        ([*PLAN, "--preprocess", "trainable", "-T", "1.5"], "invalid value '1.5': must be an integer >= 0"),
+        ([*PLAN, "--preprocess", "trainable", "-T", "1.5"], "invalid value '1.5': must be an int >= 0"),
         ([*PLAN, "--preprocess", "bogus"], "argument --preprocess: invalid choice: 'bogus'"),
         (
             [*PLAN, "--preprocess", "none", "--overflow", "half"],

@@ -1,4 +1,5 @@
-"""The contract's example orders (shared/design/mpipe-schedule.md), reproduced exactly."""
+"""The example orders of ``docs/schedule.md``, "Worked examples" (and the compute skeleton of
+"Interleaved 1F1B"), reproduced exactly."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Contract invariants on a sampled grid of configurations, checked independently of the validator.
+"""``docs/schedule.md``, "Invariants", on a sampled grid of configurations, checked
+independently of the validator.
 
 ``build_plan`` validates every plan itself; these checks are written separately, on ``Step``
 objects and the public ``Plan`` API, so a bug in the validator cannot hide a bug in a builder.

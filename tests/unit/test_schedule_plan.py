@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from graph_exec.schedule import IDLE, Plan, PlanConfig, Step, StepKind, build_plan
+from graph_exec.schedule import IDLE, Plan, PlanConfig, Step, StepKind, build_plan, codes
 
 K = StepKind
 
@@ -66,8 +66,15 @@ def test_peer_of_a_step_the_rank_does_not_run() -> None:
 def test_with_idle_keeps_idle_slots_that_orders_drop() -> None:
     plan = build_plan(PlanConfig(pp=2, vpp=2, micro=4, preprocess="trainable"))
     assert IDLE in plan.with_idle[0]
-    for picture, order in zip(plan.with_idle, plan.orders, strict=True):
-        assert tuple(s for s in picture if s != IDLE) == order
+    for with_idle, order in zip(plan.with_idle, plan.orders, strict=True):
+        assert tuple(s for s in with_idle if s != IDLE) == order
+    assert plan.with_idle_codes[0] == tuple(map(codes.encode_step, plan.with_idle[0]))
+
+
+def test_picture_codes_is_a_deprecated_alias_of_with_idle_codes() -> None:
+    plan = build_plan(PlanConfig(pp=2, micro=3, preprocess="frozen"))
+    with pytest.warns(DeprecationWarning, match="use Plan.with_idle_codes"):
+        assert plan.picture_codes == plan.with_idle_codes
     assert plan.body == tuple(
         tuple(s for s in row if s.kind not in {K.BCAST, K.TFWD, K.OUTRECV, K.OUTSEND, K.TBWD})
         for row in plan.orders
