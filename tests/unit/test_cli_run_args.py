@@ -277,7 +277,7 @@ def _bench_dir(tmp_path: Path) -> tuple[JobSpec, list[str]]:
         costs = OpCosts(
             forward=0.010 * slow,
             backward=0.020 * slow,
-            preprocess_forward=0.0 if spec.baseline else 0.008 * slow,
+            preprocess_forward=0.008 * slow,  # the fair baseline runs the same preprocess
             fused_last_stage=True,
         )
         for record in _records(plan, simulate(plan, costs), gap=0.0):
@@ -304,10 +304,21 @@ def test_bench_document_matches_its_schema(tmp_path: Path) -> None:
         graph["step_time_s"] / runs["baseline-frozen.graph"]["step_time_s"]
     )
     assert graph["prediction"]["error"] == pytest.approx(0.0, abs=1e-9)
-    assert graph["mpipe"]["theory_saving_s"] == pytest.approx(0.008)  # (NT - 1) * Pf, NT = 2
+    mpipe = graph["mpipe"]
+    assert mpipe["theory_saving_s"] == pytest.approx(0.008)  # (NT - 1) * Pf, NT = 2
+    # The records are simulations of each run's plan under one cost model, so the simulator's
+    # saving from the measured costs is exactly the measured one.
+    measured = runs["baseline-frozen.graph"]["step_time_s"] - graph["step_time_s"]
+    assert mpipe["saving_s"] == pytest.approx(measured) and measured > 0
+    assert mpipe["simulated_saving_s"] == pytest.approx(measured)
+    assert mpipe["saving_over_simulated"] == pytest.approx(1.0)
+    assert mpipe["saving_share"] == pytest.approx(measured / 0.008)
     assert runs["baseline-frozen.graph"]["mpipe"] is None
+    assert runs["baseline-frozen.graph"]["preprocess"] == "frozen"
     text = bench_report.table(doc)
-    assert "frozen-full.pynative" in text and "MPipe saving" in text
+    assert "frozen-full.pynative" in text and "saving vs fair baseline (ms)" in text
+    for column, _ in bench_report.SAVING_LEGEND:  # every column of the saving table has its legend
+        assert f"  {column:>9s}: " in text
 
 
 def test_schema_check_names_what_is_wrong(tmp_path: Path) -> None:
