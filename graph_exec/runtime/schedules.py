@@ -367,7 +367,8 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
     ignored) or ``None``; nothing is broadcast and nothing is shipped, and the preprocess
     gradients live on rank 0. Comparing a run of this schedule with
     :class:`ScheduleMPipeTranspose` on the same model therefore isolates what transposition
-    buys.
+    buys. On ranks other than 0 :attr:`plan` is built without the preprocess (all of its steps
+    are rank 0's; their orders are the body either way).
 
     Do not fold the preprocess into stage 0 instead (a stage-0 chunk ``body(tower(x))``): a
     stage's backward recomputes or keeps the whole chunk, so a frozen tower would be run again
