@@ -59,6 +59,9 @@ class PlanConfig:
       preprocess, since otherwise there is no gradient to compute.
     - ``input``: ``"replicated"`` (every rank holds the batch) or ``"owned"`` (micro ``m``'s raw
       input lives on its owner, so central backward ships it to rank 0 with ``IN*``).
+    - ``body``: ``"interleaved"`` (the contract's interleaved 1F1B, any ``V``), ``"1f1b"``
+      (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
+      backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
     - ``transpose``: ``True`` (MPipe Transpose: owners run the preprocess of their micros in
       their warm-up, rank 0 receives the outputs). ``False`` is the *fair baseline*, MPipe
       without transposition: rank 0 runs ``TFWD m`` right before every ``F 0.m`` and, with a
@@ -66,9 +69,6 @@ class PlanConfig:
       the other ranks run exactly the body. Comparing the two isolates what transposition buys.
       It needs the defaults of the transposition options (``overflow="full"``,
       ``backward="central"``, ``input="replicated"``): none of them means anything without it.
-    - ``body``: ``"interleaved"`` (the contract's interleaved 1F1B, any ``V``), ``"1f1b"``
-      (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
-      backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
 
     ``pp = 1`` has no peer rank, so nothing can be transposed: rank 0 owns every micro-batch
     and runs a trainable or frozen preprocess inline (``TFWD`` before the body's forwards,
