@@ -2,30 +2,16 @@
 
 An example builds its whole model split into ``num_stages`` body chunks plus the replicated
 preprocess block, and makes synthetic batches that are identical on every rank (each rank
-seeds the generator with the step number). ``baseline_stages`` folds the preprocess into
-stage 0: the same model run as a plain interleaved-1F1B pipeline, to measure MPipe against.
+seeds the generator with the step number). The fair baseline MPipe is measured against runs
+the same stages and preprocess with ``ScheduleInterleaved1F1B`` (nothing transposed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from mindspore import Tensor, nn
-
-
-class PrefixedChunk(nn.Cell):
-    """``body(preprocess(x))`` as one chunk: stage 0 of the baseline without MPipe."""
-
-    def __init__(self, preprocess: nn.Cell, body: nn.Cell) -> None:
-        super().__init__()
-        self.preprocess = preprocess
-        self.body = body
-
-    def construct(self, *inputs: Tensor) -> Any:
-        out = self.preprocess(*inputs)
-        return self.body(*out) if isinstance(out, tuple) else self.body(out)
 
 
 @dataclass
@@ -42,12 +28,6 @@ class ExampleModel:
     def batch(self, step: int, batch_size: int) -> tuple[tuple[Tensor, ...], Tensor]:
         """``(inputs, labels)`` of training step ``step`` (the same on every rank)."""
         return self.make_batch(step, batch_size)
-
-    def baseline_stages(self) -> list[nn.Cell]:
-        """The body chunks with the preprocess folded into stage 0 (no MPipe)."""
-        if self.preprocess is None:
-            return list(self.stages)
-        return [PrefixedChunk(self.preprocess, self.stages[0]), *self.stages[1:]]
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,15 @@ communication and balanced stages the simulator reproduces the closed forms exac
 models the runtime's fused forward+loss+backward instead: ``F`` of the last stage costs
 ``forward + backward`` and its ``B`` (which only ships the gradient) costs nothing.
 
-MPipe saving: for a plan with MPipe steps the same body is simulated without them, the
-preprocess run inline where it lives without MPipe — inside stage 0, so ``F 0.m`` costs
-``forward + preprocess_forward`` — and :attr:`SimResult.saving` is the difference.
-``recompute`` is what ``TBWD`` adds over that baseline (the preprocess backward itself is
-counted in ``backward`` of stage 0 in both), e.g. ``R ~ Pf`` for a trainable tower, ``R ~ 0``
-for an embedding.
+MPipe saving: for a plan that transposes, the *fair baseline* — the same configuration
+without transposition (``transpose=False``: rank 0 runs ``TFWD m`` right before ``F 0.m`` and,
+trainable, ``TBWD m`` right after ``B 0.m``) — is simulated under the same costs, and
+:attr:`SimResult.saving` is the difference. In the fair baseline a ``TBWD`` is the preprocess
+backward from the tape, nothing recomputed: it costs ``preprocess_backward``; an MPipe ``TBWD``
+or ``GRADrecv+bwd`` recomputes the forward and costs ``recompute``. In the textbook convention
+the preprocess backward is counted in stage 0's ``backward``, ``preprocess_backward`` is 0 and
+``recompute`` is what rank 0 pays extra, e.g. ``R ~ Pf`` for a trainable tower, ``R ~ 0`` for an
+embedding; measured costs (:mod:`graph_exec.report.predict`) fill both with real step times.
 
 Costs are in any time unit; the chrome trace takes it to be milliseconds.
 """
@@ -39,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 
-from graph_exec.schedule import Plan, ScheduleError, codes
+from graph_exec.schedule import Plan, PlanConfig, ScheduleError, build_plan, codes
 from graph_exec.schedule.codes import BODY_LIMIT, FIELD_MASK, PAIR_DELTA, SEND_OF_RECV, STAGE_SHIFT, kind_base
 
 
@@ -50,7 +53,9 @@ class OpCosts:
     forward: float = 1.0  #: one ``F`` step: one chunk, one micro-batch
     backward: float = 2.0  #: one ``B`` step
     preprocess_forward: float = 0.0  #: Pf: one ``TFWD``
-    recompute: float = 0.0  #: R: one ``TBWD``, or the compute of one ``GRADrecv+bwd``
+    recompute: float = 0.0  #: R: one ``TBWD`` that recomputes, or the compute of one ``GRADrecv+bwd``
+    #: One ``TBWD`` of a plan without transposition: the preprocess backward from the tape.
+    preprocess_backward: float = 0.0
     broadcast: float = 0.0  #: one ``BCAST``
     allreduce: float = 0.0  #: one ``GRADreduce``
     latency: float = 0.0  #: per transfer
@@ -104,7 +109,8 @@ class TimelineEntry:
 
 @dataclass(frozen=True, eq=False)
 class SimResult:
-    """What :func:`simulate` found. ``baseline`` is the body without MPipe (MPipe plans only)."""
+    """What :func:`simulate` found. ``baseline`` is the fair baseline: the same plan without
+    transposition, under the same costs (plans that transpose only)."""
 
     step_time: float
     busy: tuple[float, ...]  # per rank: time spent computing or in a collective
@@ -125,7 +131,7 @@ class SimResult:
 
     @property
     def saving(self) -> float | None:
-        """How much shorter the step is than the same body without MPipe (``None`` without MPipe)."""
+        """How much shorter the step is than the fair baseline's (``None`` when nothing is transposed)."""
         return None if self.baseline is None else self.baseline.step_time - self.step_time
 
     @cached_property
@@ -139,12 +145,31 @@ class SimResult:
 
 
 def simulate(plan: Plan, costs: OpCosts) -> SimResult:
-    """Simulate ``plan`` under ``costs``; MPipe plans also get the body-only baseline."""
+    """Simulate ``plan`` under ``costs``; plans that transpose also get the fair baseline."""
     baseline = None
-    if plan.config.mpipe:
-        baseline = _simulate(plan, plan.body_codes, costs, inline_preprocess=True)
-    result = _simulate(plan, plan.order_codes, costs, inline_preprocess=False)
+    if plan.config.mpipe and plan.config.transpose:
+        baseline = _simulate(fair_baseline(plan), costs)
+    result = _simulate(plan, costs)
     return SimResult(result.step_time, result.busy, result.steps, baseline)
+
+
+def fair_baseline(plan: Plan) -> Plan:
+    """The plan MPipe is measured against: the same body and preprocess, nothing transposed.
+
+    Dataload only (``preprocess="none"``) has nothing to run on rank 0, so that is the body.
+    """
+    cfg = plan.config
+    return build_plan(
+        PlanConfig(
+            pp=cfg.pp,
+            vpp=cfg.vpp,
+            micro=cfg.micro,
+            preprocess=cfg.preprocess,
+            num_preprocess_layers=cfg.num_preprocess_layers,
+            body=cfg.body,
+            transpose=False,
+        )
+    )
 
 
 class _State:
@@ -159,14 +184,13 @@ class _State:
         self.work = list(range(pp))
 
 
-def _simulate(
-    plan: Plan, rows: Sequence[Sequence[int]], costs: OpCosts, inline_preprocess: bool
-) -> SimResult:
+def _simulate(plan: Plan, costs: OpCosts) -> SimResult:
     pp = plan.config.pp
+    rows = plan.order_codes
     state = _State(pp)
     busy = [0.0] * pp
     steps: list[list[tuple[int, float, float]]] = [[] for _ in range(pp)]
-    ranks = [_rank(plan, rows[r], r, costs, inline_preprocess, state, busy, steps[r]) for r in range(pp)]
+    ranks = [_rank(plan, rows[r], r, costs, state, busy, steps[r]) for r in range(pp)]
     while state.work:
         next(ranks[state.work.pop()], None)
     stuck = [r for r in range(pp) if len(steps[r]) < len(rows[r])]
@@ -181,7 +205,6 @@ def _rank(
     row: Sequence[int],
     rank: int,
     costs: OpCosts,
-    inline_preprocess: bool,
     state: _State,
     busy: list[float],
     out: list[tuple[int, float, float]],
@@ -189,6 +212,7 @@ def _rank(
     """One rank's list scheduling; yields while it waits for a message or a collective."""
     last_stage = plan.last_stage
     fused = costs.fused_last_stage
+    tbwd = costs.recompute if plan.config.transpose else costs.preprocess_backward
     clock = 0.0
     for code in row:
         kind = kind_base(code)
@@ -199,14 +223,12 @@ def _rank(
                 cost = costs.forward_at(stage) + (
                     costs.backward_at(stage) if fused and stage == last_stage else 0.0
                 )
-                if inline_preprocess and stage == 0:
-                    cost += costs.preprocess_forward
             else:
                 cost = 0.0 if fused and stage == last_stage else costs.backward_at(stage)
             clock += cost
             busy[rank] += cost
         elif kind in (codes.TFWD, codes.TBWD):
-            cost = costs.preprocess_forward if kind == codes.TFWD else costs.recompute
+            cost = costs.preprocess_forward if kind == codes.TFWD else tbwd
             clock += cost
             busy[rank] += cost
         elif kind in PAIR_DELTA:  # send: buffered, the message travels on its own

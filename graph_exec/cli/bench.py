@@ -1,7 +1,9 @@
-"""``graph-exec bench [EXAMPLE]``: MPipe variants against the interleaved-1F1B baseline.
+"""``graph-exec bench [EXAMPLE]``: MPipe variants against the fair baseline.
 
-One msrun launch trains every run (each variant in each mode, plus the baselines they are
-compared with) on the same workload, step by step in turn so machine noise hits them alike,
+The fair baseline is ``ScheduleInterleaved1F1B`` with the same preprocess run on rank 0 right
+before ``F 0.m`` (frozen: forward only; trainable: its backward from the tape right after
+``B 0.m``), so a variant's saving is what transposition buys. One msrun launch trains every run
+(each variant in each mode, plus the baselines they are compared with) on the same workload, step by step in turn so machine noise hits them alike,
 with every compute step timed to its completion. The parent then merges the ranks' records
 and prints the table, the MPipe savings and the simulator's inputs; ``--json`` saves it all
 (schema in :mod:`graph_exec.report.bench_report`).
@@ -49,10 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark MPipe variants against the interleaved-1F1B baseline",
-        description="Train the no-MPipe baseline and MPipe variants side by side in one launch and "
-        "report step time, ratios, bubble, runtime overhead, compilations, allocations and the "
-        "simulator's prediction from the measured per-op costs.",
+        help="benchmark MPipe variants against the fair baseline (no transposition)",
+        description="Train the fair baseline (interleaved 1F1B, the same preprocess run on rank 0, "
+        "nothing transposed) and MPipe variants side by side in one launch and report step time, "
+        "ratios, bubble, runtime overhead, compilations, allocations, the simulator's prediction "
+        "from the measured per-op costs, and each variant's saving: measured, simulated and (NT-1)*Pf.",
     )
     parser.add_argument(
         "example",
@@ -86,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"comma-separated (default {','.join(MODES)})",
     )
     parser.add_argument(
-        "--json", metavar="FILE", type=output_file, help="save every number (schema version 1)"
+        "--json", metavar="FILE", type=output_file, help="save every number (schema version 2)"
     )
     add_launch_arguments(parser, timeout_s=1200)
     parser.set_defaults(func=lambda args: _run(args, parser))

@@ -62,6 +62,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="each micro's raw input lives on its owner only (ships it to rank 0 for central backward)",
     )
     group.add_argument("--body", choices=BODY, default="interleaved", help="body schedule")
+    group.add_argument(
+        "--no-transpose",
+        dest="transpose",
+        action="store_false",
+        help="the fair baseline: rank 0 runs every preprocess right before F 0.m (and its backward "
+        "right after B 0.m); no broadcast, no transfers",
+    )
 
 
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PlanConfig:
@@ -77,6 +84,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             backward=args.backward,
             input="owned" if args.owned_input else "replicated",
             body=args.body,
+            transpose=args.transpose,
         )
     except PlanConfigError as err:
         parser.error(str(err))

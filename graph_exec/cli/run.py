@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run",
         help="train an example model pipelined over local ranks",
         description="Launch msrun on this machine and train an example with the MPipe Transpose "
-        "schedule (or the interleaved-1F1B baseline), printing progress and a summary.",
+        "schedule (or the fair baseline without transposition), printing progress and a summary.",
     )
     parser.add_argument("example", choices=tuple(EXAMPLES), help="the example model")
     add_model_arguments(parser)
@@ -91,7 +91,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.set_defaults(trainable=None)
     group.add_argument(
-        "--baseline", action="store_true", help="interleaved 1F1B with the preprocess in stage 0 (no MPipe)"
+        "--baseline",
+        action="store_true",
+        help="the fair baseline: interleaved 1F1B with the same preprocess run on rank 0 right before "
+        "F 0.m, nothing transposed (what MPipe is measured against)",
     )
     out = parser.add_argument_group("output")
     out.add_argument(
@@ -128,7 +131,7 @@ def describe(job: JobSpec) -> str:
     """One line saying what is being trained."""
     spec = job.runs[0]
     schedule = (
-        "interleaved 1F1B baseline (preprocess in stage 0)"
+        "fair baseline (interleaved 1F1B, preprocess on rank 0, not transposed)"
         if spec.baseline
         else f"MPipe overflow={spec.overflow} backward={spec.backward}"
     )

@@ -16,6 +16,11 @@ _COST_FLAGS = {
     "--bwd-time": ("backward", finite_non_negative, "one B step"),
     "--pre-fwd-time": ("preprocess_forward", finite_non_negative, "Pf: one preprocess forward (TFWD)"),
     "--recompute-time": ("recompute", finite_non_negative, "R: one TBWD (or the compute of GRADrecv+bwd)"),
+    "--pre-bwd-time": (
+        "preprocess_backward",
+        finite_non_negative,
+        "one TBWD of the fair baseline (no transposition: backward from the tape, no recompute)",
+    ),
     "--bcast-time": ("broadcast", finite_non_negative, "one BCAST of the trainable preprocess weights"),
     "--reduce-time": ("allreduce", finite_non_negative, "one GRADreduce"),
     "--latency": ("latency", finite_non_negative, "per transfer"),
@@ -31,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="simulate a plan under a cost model",
         description=(
             "List-scheduling simulation of a plan: step time, busy/idle per rank, bubble fraction "
-            "and, for MPipe plans, the same body without MPipe and the saving."
+            "and, for MPipe plans, the fair baseline (the same plan without transposition) and the saving."
         ),
     )
     add_plan_arguments(parser)
@@ -83,6 +88,6 @@ def report(result: SimResult) -> str:
     if result.baseline is not None:
         saving = result.saving or 0.0
         share = saving / result.baseline.step_time if result.baseline.step_time else 0.0
-        lines.append(f"body without MPipe: step time {result.baseline.step_time:.6g}")
-        lines.append(f"MPipe saving: {saving:.6g} ({share:.1%} of the body-only step)")
+        lines.append(f"fair baseline (no transposition): step time {result.baseline.step_time:.6g}")
+        lines.append(f"MPipe saving: {saving:.6g} ({share:.1%} of the fair baseline's step)")
     return "\n".join(lines) + "\n"

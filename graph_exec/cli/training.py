@@ -47,7 +47,7 @@ class Trainer:
         self.model: ExampleModel = load(job.example).build(
             self.num_stages, trainable_preprocess=spec.trainable, seed=job.seed, size=job.size
         )
-        self.chunks = self.model.baseline_stages() if spec.baseline else self.model.stages
+        self.chunks = self.model.stages
         self.local = list(range(rank, self.num_stages, ranks))
         stages = [ge.PipelineStage(self.chunks[s], s, self.num_stages) for s in self.local]
         common: dict[str, Any] = {
@@ -56,8 +56,10 @@ class Trainer:
             "timeout_s": job.timeout_s,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
         }
-        if spec.baseline:
-            self.schedule = ge.ScheduleInterleaved1F1B(stages, job.micro, **common)
+        if spec.baseline:  # the fair baseline: the same preprocess on rank 0, not transposed
+            self.schedule = ge.ScheduleInterleaved1F1B(
+                stages, job.micro, self.model.preprocess, self.model.num_transpose_layers, **common
+            )
         else:
             self.schedule = ge.ScheduleMPipeTranspose(
                 stages,
@@ -119,7 +121,7 @@ class Trainer:
         dispatch = None
         if self.job.calibrate:
             inputs = self._stage_inputs()
-            preprocess = 0 if self.spec.baseline else nbytes(inputs[0])
+            preprocess = 0 if self.spec.baseline else nbytes(inputs[0])  # the baseline ships none
             activation = nbytes(inputs[1]) if self.num_stages > 1 else 0
             dispatch = self._dispatch_seconds(inputs)
         record = RankRecord(
@@ -141,7 +143,7 @@ class Trainer:
         inputs, _ = self.model.batch(0, self.job.batch)
         rows = self.job.batch // self.job.micro
         x = tuple(t[:rows] for t in inputs)
-        if not self.spec.baseline:
+        if self.model.preprocess is not None:
             x = as_tuple(self.model.preprocess(*x))
         out = [x]
         for chunk in self.chunks[:-1]:
@@ -164,7 +166,7 @@ class Trainer:
         executor = create_executor(
             self.spec.mode,
             chunks,
-            preprocess=None if self.spec.baseline else self.model.preprocess,
+            preprocess=self.model.preprocess,
             loss_fn=self.model.loss_fn,
             last_stage=self.num_stages - 1,
         )

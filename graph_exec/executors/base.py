@@ -19,7 +19,7 @@ Conventions shared by every hook:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,22 @@ class Executor(ABC):
     ) -> None:
         """Recompute the preprocess from ``inputs`` and accumulate its parameter gradients."""
 
+    # --- TEMPORARY (issue #10, fair baseline): the two taped preprocess hooks ----------------
+    # Helper B (issue #9) implements them for real on the tape; this branch only declares them
+    # so the fair baseline runs. At merge, take #9's version of this block.
+
+    @abstractmethod
+    def preprocess_forward_taped(self, key: Hashable, inputs: Tensors, kwargs: Mapping[str, Any]) -> Tensors:
+        """Run the preprocess on one micro-batch keeping what its backward needs under ``key``
+        (counted by :meth:`kept`, freed by :meth:`drop_kept`); the outputs are detached."""
+
+    @abstractmethod
+    def preprocess_backward_taped(self, key: Hashable, cotangents: MaybeTensors) -> None:
+        """Accumulate the preprocess parameter gradients of the forward kept under ``key``
+        (a missing cotangent counts as zeros), then free it."""
+
+    # --- end TEMPORARY -------------------------------------------------------------------------
+
     @abstractmethod
     def stage_forward(self, stage: int, micro: int, inputs: Tensors) -> Tensors:
         """Run a stage chunk; keep what its backward needs (its inputs) under ``(stage, micro)``."""
@@ -80,8 +96,9 @@ class Executor(ABC):
         """Reset every gradient buffer to zero."""
 
     @abstractmethod
-    def kept(self) -> Sequence[tuple[int, int]]:
-        """The ``(stage, micro)`` keys whose forward state is still held (for leak checks)."""
+    def kept(self) -> Sequence[Hashable]:
+        """The keys whose forward state is still held (for leak checks): ``(stage, micro)``
+        of stage forwards, and the keys of taped preprocess forwards."""
 
     @abstractmethod
     def drop_kept(self) -> None:

@@ -77,6 +77,7 @@ class KernelExecutor(Executor):
         self._kept: dict[tuple[int, int], KeptForward] = {}
         self._backward_done: set[tuple[int, int]] = set()
         self._preprocess_outputs: dict[Hashable, tuple[TensorSpec, ...]] = {}
+        self._preprocess_kept: dict[Hashable, tuple[Tensors, dict[str, Any]]] = {}  # TEMPORARY (#10)
 
     # ------------------------------------------------------------------ how kernels run
 
@@ -146,6 +147,26 @@ class KernelExecutor(Executor):
             *[cotangents[i] for i in present],
             **tensors,
         )
+
+    # --- TEMPORARY (issue #10, fair baseline): keep the inputs, recompute at the backward -----
+    # Stand-in for issue #9's taped version (same hooks, same results); replaced at merge.
+
+    def preprocess_forward_taped(self, key: Hashable, inputs: Tensors, kwargs: Mapping[str, Any]) -> Tensors:
+        if key in self._preprocess_kept:
+            raise HookOrderError(
+                f"preprocess_forward_taped({key!r}): a forward is already kept under this key"
+            )
+        outputs = self.preprocess_forward(inputs, kwargs)
+        self._preprocess_kept[key] = (tuple(inputs), dict(kwargs))
+        return outputs
+
+    def preprocess_backward_taped(self, key: Hashable, cotangents: MaybeTensors) -> None:
+        kept = self._preprocess_kept.pop(key, None)
+        if kept is None:
+            raise HookOrderError(f"preprocess_backward_taped({key!r}) has no kept forward")
+        self.preprocess_backward(*kept, cotangents)
+
+    # --- end TEMPORARY -------------------------------------------------------------------------
 
     # ------------------------------------------------------------------ stage hooks
 
@@ -230,11 +251,12 @@ class KernelExecutor(Executor):
         if self._buffers:
             self._call(("zero_grad",), lambda: make_zero_grads(self._all_buffers))
 
-    def kept(self) -> Sequence[tuple[int, int]]:
-        return list(self._kept)
+    def kept(self) -> Sequence[Hashable]:
+        return [*self._kept, *self._preprocess_kept]
 
     def drop_kept(self) -> None:
         self._kept.clear()
+        self._preprocess_kept.clear()
         self._backward_done.clear()
 
     # ------------------------------------------------------------------ helpers

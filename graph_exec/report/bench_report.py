@@ -1,11 +1,12 @@
 """``graph-exec bench`` results: variants, per-run evaluation, the printed table, the JSON file.
 
-A bench job runs, on one workload, the interleaved-1F1B baseline without MPipe and the MPipe
-variants of :data:`VARIANTS`, each in every requested mode. Every MPipe variant is compared
-with the baseline of the same mode and the same preprocess trainability (added to the job
-automatically).
+A bench job runs, on one workload, the fair baseline (``ScheduleInterleaved1F1B``: the same
+preprocess run on rank 0 right before ``F 0.m``, nothing transposed) and the MPipe variants of
+:data:`VARIANTS`, each in every requested mode. Every MPipe variant is compared with the fair
+baseline of the same mode and the same preprocess trainability (added to the job
+automatically), so the comparison isolates what transposition buys.
 
-JSON document (``--json``), ``version`` 1 (checked by :mod:`graph_exec.report.bench_schema`),
+JSON document (``--json``), ``version`` 2 (checked by :mod:`graph_exec.report.bench_schema`),
 every time in seconds, every share a fraction::
 
     schema        "graph-exec-bench"
@@ -17,8 +18,8 @@ every time in seconds, every share a fraction::
     definitions   {name: sentence}: how step time, bubble, overhead, prediction are measured
     runs          one object per (variant, mode):
       name, variant, mode            "frozen-full.graph", "frozen-full", "graph"
-      baseline                       bool: the no-MPipe interleaved-1F1B run
-      preprocess, overflow, backward the schedule ("none" preprocess for a baseline)
+      baseline                       bool: the fair baseline (nothing transposed)
+      preprocess, overflow, backward the schedule (a baseline has the preprocess of its variants)
       step_time_s, step_times_s      median, and every measured step
       baseline_run, ratio_to_baseline   the baseline's name and step_time / its step_time
                                      (null for a baseline)
@@ -30,19 +31,18 @@ every time in seconds, every share a fraction::
       losses                         mean loss of every step (warm-up included)
       prediction                     {step_time_s, error (signed, relative), bubble_fraction,
                                       costs: {forward_s, backward_s, preprocess_forward_s,
-                                      recompute_s, broadcast_s, allreduce_s, latency_s,
+                                      recompute_s, preprocess_backward_s (the
+                                      fair baseline's TBWD), broadcast_s, allreduce_s, latency_s,
                                       bandwidth_bytes_per_s (null = infinite),
                                       activation_bytes, preprocess_bytes, fused_last_stage,
                                       stage_forward_s[], stage_backward_s[] (per stage)}}
       mpipe                          null for a baseline, else {nt, pf_s (median TFWD),
-                                     theory_saving_s = (nt - 1) * pf_s, saving_s = baseline
-                                     step time - this step time, saving_share =
-                                     saving_s / theory_saving_s, simulated_saving_s: the
-                                     simulator's saving against the textbook baseline (the
-                                     same body, stage 0 forward + Pf, nothing else added) with
-                                     this run's measured costs (frozen preprocess only, else
-                                     null), simulated_share = simulated_saving_s /
-                                     theory_saving_s}
+                                     saving_s = fair baseline step time - this step time
+                                     (negative: MPipe is slower), simulated_saving_s (see
+                                     :func:`simulated_saving`), saving_over_simulated =
+                                     saving_s / simulated_saving_s (null unless the simulator
+                                     predicts a saving > 0), theory_saving_s = (nt - 1) * pf_s,
+                                     saving_share = saving_s / theory_saving_s}
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import math
 import os
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,11 @@ from graph_exec.report.analysis import RunSummary, summarize
 from graph_exec.report.job import JobSpec, RunSpec
 from graph_exec.report.predict import Prediction
 from graph_exec.report.records import read_run
-from graph_exec.schedule import StepKind, build_plan
+from graph_exec.schedule import Plan, StepKind, build_plan
+from graph_exec.simulate import fair_baseline, simulate
 
 SCHEMA = "graph-exec-bench"
-VERSION = 1
+VERSION = 2
 
 #: MPipe variant name -> RunSpec fields. The baselines are added by :func:`runs_for`.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -84,7 +85,23 @@ DEFINITIONS = {
     "plan steps, plus its send steps, plus its hook calls x the calibrated per-call dispatch cost",
     "prediction": "graph_exec.simulate on the run's plan with per-op costs measured in the same run "
     "(medians per stage; sends billed to the compute they follow)",
+    "saving": "fair baseline's step time - this variant's (same mode and preprocess); negative: MPipe "
+    "is slower",
+    "simulated_saving": "the simulator's step time of the fair baseline minus this variant's, both from "
+    "the costs measured in this variant's run (the baseline's own preprocess forward and backward)",
+    "theory_saving": "(NT-1) x Pf: the schedule contract's estimate of the saving, (NT-1)(Pf-R) with R = 0",
 }
+
+#: The printed saving table's columns, each with the one-line legend printed under it.
+SAVING_LEGEND = (
+    ("measured", "fair baseline's median step time - this variant's (negative: MPipe is slower)"),
+    ("simulated", "the same difference from the simulator, fed with the costs measured in this bench"),
+    ("meas/sim", "measured / simulated: the share of the predicted saving the runtime delivers"),
+    ("Pf", "median preprocess forward (TFWD) of this variant"),
+    ("NT", "ranks that own micro-batches, min(P, M)"),
+    ("(NT-1)Pf", "the schedule contract's estimate of the saving, (NT-1)(Pf-R) with R = 0 (section 1)"),
+    ("share", "measured / (NT-1)Pf; negative when MPipe is slower than the fair baseline"),
+)
 
 
 def baseline_name(variant: str) -> str:
@@ -107,6 +124,7 @@ class RunResult:
     """One run, evaluated."""
 
     spec: RunSpec
+    plan: Plan
     summary: RunSummary
     prediction: Prediction
     pf: float | None  #: median TFWD seconds (MPipe runs)
@@ -123,14 +141,15 @@ def evaluate(job: JobSpec, run_dir: Path) -> list[RunResult]:
     results = []
     for spec in job.runs:
         records = read_run(run_dir, spec.name, job.ranks)
-        config = job.plan_config(spec)
+        plan = build_plan(job.plan_config(spec))
         results.append(
             RunResult(
                 spec,
+                plan,
                 summarize(records, job.warmup, last_stage),
-                predict.predict(build_plan(config), records, job.warmup),
+                predict.predict(plan, records, job.warmup),
                 analysis.median_seconds(records, job.warmup, StepKind.TFWD),
-                config.nt,
+                plan.config.nt,
             )
         )
     return results
@@ -138,6 +157,24 @@ def evaluate(job: JobSpec, run_dir: Path) -> list[RunResult]:
 
 def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
+
+
+def simulated_saving(variant: RunResult, baseline: RunResult) -> float:
+    """The simulator's fair-baseline step time minus its step time for ``variant``.
+
+    Both simulations take the costs measured in the variant's run (per-stage ``F``/``B``,
+    transfers, ``BCAST``, recompute), except the two steps the fair baseline runs differently,
+    which take the baseline run's measurements: its ``TFWD`` (no send follows it; trainable,
+    it runs under the tape) and its ``TBWD`` (the backward from the tape, no recompute). Run
+    noise in the body then cancels, and the difference is what the schedule itself predicts.
+    """
+    fair_costs = replace(
+        variant.prediction.costs,
+        preprocess_forward=baseline.prediction.costs.preprocess_forward,
+        preprocess_backward=baseline.prediction.costs.preprocess_backward,
+    )
+    fair = simulate(fair_baseline(variant.plan), fair_costs).step_time
+    return fair - variant.prediction.step_time
 
 
 def _comparisons(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
@@ -148,8 +185,7 @@ def _comparisons(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
         graph, pynative = by_name.get(f"{r.variant}.graph"), by_name.get(f"{r.variant}.pynative")
         saving = None if base is None else base.summary.step_time - r.summary.step_time
         theory = None if r.pf is None else (r.nt - 1) * r.pf
-        # R = a whole TBWD here, which the textbook baseline does not charge to B: frozen only
-        simulated = r.prediction.result.saving if r.spec.preprocess == "frozen" else None
+        simulated = None if base is None or r.spec.baseline else simulated_saving(r, base)
         out[r.spec.name] = {
             "baseline_run": None if base is None else base.spec.name,
             "ratio_to_baseline": None
@@ -163,11 +199,13 @@ def _comparisons(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
             else {
                 "nt": r.nt,
                 "pf_s": r.pf,
-                "theory_saving_s": theory,
                 "saving_s": saving,
-                "saving_share": None if saving is None or not theory else saving / theory,
                 "simulated_saving_s": simulated,
-                "simulated_share": None if simulated is None or not theory else simulated / theory,
+                "saving_over_simulated": None
+                if saving is None or simulated is None
+                else _ratio(saving, simulated),
+                "theory_saving_s": theory,
+                "saving_share": None if saving is None or not theory else saving / theory,
             },
         }
     return out
@@ -180,6 +218,7 @@ def _costs(prediction: Prediction) -> dict[str, Any]:
         "backward_s": c.backward,
         "preprocess_forward_s": c.preprocess_forward,
         "recompute_s": c.recompute,
+        "preprocess_backward_s": c.preprocess_backward,
         "broadcast_s": c.broadcast,
         "allreduce_s": c.allreduce,
         "latency_s": c.latency,
@@ -290,21 +329,30 @@ def table(doc: dict) -> str:
     if mpipe:
         lines += [
             "",
-            f"{'MPipe saving (ms)':30s}{'measured':>9s}{'Pf':>7s}{'NT':>4s}{'(NT-1)Pf':>9s}{'share':>8s}"
-            f"{'simulated':>10s}{'share':>8s}",
+            f"{'saving vs fair baseline (ms)':30s}{'measured':>9s}{'simulated':>10s}{'meas/sim':>9s}"
+            f"{'Pf':>7s}{'NT':>4s}{'(NT-1)Pf':>9s}{'share':>8s}",
         ]
         for run in mpipe:
             m = run["mpipe"]
             lines.append(
-                f"{run['name']:30s}{_fmt(m['saving_s'], '9.1f', 1e3)}{_fmt(m['pf_s'], '7.2f', 1e3)}"
-                f"{m['nt']:4d}{_fmt(m['theory_saving_s'], '9.1f', 1e3)}{_fmt(m['saving_share'], '8.0%')}"
-                f"{_fmt(m['simulated_saving_s'], '10.1f', 1e3)}{_fmt(m['simulated_share'], '8.0%')}"
+                f"{run['name']:30s}{_fmt(m['saving_s'], '9.1f', 1e3)}{_fmt(m['simulated_saving_s'], '10.1f', 1e3)}"
+                f"{_fmt(m['saving_over_simulated'], '9.0%')}{_fmt(m['pf_s'], '7.2f', 1e3)}{m['nt']:4d}"
+                f"{_fmt(m['theory_saving_s'], '9.1f', 1e3)}{_fmt(m['saving_share'], '8.0%')}"
             )
-    costs = ("forward_s", "backward_s", "preprocess_forward_s", "recompute_s", "broadcast_s", "allreduce_s")
+        lines += [f"  {name:>9s}: {text}" for name, text in SAVING_LEGEND]
+    costs = (
+        "forward_s",
+        "backward_s",
+        "preprocess_forward_s",
+        "recompute_s",
+        "preprocess_backward_s",
+        "broadcast_s",
+        "allreduce_s",
+    )
     lines += [
         "",
-        f"{'simulator inputs (ms)':30s}{'F':>7s}{'B':>7s}{'Pf+snd':>7s}{'R':>7s}{'BCAST':>7s}{'reduce':>7s}"
-        f"{'lat':>7s}{'MB/s':>8s}{'disp':>7s}",
+        f"{'simulator inputs (ms)':30s}{'F':>7s}{'B':>7s}{'Pf+snd':>7s}{'R':>7s}{'Pb':>7s}{'BCAST':>7s}"
+        f"{'reduce':>7s}{'lat':>7s}{'MB/s':>8s}{'disp':>7s}",
     ]
     for run in doc["runs"]:
         c = run["prediction"]["costs"]

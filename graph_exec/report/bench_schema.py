@@ -19,6 +19,7 @@ _COSTS = {
     "backward_s": _NUM,
     "preprocess_forward_s": _NUM,
     "recompute_s": _NUM,
+    "preprocess_backward_s": _NUM,
     "broadcast_s": _NUM,
     "allreduce_s": _NUM,
     "latency_s": _NUM,
@@ -32,11 +33,11 @@ _COSTS = {
 _MPIPE = {
     "nt": int,
     "pf_s": _MAYBE_NUM,
-    "theory_saving_s": _MAYBE_NUM,
     "saving_s": _MAYBE_NUM,
-    "saving_share": _MAYBE_NUM,
     "simulated_saving_s": _MAYBE_NUM,
-    "simulated_share": _MAYBE_NUM,
+    "saving_over_simulated": _MAYBE_NUM,
+    "theory_saving_s": _MAYBE_NUM,
+    "saving_share": _MAYBE_NUM,
 }
 _RUN = {
     "name": str,

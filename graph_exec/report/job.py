@@ -22,8 +22,9 @@ PROGRESS = "@@graph-exec "
 class RunSpec:
     """One training configuration: a schedule over the example model.
 
-    ``baseline`` runs :class:`ScheduleInterleaved1F1B` over the model with the preprocess folded
-    into stage 0 (no MPipe); ``overflow`` and ``backward`` then do not apply.
+    ``baseline`` runs the fair baseline, :class:`ScheduleInterleaved1F1B` with the same
+    preprocess run on rank 0 and nothing transposed; ``overflow`` and ``backward`` then do not
+    apply.
     """
 
     name: str
@@ -35,9 +36,7 @@ class RunSpec:
 
     @property
     def preprocess(self) -> str:
-        """The plan's preprocess kind (``"none"`` for the baseline: nothing is transposed)."""
-        if self.baseline:
-            return "none"
+        """The plan's preprocess kind (the baseline runs the same preprocess, untransposed)."""
         return "trainable" if self.trainable else "frozen"
 
 
@@ -70,6 +69,7 @@ class JobSpec:
             preprocess=spec.preprocess,
             overflow=spec.overflow if not spec.baseline else "full",
             backward=spec.backward if not spec.baseline else "central",
+            transpose=not spec.baseline,
         )
 
     @property

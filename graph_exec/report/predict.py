@@ -5,12 +5,14 @@ Costs taken from the measured steps (medians over ranks and steps, seconds):
 - ``stage_forward`` / ``stage_backward``: per virtual stage, its median ``F`` / ``B`` plus the
   median of the send that follows it (``Fsend``/``Bsend``): the simulator's sends are free,
   the real ones are not, and they always follow that compute. Per stage, because stages are
-  not balanced (a baseline's stage 0 holds the preprocess; the last stage's ``F`` is the
+  not balanced (stage 0 may hold an embedding or a heavier entry; the last stage's ``F`` is the
   fused forward+loss+backward and its ``B`` only hands the gradient on). ``forward`` /
   ``backward`` report the mean over the non-last stages.
 - ``preprocess_forward`` (Pf): median ``TFWD`` plus median ``OUTsend``; ``recompute`` (R):
   median over the ``TBWD`` steps and the compute part of the ``GRADrecv+bwd`` steps (from the
-  moment the gradient could have arrived to the end).
+  moment the gradient could have arrived to the end). In a plan without transposition (the
+  fair baseline) a ``TBWD`` is the backward from the tape, not a recompute: its median is
+  ``preprocess_backward`` and ``recompute`` is 0.
 - ``broadcast`` / ``allreduce``: per step, the shortest ``BCAST`` / ``GRADreduce`` over the ranks
   (the last rank to arrive waits least), median over steps.
 - ``latency`` / ``bandwidth``: from every send/receive pair, the time from "message sent and
@@ -144,6 +146,7 @@ def _recompute(
 def measured_costs(plan: Plan, records: Sequence[RankRecord], warmup: int) -> OpCosts:
     """The simulator's cost model filled from a run's measured steps (see module docstring)."""
     durations = _durations(records, warmup)
+    transposes = plan.config.transpose
     latency, bandwidth = _transfers(plan, records, warmup)
     forward = _per_stage(durations, StepKind.F, StepKind.FSEND, plan.num_stages)
     backward = _per_stage(durations, StepKind.B, StepKind.BSEND, plan.num_stages)
@@ -155,7 +158,8 @@ def measured_costs(plan: Plan, records: Sequence[RankRecord], warmup: int) -> Op
         stage_backward=backward,
         preprocess_forward=_median(durations.get((StepKind.TFWD, None), []))
         + _median(durations.get((StepKind.OUTSEND, None), [])),
-        recompute=_recompute(plan, records, warmup, latency, durations),
+        recompute=_recompute(plan, records, warmup, latency, durations) if transposes else 0.0,
+        preprocess_backward=0.0 if transposes else _median(durations.get((StepKind.TBWD, None), [])),
         broadcast=_collective(records, warmup, StepKind.BCAST),
         allreduce=_collective(records, warmup, StepKind.GRADREDUCE),
         latency=latency,

@@ -68,6 +68,9 @@ class RankRuntime:
         self.sync_steps = sync_steps
         self._has_preprocess = plan.config.preprocess != "none"
         self._trainable = plan.config.trainable
+        # Without transposition rank 0 runs every preprocess forward itself, so a trainable one
+        # keeps its tape for the TBWD right after B 0.m instead of recomputing (fair baseline).
+        self._taped_preprocess = self._trainable and not plan.config.transpose
         self._last_stage = plan.config.last_stage
         self._batch: MicroBatches | None = None
         self._index = 0
@@ -219,11 +222,14 @@ class RankRuntime:
     def _preprocess_forward(self, step: Step) -> None:
         micro = step.micro
         inputs = self._batch.inputs[micro]
-        outputs = (
-            self.executor.preprocess_forward(inputs, self._batch.kwargs[micro])
-            if self._has_preprocess
-            else inputs
-        )
+        if self._taped_preprocess:
+            outputs = self.executor.preprocess_forward_taped(
+                _preprocess_key(micro), inputs, self._batch.kwargs[micro]
+            )
+        elif self._has_preprocess:
+            outputs = self.executor.preprocess_forward(inputs, self._batch.kwargs[micro])
+        else:
+            outputs = inputs
         self._settle(*outputs)
         if self.rank == 0:
             self.caches.body_inputs[(0, micro)] = outputs
@@ -245,6 +251,12 @@ class RankRuntime:
 
     def _preprocess_backward_central(self, step: Step) -> None:
         micro = step.micro
+        if self._taped_preprocess:
+            self.executor.preprocess_backward_taped(
+                _preprocess_key(micro), self.caches.preprocess_grads.pop(micro)
+            )
+            self._settle()
+            return
         if micro in self.caches.shipped_inputs:
             inputs, kwargs = self.caches.shipped_inputs.pop(micro)
         else:
@@ -257,3 +269,8 @@ class RankRuntime:
         cotangents = self._recv(step)
         self.executor.preprocess_backward(self._batch.inputs[micro], self._batch.kwargs[micro], cotangents)
         self._settle()
+
+
+def _preprocess_key(micro: int) -> tuple[str, int]:
+    """Where the executor keeps the taped preprocess forward of ``micro``."""
+    return ("preprocess", micro)

@@ -10,7 +10,7 @@ builds and validates the plan, and checks that all ranks were set up alike.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from graph_exec.bufpool import BufferPool
@@ -78,6 +78,9 @@ class ScheduleMPipeTranspose:
     :attr:`timeline` shows each step's own duration; ``None``: on for CPU, where it was
     measured 2-3x faster, off elsewhere; see ``RankRuntime``).
     """
+
+    #: Whether the preprocess is transposed onto the owners (``False``: the fair baseline).
+    _transposes = True
 
     def __init__(
         self,
@@ -149,7 +152,7 @@ class ScheduleMPipeTranspose:
             raise ValueError(
                 "labels are required: this schedule has a loss_fn, called as loss_fn(output, *labels)"
             )
-        if kwargs and self.preprocess_module is None:
+        if kwargs and self.preprocess_module is None and self.num_transpose_layers == 0:
             raise ValueError(
                 f"keyword inputs {sorted(kwargs)} go to the preprocess module, but there is none"
             )
@@ -291,20 +294,34 @@ class ScheduleMPipeTranspose:
                 f"rank {rank} of {pp} with {num_stages} stages must hold stages {expected} "
                 f"(stage s lives on rank s mod {pp}), got {local}"
             )
+        preprocess, layers, module = (
+            self._preprocess_kind(),
+            self.num_transpose_layers,
+            self.preprocess_module,
+        )
+        if not self._transposes:
+            if rank != 0:  # every preprocess step is on rank 0: this rank runs the body only
+                preprocess, layers, module = "none", 0, None
+            elif module is None and layers > 0:
+                raise ValueError(
+                    f"num_transpose_layers={layers} but rank 0 has no preprocess_module: without "
+                    "transposition rank 0 runs the preprocess, so it must pass it (other ranks may pass None)"
+                )
         config = PlanConfig(
             pp=pp,
             vpp=vpp,
             micro=self.micro_batch_num,
-            preprocess=self._preprocess_kind(),
-            num_preprocess_layers=self.num_transpose_layers,
+            preprocess=preprocess,
+            num_preprocess_layers=layers,
             overflow=self.overflow,
             backward=self.backward,
             input=self.input,
+            transpose=self._transposes,
         )
         executor = create_executor(
             self.mode,
             {s.stage_index: s.submodule for s in self.stages},
-            preprocess=self.preprocess_module,
+            preprocess=module,
             loss_fn=self.loss_fn,
             last_stage=num_stages - 1,
             loss_scale=1.0 / self.micro_batch_num if self.scale_grads else 1.0,
@@ -315,6 +332,18 @@ class ScheduleMPipeTranspose:
 
     def _facts(self, config: PlanConfig) -> dict[str, str]:
         """What must be identical on every rank (compared by :func:`check_ranks_agree`)."""
+        if not self._transposes:
+            # Only rank 0 runs the preprocess (the others may pass None): compare the body.
+            body = f"{replace(config, preprocess='none', num_preprocess_layers=0)}"
+            alone = "not compared: only rank 0 runs the preprocess"
+            return {
+                "plan": body,
+                "loss_fn": "given" if self.loss_fn is not None else "none",
+                "scale_grads": str(self.scale_grads),
+                "preprocess trainable parameters": alone,
+                "preprocess frozen parameters": alone,
+                "preprocess frozen values": alone,
+            }
         params = [] if self.preprocess_module is None else list(self.preprocess_module.get_parameters())
         trainable = [p for p in params if p.requires_grad]
         frozen = [p for p in params if not p.requires_grad]
@@ -329,12 +358,31 @@ class ScheduleMPipeTranspose:
 
 
 class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
-    """The baseline: interleaved 1F1B with no preprocess transposition (same API otherwise)."""
+    """The fair baseline: MPipe without transposition, the same API and executor otherwise.
+
+    Interleaved 1F1B whose rank 0 runs the preprocess of micro ``m`` right before ``F 0.m``.
+    A frozen preprocess runs forward only, once per micro-batch, nothing recomputed. A
+    trainable one runs its forward under the tape and takes its gradient from that tape right
+    after ``B 0.m``. Only rank 0 needs ``preprocess_module``: other ranks may pass it (it is
+    ignored) or ``None``; nothing is broadcast and nothing is shipped, and the preprocess
+    gradients live on rank 0. Comparing a run of this schedule with
+    :class:`ScheduleMPipeTranspose` on the same model therefore isolates what transposition
+    buys. On ranks other than 0 :attr:`plan` is built without the preprocess (all of its steps
+    are rank 0's; their orders are the body either way).
+
+    Do not fold the preprocess into stage 0 instead (a stage-0 chunk ``body(tower(x))``): a
+    stage's backward recomputes or keeps the whole chunk, so a frozen tower would be run again
+    in every backward, a cost no sensible user pays, and MPipe would look far better than it is.
+    """
+
+    _transposes = False
 
     def __init__(
         self,
         stages: PipelineStage | Sequence[PipelineStage],
         micro_batch_num: int,
+        preprocess_module: Any = None,
+        num_transpose_layers: int = 0,
         *,
         mode: str = "graph",
         loss_fn: Callable[..., Any] | None = None,
@@ -342,12 +390,19 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         timeout_s: float = 300.0,
         sync_steps: bool | None = None,
     ) -> None:
+        layers = num_transpose_layers
+        # A rank other than 0 may pass None with the real layer count; the base class's rule
+        # "a module iff layers >= 1" then holds for rank 0 only, checked once the rank is known.
+        module_left_out = preprocess_module is None and type(layers) is int and layers > 0
         super().__init__(
             stages,
             micro_batch_num,
+            preprocess_module,
+            0 if module_left_out else layers,
             mode=mode,
             loss_fn=loss_fn,
             scale_grads=scale_grads,
             timeout_s=timeout_s,
             sync_steps=sync_steps,
         )
+        self.num_transpose_layers = layers

@@ -54,6 +54,13 @@ class PlanConfig:
     - ``body``: ``"interleaved"`` (interleaved 1F1B, any ``V``), ``"1f1b"``
       (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
       backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
+    - ``transpose``: ``True`` (MPipe Transpose: owners run the preprocess of their micros in
+      their warm-up, rank 0 receives the outputs). ``False`` is the *fair baseline*, MPipe
+      without transposition: rank 0 runs ``TFWD m`` right before every ``F 0.m`` and, with a
+      trainable preprocess, ``TBWD m`` right after every ``B 0.m``; no ``BCAST``, no transfers,
+      the other ranks run exactly the body. Comparing the two isolates what transposition buys.
+      It needs the defaults of the transposition options (``overflow="full"``,
+      ``backward="central"``, ``input="replicated"``): none of them means anything without it.
 
     ``pp = 1`` has no peer rank, so nothing can be transposed: rank 0 owns every micro-batch
     and runs a trainable or frozen preprocess inline (``TFWD`` before the body's forwards,
@@ -71,6 +78,7 @@ class PlanConfig:
     backward: str = "central"
     input: str = "replicated"
     body: str = "interleaved"
+    transpose: bool = True
 
     def __post_init__(self) -> None:
         checks.positive_int("pp", self.pp, PlanConfigError)
@@ -89,6 +97,10 @@ class PlanConfig:
         checks.choice("input", self.input, INPUT, PlanConfigError)
         checks.choice("body", self.body, BODY, PlanConfigError)
         self._check_layers()
+        if not isinstance(self.transpose, bool):
+            raise PlanConfigError(f"transpose must be True or False, got {self.transpose!r}")
+        if not self.transpose:
+            self._check_untransposed()
         if self.body == "1f1b" and self.vpp != 1:
             raise PlanConfigError(
                 f"body '1f1b' is the non-interleaved schedule and needs vpp=1, got vpp={self.vpp}; "
@@ -119,6 +131,20 @@ class PlanConfig:
                 "use preprocess 'none' for a dataload-only (T=0) plan"
             )
 
+    def _check_untransposed(self) -> None:
+        # Checked before the owner/trainable rule so the message names the real conflict.
+        inline = "without transposition rank 0 runs every preprocess forward right before F 0.m"
+        for name, value, default in (
+            ("overflow", self.overflow, "full"),
+            ("backward", self.backward, "central"),
+            ("input", self.input, "replicated"),
+        ):
+            if value != default:
+                raise PlanConfigError(
+                    f"{name} {value!r} applies to transposed micro-batches, but transpose=False: "
+                    f"{inline}; leave {name} at its default {default!r}"
+                )
+
     def _check_single_rank(self) -> None:
         inline = (
             "with pp=1 rank 0 holds every micro-batch and runs the preprocess inline "
@@ -147,8 +173,8 @@ class PlanConfig:
 
     @property
     def nt(self) -> int:
-        """``NT = min(P, M)``: how many ranks own micro-batches."""
-        return min(self.pp, self.micro)
+        """``NT = min(P, M)``: how many ranks own micro-batches (1 without transposition)."""
+        return min(self.pp, self.micro) if self.transpose else 1
 
     @property
     def mpipe(self) -> bool:
@@ -163,7 +189,7 @@ class PlanConfig:
     @property
     def broadcasts(self) -> bool:
         """Whether every rank starts with ``BCAST`` (trainable weights, and somebody to send to)."""
-        return self.trainable and self.num_preprocess_layers > 0 and self.pp > 1
+        return self.trainable and self.num_preprocess_layers > 0 and self.pp > 1 and self.transpose
 
     @property
     def ships_inputs(self) -> bool:

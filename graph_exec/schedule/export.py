@@ -10,7 +10,7 @@ compared line by line with ``docs/schedule.md``, "Worked examples".
       "schema": "graph-exec/plan", "version": 1,
       "config": {"pp": 2, "vpp": 1, "micro": 4, "preprocess": "trainable",
                  "num_preprocess_layers": 1, "overflow": "full", "backward": "central",
-                 "input": "replicated", "body": "interleaved"},
+                 "input": "replicated", "body": "interleaved", "transpose": true},
       "num_stages": 2, "last_stage": 1, "nt": 2,
       "owners": [0, 1, 0, 1],                      # owners[m]: rank that owns micro m
       "ranks": [
@@ -94,6 +94,7 @@ def to_json(plan: Plan) -> str:
             "backward": cfg.backward,
             "input": cfg.input,
             "body": cfg.body,
+            "transpose": cfg.transpose,
         },
         "num_stages": cfg.num_stages,
         "last_stage": cfg.last_stage,

@@ -7,7 +7,8 @@ What is checked (``docs/schedule.md``, "Invariants"):
 2. MPipe steps: each rank has exactly the MPipe steps its options call for (one ``BCAST``
    or none, one ``TFWD`` per micro on its owner, the transfers, ``TBWD`` / ``GRADrecv+bwd``
    per the backward mode, ``GRADreduce`` last); ``TBWD m`` directly follows ``B 0.m``; in
-   ``min`` mode ``TFWD m`` directly precedes ``F 0.m`` for ``m >= NT``;
+   ``min`` mode ``TFWD m`` directly precedes ``F 0.m`` for ``m >= NT`` (for every ``m``
+   without transposition);
 3. data dependencies: no step runs before the step that produces its input on its rank (a
    forward before its receive, a send before the compute that fills it, …);
 4. transfers: all ranks replayed with *blocking rendezvous* sends and receives (a transfer
@@ -380,7 +381,8 @@ def _check_mpipe_order(config: PlanConfig, orders: Rows, mpipe_at0: list[int]) -
         if kind == codes.TBWD and (i == 0 or row0[i - 1] != codes.B | m):
             raise InvariantError(f"rank 0: TBWD{m} must directly follow B0.{m}")
         if kind == codes.TFWD and m in inline and (i + 1 == len(row0) or row0[i + 1] != codes.F | m):
-            raise InvariantError(f"rank 0: with overflow 'min', TFWD{m} must directly precede F0.{m}")
+            why = "with overflow 'min'" if config.transpose else "without transposition"
+            raise InvariantError(f"rank 0: {why}, TFWD{m} must directly precede F0.{m}")
 
 
 # Transfers (check 4): precise causes of a replay that stopped.

@@ -62,6 +62,22 @@ def test_run_streams_progress_then_summarises_and_traces(tmp_path: Path) -> None
     ]
 
 
+def test_run_baseline_is_the_fair_baseline(tmp_path: Path) -> None:
+    """``run --baseline``: the preprocess on rank 0 next to F 0.m / B 0.m, nothing broadcast or shipped."""
+    trace = tmp_path / "trace.json"
+    argv = [*COMMAND, "run", "embed_lm", "--ranks", "2", "--steps", "2", "--baseline", "--trace", str(trace)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=ENV)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fair baseline" in proc.stdout.splitlines()[0]
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    by_rank = {
+        tid: [e["name"] for e in events if e["tid"] == tid and e.get("cat") != "step"] for tid in (0, 1)
+    }
+    assert {"TFWD0", "TBWD0", "F0.0", "B0.0"} <= set(by_rank[0])
+    assert not any(name.startswith(("BCAST", "OUT", "TFWD", "TBWD")) for name in by_rank[1])
+    assert not any(name.startswith(("BCAST", "OUT")) for name in by_rank[0])
+
+
 def test_bench_writes_a_schema_valid_report(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     argv = [*COMMAND, "bench", "vl_tower", "--variants", "frozen-full", "--steps", "2", "--warmup", "1"]
@@ -86,6 +102,9 @@ def test_bench_writes_a_schema_valid_report(tmp_path: Path) -> None:
     mpipe = runs["frozen-full.graph"]
     assert mpipe["baseline_run"] == "baseline-frozen.graph" and mpipe["pynative_over_graph"] > 0
     assert mpipe["mpipe"]["nt"] == 2 and mpipe["mpipe"]["pf_s"] > 0
+    assert mpipe["mpipe"]["simulated_saving_s"] is not None
+    assert runs["baseline-frozen.graph"]["preprocess"] == "frozen"  # the fair baseline runs the tower
+    assert "saving vs fair baseline (ms)" in proc.stdout
     assert runs["frozen-full.pynative"]["compilations"] == 0 < mpipe["compilations"]
     for name in runs:
         assert name in proc.stdout

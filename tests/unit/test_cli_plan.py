@@ -145,8 +145,8 @@ def test_simulate_reports_and_writes_a_trace(tmp_path, capsys: pytest.CaptureFix
         "bubble fraction: 0.2500",
         "rank 0: busy 6 idle 2",
         "rank 1: busy 6 idle 2",
-        "body without MPipe: step time 10",
-        "MPipe saving: 2 (20.0% of the body-only step)",
+        "fair baseline (no transposition): step time 10",
+        "MPipe saving: 2 (20.0% of the fair baseline's step)",
         f"trace written to {trace}",
     ]
     assert {e["tid"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"} == {0, 1}

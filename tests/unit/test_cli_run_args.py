@@ -258,7 +258,7 @@ def test_chrome_trace_has_one_track_per_rank(tmp_path: Path) -> None:
     json.dumps(doc)  # serialisable
 
 
-def _bench_dir(tmp_path: Path) -> tuple[JobSpec, list[str]]:
+def _bench_dir(tmp_path: Path, variant: str = "frozen-full") -> tuple[JobSpec, list[str]]:
     """A bench job whose per-rank records come from simulations of the runs' own plans."""
     job = JobSpec(
         "vl_tower",
@@ -269,7 +269,7 @@ def _bench_dir(tmp_path: Path) -> tuple[JobSpec, list[str]]:
         8,
         2,
         1,
-        runs=bench_report.runs_for(["frozen-full"], ["graph", "pynative"]),
+        runs=bench_report.runs_for([variant], ["graph", "pynative"]),
     )
     for spec in job.runs:
         plan = build_plan(job.plan_config(spec))
@@ -277,12 +277,15 @@ def _bench_dir(tmp_path: Path) -> tuple[JobSpec, list[str]]:
         costs = OpCosts(
             forward=0.010 * slow,
             backward=0.020 * slow,
-            preprocess_forward=0.0 if spec.baseline else 0.008 * slow,
+            preprocess_forward=0.008 * slow,  # the fair baseline runs the same preprocess
+            recompute=0.012 * slow,  # an MPipe TBWD: recompute and backward
+            preprocess_backward=0.004 * slow,  # a fair baseline TBWD: the backward from the tape
+            broadcast=0.001 * slow,
             fused_last_stage=True,
         )
         for record in _records(plan, simulate(plan, costs), gap=0.0):
             RankRecord(spec.name, record.rank, 2, record.steps, 4096, 4096, 0.0001).write(tmp_path)
-    return job, ["frozen-full"]
+    return job, [variant]
 
 
 def test_bench_document_matches_its_schema(tmp_path: Path) -> None:
@@ -304,10 +307,36 @@ def test_bench_document_matches_its_schema(tmp_path: Path) -> None:
         graph["step_time_s"] / runs["baseline-frozen.graph"]["step_time_s"]
     )
     assert graph["prediction"]["error"] == pytest.approx(0.0, abs=1e-9)
-    assert graph["mpipe"]["theory_saving_s"] == pytest.approx(0.008)  # (NT - 1) * Pf, NT = 2
+    mpipe = graph["mpipe"]
+    assert mpipe["theory_saving_s"] == pytest.approx(0.008)  # (NT - 1) * Pf, NT = 2
+    # The records are simulations of each run's plan under one cost model, so the simulator's
+    # saving from the measured costs is exactly the measured one.
+    measured = runs["baseline-frozen.graph"]["step_time_s"] - graph["step_time_s"]
+    assert mpipe["saving_s"] == pytest.approx(measured) and measured > 0
+    assert mpipe["simulated_saving_s"] == pytest.approx(measured)
+    assert mpipe["saving_over_simulated"] == pytest.approx(1.0)
+    assert mpipe["saving_share"] == pytest.approx(measured / 0.008)
     assert runs["baseline-frozen.graph"]["mpipe"] is None
+    assert runs["baseline-frozen.graph"]["preprocess"] == "frozen"
     text = bench_report.table(doc)
-    assert "frozen-full.pynative" in text and "MPipe saving" in text
+    assert "frozen-full.pynative" in text and "saving vs fair baseline (ms)" in text
+    for column, _ in bench_report.SAVING_LEGEND:  # every column of the saving table has its legend
+        assert f"  {column:>9s}: " in text
+
+
+def test_trainable_saving_charges_each_run_its_own_preprocess_backward(tmp_path: Path) -> None:
+    job, variants = _bench_dir(tmp_path, "trainable-full")
+    doc = bench_report.document(job, variants, ["graph"], bench_report.evaluate(job, tmp_path))
+    runs = {r["name"]: r for r in doc["runs"]}
+    base, mpipe = runs["baseline-trainable.graph"], runs["trainable-full.graph"]
+    assert base["prediction"]["costs"]["preprocess_backward_s"] == pytest.approx(0.004)
+    assert base["prediction"]["costs"]["recompute_s"] == 0.0 and base["prediction"]["error"] == pytest.approx(
+        0
+    )
+    assert mpipe["prediction"]["costs"]["recompute_s"] == pytest.approx(0.012)
+    measured = base["step_time_s"] - mpipe["step_time_s"]
+    assert mpipe["mpipe"]["saving_s"] == pytest.approx(measured)
+    assert mpipe["mpipe"]["simulated_saving_s"] == pytest.approx(measured)
 
 
 def test_schema_check_names_what_is_wrong(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ def test_json_schema() -> None:
         "backward": "central",
         "input": "owned",
         "body": "interleaved",
+        "transpose": True,
     }
     assert (doc["num_stages"], doc["last_stage"], doc["nt"], doc["owners"]) == (4, 3, 2, [0, 1, 0, 1])
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
