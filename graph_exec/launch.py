@@ -1,4 +1,5 @@
-"""Launch a script on N local ranks with MindSpore's own launcher, ``msrun``, on loopback.
+"""Launch a script on N ranks with MindSpore's own launcher, ``msrun``: all of them on this
+host over loopback, or this host's share of a multi-host job (one launch per host).
 
 Used by ``graph-exec run``/``bench`` and by the multi-rank tests, so both get the same
 guarantees: a free port, a log directory with one log per worker, a cluster time-out (so a
@@ -22,6 +23,26 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+#: msrun's own default rendezvous port, used when several hosts must agree on one.
+DEFAULT_MASTER_PORT = 8118
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where this launcher sits in a multi-host job: one msrun per host, all meeting at
+    ``master_addr:master_port`` (node 0's address; ``None`` port: a free one on one host,
+    :data:`DEFAULT_MASTER_PORT` on several). Each host runs ``nproc / count`` workers; msrun
+    gives host ``rank`` the global ranks ``rank * nproc / count …``."""
+
+    count: int = 1
+    rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.rank < self.count:
+            raise ValueError(f"node rank {self.rank} is outside [0, {self.count}) for {self.count} nodes")
 
 
 def free_port() -> int:
@@ -83,6 +104,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     cluster_timeout_s: int = 30,
     poll: Callable[[], None] | None = None,
+    nodes: Nodes | None = None,
 ) -> LaunchResult:
     """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``.
 
@@ -92,9 +114,16 @@ def launch(
 
     ``poll`` is called about four times a second while the job runs (and once after), e.g. to
     show progress from the worker logs. msrun's own output goes to ``log_dir/msrun.out``.
+
+    ``nodes``: this host's place in a multi-host job (``nproc`` counts the ranks of every host;
+    this call starts its share); default: every rank here, on loopback.
     """
+    nodes = nodes or Nodes()
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if nproc % nodes.count:
+        raise ValueError(f"{nproc} ranks cannot be split evenly over {nodes.count} nodes")
+    port = nodes.master_port or (free_port() if nodes.count == 1 else DEFAULT_MASTER_PORT)
     log_path = Path(log_dir)
     log_path.mkdir(parents=True, exist_ok=True)
     for old in log_path.glob("*.log"):
@@ -102,9 +131,10 @@ def launch(
     cmd = [
         msrun_executable(),
         f"--worker_num={nproc}",
-        f"--local_worker_num={nproc}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
+        f"--local_worker_num={nproc // nodes.count}",
+        f"--master_addr={nodes.master_addr}",
+        f"--master_port={port}",
+        *([f"--node_rank={nodes.rank}"] if nodes.count > 1 else []),
         "--join=True",
         f"--cluster_time_out={cluster_timeout_s}",
         f"--log_dir={log_path}",

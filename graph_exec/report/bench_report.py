@@ -12,7 +12,8 @@ every time in seconds, every share a fraction::
     version       1
     created       ISO-8601 UTC time
     environment   {python, mindspore, graph_exec: version strings; cpus: int}
-    job           {example, size, ranks, vpp, micro, batch, steps, warmup, lr,
+    job           {example, size, ranks, dp (pipeline replicas; ranks / dp per pipeline), vpp,
+                   micro (per replica), batch (over all replicas), steps, warmup, lr,
                    variants: [str], modes: [str]}
     definitions   {name: sentence}: how step time, bubble, overhead, prediction are measured
     runs          one object per (variant, mode):
@@ -119,7 +120,7 @@ class RunResult:
 
 def evaluate(job: JobSpec, run_dir: Path) -> list[RunResult]:
     """Read and evaluate every run of ``job`` from ``run_dir``."""
-    last_stage = job.ranks * job.vpp - 1
+    last_stage = job.pp * job.vpp - 1
     results = []
     for spec in job.runs:
         records = read_run(run_dir, spec.name, job.ranks)
@@ -128,7 +129,8 @@ def evaluate(job: JobSpec, run_dir: Path) -> list[RunResult]:
             RunResult(
                 spec,
                 summarize(records, job.warmup, last_stage),
-                predict.predict(build_plan(config), records, job.warmup),
+                # The simulator models one pipeline: replica 0's ranks (global ranks 0..pp-1).
+                predict.predict(build_plan(config), records[: job.pp], job.warmup),
                 analysis.median_seconds(records, job.warmup, StepKind.TFWD),
                 config.nt,
             )
@@ -246,6 +248,7 @@ def document(
             "example": job.example,
             "size": job.size,
             "ranks": job.ranks,
+            "dp": job.dp,
             "vpp": job.vpp,
             "micro": job.micro,
             "batch": job.batch,
