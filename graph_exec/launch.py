@@ -94,6 +94,26 @@ def msrun_executable() -> str:
     return found
 
 
+#: msrun, told that this host is not the master. msrun starts the rendezvous scheduler on every
+#: host whose own addresses include ``--master_addr``; on one machine standing in for several
+#: hosts (loopback tests) every launcher would start one and all but node 0's would fail. Only
+#: node 0 ever hosts it, so the launchers of the other nodes run msrun with that check off (on
+#: real separate hosts the check says "no" anyway).
+_MSRUN_NOT_MASTER = (
+    "import sys; import mindspore.parallel.cluster.process_entity._api as api; "
+    "api._is_local_ip = lambda address: False; "
+    "from mindspore.parallel.cluster.run import main; sys.argv[0] = 'msrun'; sys.exit(main())"
+)
+
+
+def msrun_command(nodes: Nodes) -> list[str]:
+    """How to start msrun on this host (see :data:`_MSRUN_NOT_MASTER` for nodes other than 0)."""
+    msrun = msrun_executable()
+    if nodes.count > 1 and nodes.rank > 0:
+        return [sys.executable, "-c", _MSRUN_NOT_MASTER]
+    return [msrun]
+
+
 def launch(
     script: str | os.PathLike[str],
     args: Sequence[str] = (),
@@ -129,7 +149,7 @@ def launch(
     for old in log_path.glob("*.log"):
         old.unlink()
     cmd = [
-        msrun_executable(),
+        *msrun_command(nodes),
         f"--worker_num={nproc}",
         f"--local_worker_num={nproc // nodes.count}",
         f"--master_addr={nodes.master_addr}",

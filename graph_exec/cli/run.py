@@ -75,10 +75,8 @@ def workload(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
     micro = args.micro or 2 * (args.ranks // args.dp)
     batch = args.batch or 2 * micro * args.dp
     if batch % (micro * args.dp):
-        parser.error(
-            f"--batch {batch} is not a multiple of --dp {args.dp} x --micro {micro}: every replica's "
-            "micro-batches need equal rows"
-        )
+        of = f"--dp {args.dp} x --micro {micro}" if args.dp > 1 else f"--micro {micro}"
+        parser.error(f"--batch {batch} is not a multiple of {of}: every micro-batch needs equal rows")
     return micro, batch
 
 

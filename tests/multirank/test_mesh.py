@@ -36,3 +36,63 @@ def test_data_parallel_pipelines_match_the_global_batch_reference(run_workers):
         assert {f"{case}.losses" for case in CASES} <= checks(result, rank)
     for rank in (0, 2):
         assert "dp4pp1_trainable.losses" in checks(result, rank)
+
+
+def test_two_loopback_hosts_give_the_numbers_of_one_launch(tmp_path):
+    """Two launchers, one per "host" (node 0 and node 1, 2 workers each, on this machine),
+    against one 4-worker launch of the same job: the same per-step losses (rtol 1e-6; the
+    losses after step 1 depend on every replica-averaged gradient through Adam), every rank's
+    record on both hosts, and progress lines where replica 0's last stage runs (node 0)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from graph_exec.launch import free_port
+
+    command = [sys.executable, "-m", "graph_exec.cli", "run", "embed_lm", "--ranks", "4", "--dp", "2"]
+    command += ["--steps", "2", "--timeout", "400"]
+    env = {**os.environ, "GLOG_v": "3"}
+    single = subprocess.run(
+        [*command, "--log-dir", str(tmp_path / "one")], capture_output=True, text=True, timeout=450, env=env
+    )
+    assert single.returncode == 0, single.stdout + single.stderr
+    port = str(free_port())
+
+    def host_flags(node: int) -> list[str]:
+        return ["--nodes", "2", "--node-rank", str(node), "--master-port", port]
+
+    hosts = [
+        subprocess.Popen(
+            [*command, *host_flags(node), "--log-dir", str(tmp_path / f"node{node}")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for node in (0, 1)
+    ]
+    try:
+        outputs = [host.communicate(timeout=450)[0] for host in hosts]
+    finally:
+        for host in hosts:
+            if host.poll() is None:
+                host.kill()
+    for host, text in zip(hosts, outputs, strict=True):
+        assert host.returncode == 0, text
+    assert "step   2/2  [dp=2 x pp=2]" in outputs[0]
+    assert "progress lines appear on node 0" in outputs[1]
+    assert not [line for line in outputs[1].splitlines() if line.startswith("step ")]
+
+    def losses(directory):
+        record = json.loads((tmp_path / directory / "run.rank1.json").read_text())
+        return [step["loss"] for step in record["steps"]]
+
+    expected = losses("one")
+    assert len(expected) == 2 and all(loss is not None for loss in expected)
+    for node in ("node0", "node1"):
+        assert sorted(p.name for p in (tmp_path / node).glob("run.rank*.json")) == [
+            f"run.rank{r}.json" for r in range(4)
+        ]
+        got = losses(node)
+        assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got, expected, strict=True)), (got, expected)
