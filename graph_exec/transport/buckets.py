@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: Default bucket size. Gradient averaging time per byte stops improving beyond about a
-#: megabyte on loopback here (``python -m graph_exec.benchmarks.mesh_speed``), and a larger
-#: bucket only costs memory for its flat copy.
+#: Default bucket size. Averaging 6 MiB over 4 loopback ranks here
+#: (``python -m graph_exec.benchmarks.mesh_speed``, shared 2-core machine): one call per tensor
+#: 1.4 s, 1 MiB buckets 0.48 s, 4 MiB 0.27 s, 16 MiB 0.26 s (medians). Beyond 4 MiB the gain is
+#: within the noise, while every bucket costs a flat copy of its size.
 DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
 
 
