@@ -215,3 +215,38 @@ def test_multi_node_launch_passes_msruns_own_flags(monkeypatch, tmp_path):
     assert "--local_worker_num=2" in seen[2] and not any(a.startswith("--node_rank") for a in seen[2])
     with pytest.raises(ValueError, match="node rank 2 is outside"):
         Nodes(2, 2)
+
+
+# -- schedules ------------------------------------------------------------------------------------
+
+
+def _one_process_schedule(mesh=None, **options):
+    from tests.pipeline_models import build, loss_fn
+
+    model = build(2, "trainable")
+    stages = [ge.PipelineStage(cell, k, 2) for k, cell in enumerate(model.stages)]
+    return ge.ScheduleMPipeTranspose(stages, 2, model.preprocess, 1, loss_fn=loss_fn, mesh=mesh, **options)
+
+
+def test_one_process_mesh_is_todays_single_process_pipeline():
+    from tests.pipeline_models import batch
+
+    x, labels = batch(4)
+    plain, meshed = _one_process_schedule(), _one_process_schedule(ge.DeviceMesh())
+    plain_losses, meshed_losses = plain.run(x, labels=labels), meshed.run(x, labels=labels)
+    assert [float(a.asnumpy()) for a in plain_losses] == [float(b.asnumpy()) for b in meshed_losses]
+    for name, grad in plain.grads().items():
+        np.testing.assert_array_equal(meshed.grads()[name].asnumpy(), grad.asnumpy(), err_msg=name)
+    assert "data_parallel" not in meshed.stats()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"mesh": "dp=2"}, TypeError, "mesh must be a graph_exec.DeviceMesh or None, got str"),
+        ({"dp_bucket_bytes": 0}, ValueError, "dp_bucket_bytes must be a positive int, got 0"),
+    ],
+)
+def test_bad_mesh_options_are_named(options, error, message):
+    with pytest.raises(error, match=message):
+        _one_process_schedule(**options)
