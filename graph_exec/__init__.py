@@ -2,8 +2,8 @@
 
 Importing the package is cheap: MindSpore is imported only by the parts that compute or
 communicate, so planning and simulating work on a machine without MindSpore. The training
-API (``PipelineStage``, ``ScheduleMPipeTranspose``, ``ScheduleInterleaved1F1B``) loads on
-first use.
+API (``PipelineStage``, ``ScheduleMPipeTranspose``, ``ScheduleInterleaved1F1B``,
+``DeviceMesh``) loads on first use.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ _LAZY = {
     "PipelineStage": "graph_exec.runtime.stage",
     "ScheduleMPipeTranspose": "graph_exec.runtime.schedules",
     "ScheduleInterleaved1F1B": "graph_exec.runtime.schedules",
+    "DeviceMesh": "graph_exec.transport.mesh",
 }
 
-__all__ = ["PipelineStage", "ScheduleInterleaved1F1B", "ScheduleMPipeTranspose", "__version__"]
+__all__ = ["DeviceMesh", "PipelineStage", "ScheduleInterleaved1F1B", "ScheduleMPipeTranspose", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

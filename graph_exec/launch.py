@@ -1,4 +1,5 @@
-"""Launch a script on N local ranks with MindSpore's own launcher, ``msrun``, on loopback.
+"""Launch a script on N ranks with MindSpore's own launcher, ``msrun``: all of them on this
+host over loopback, or this host's share of a multi-host job (one launch per host).
 
 Used by ``graph-exec run``/``bench`` and by the multi-rank tests, so both get the same
 guarantees: a free port, a log directory with one log per worker, a cluster time-out (so a
@@ -22,6 +23,26 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+#: msrun's own default rendezvous port, used when several hosts must agree on one.
+DEFAULT_MASTER_PORT = 8118
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where this launcher sits in a multi-host job: one msrun per host, all meeting at
+    ``master_addr:master_port`` (node 0's address; ``None`` port: a free one on one host,
+    :data:`DEFAULT_MASTER_PORT` on several). Each host runs ``nproc / count`` workers; msrun
+    gives host ``rank`` the global ranks ``rank * nproc / count …``."""
+
+    count: int = 1
+    rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.rank < self.count:
+            raise ValueError(f"node rank {self.rank} is outside [0, {self.count}) for {self.count} nodes")
 
 
 def free_port() -> int:
@@ -73,6 +94,26 @@ def msrun_executable() -> str:
     return found
 
 
+#: msrun, told that this host is not the master. msrun starts the rendezvous scheduler on every
+#: host whose own addresses include ``--master_addr``; on one machine standing in for several
+#: hosts (loopback tests) every launcher would start one and all but node 0's would fail. Only
+#: node 0 ever hosts it, so the launchers of the other nodes run msrun with that check off (on
+#: real separate hosts the check says "no" anyway).
+_MSRUN_NOT_MASTER = (
+    "import sys; import mindspore.parallel.cluster.process_entity._api as api; "
+    "api._is_local_ip = lambda address: False; "
+    "from mindspore.parallel.cluster.run import main; sys.argv[0] = 'msrun'; sys.exit(main())"
+)
+
+
+def msrun_command(nodes: Nodes) -> list[str]:
+    """How to start msrun on this host (see :data:`_MSRUN_NOT_MASTER` for nodes other than 0)."""
+    msrun = msrun_executable()
+    if nodes.count > 1 and nodes.rank > 0:
+        return [sys.executable, "-c", _MSRUN_NOT_MASTER]
+    return [msrun]
+
+
 def launch(
     script: str | os.PathLike[str],
     args: Sequence[str] = (),
@@ -83,6 +124,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     cluster_timeout_s: int = 30,
     poll: Callable[[], None] | None = None,
+    nodes: Nodes | None = None,
 ) -> LaunchResult:
     """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``.
 
@@ -92,19 +134,27 @@ def launch(
 
     ``poll`` is called about four times a second while the job runs (and once after), e.g. to
     show progress from the worker logs. msrun's own output goes to ``log_dir/msrun.out``.
+
+    ``nodes``: this host's place in a multi-host job (``nproc`` counts the ranks of every host;
+    this call starts its share); default: every rank here, on loopback.
     """
+    nodes = nodes or Nodes()
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if nproc % nodes.count:
+        raise ValueError(f"{nproc} ranks cannot be split evenly over {nodes.count} nodes")
+    port = nodes.master_port or (free_port() if nodes.count == 1 else DEFAULT_MASTER_PORT)
     log_path = Path(log_dir)
     log_path.mkdir(parents=True, exist_ok=True)
     for old in log_path.glob("*.log"):
         old.unlink()
     cmd = [
-        msrun_executable(),
+        *msrun_command(nodes),
         f"--worker_num={nproc}",
-        f"--local_worker_num={nproc}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
+        f"--local_worker_num={nproc // nodes.count}",
+        f"--master_addr={nodes.master_addr}",
+        f"--master_port={port}",
+        *([f"--node_rank={nodes.rank}"] if nodes.count > 1 else []),
         "--join=True",
         f"--cluster_time_out={cluster_timeout_s}",
         f"--log_dir={log_path}",

@@ -22,6 +22,7 @@ from graph_exec.cli.jobs import (
     add_launch_arguments,
     checked_job,
     execute,
+    nodes_of,
     output_file,
     run_directory,
 )
@@ -108,7 +109,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     job = job_from_args(args, parser)
     names = [spec.name for spec in job.runs]
     print(
-        f"bench {job.example} ({job.size}) on {job.ranks} ranks, V={job.vpp} M={job.micro} batch {job.batch}: "
+        f"bench {job.example} ({job.size}) on {job.ranks} ranks ({job.mesh}), V={job.vpp} M={job.micro} "
+        f"batch {job.batch}: "
         f"{len(names)} runs x ({job.warmup} warm-up + {job.steps} measured steps)",
         flush=True,
     )
@@ -128,7 +130,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         with run_directory(args.log_dir) as run_dir:
-            execute(job, run_dir, args.timeout, progress, "graph-exec bench")
+            execute(job, run_dir, args.timeout, progress, "graph-exec bench", nodes_of(args, parser))
             doc = document(job, args.variants, args.modes, evaluate(job, run_dir))
     except JobFailed as failed:
         return failed.code

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from graph_exec.cli.argtypes import seconds
-from graph_exec.launch import LaunchResult, launch
+from graph_exec.cli.argtypes import non_negative_int, port, positive_int, seconds
+from graph_exec.launch import DEFAULT_MASTER_PORT, LaunchResult, Nodes, launch
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.schedule import PlanConfigError
 
@@ -69,6 +69,33 @@ def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> N
         help="keep the job here: job.json, per-rank records, logs/worker_<rank>.log "
         "(default: a temporary directory, removed after a successful run)",
     )
+    hosts = parser.add_argument_group(
+        "multi-host",
+        "run one launcher per host, each with the same --ranks, --nodes, --master-addr and "
+        "--master-port and its own --node-rank; node 0 hosts the rendezvous",
+    )
+    hosts.add_argument(
+        "--nodes", metavar="K", type=positive_int, default=1, help="hosts the job spans (default 1)"
+    )
+    hosts.add_argument(
+        "--node-rank",
+        metavar="I",
+        type=non_negative_int,
+        default=0,
+        help="this host's index, 0..K-1 (default 0)",
+    )
+    hosts.add_argument(
+        "--master-addr",
+        metavar="HOST",
+        default="127.0.0.1",
+        help="address of node 0, reachable from every host (default 127.0.0.1)",
+    )
+    hosts.add_argument(
+        "--master-port",
+        metavar="PORT",
+        type=port,
+        help=f"rendezvous port on node 0 (default: a free port on one node, {DEFAULT_MASTER_PORT} on several)",
+    )
     parser.add_argument(
         "--no-pin",
         dest="pin_cores",
@@ -91,6 +118,7 @@ def checked_job(
 ) -> JobSpec:
     """The job the shared model and launch options describe, if every run's plan can be
     built; else exit with code 2 naming the run."""
+    nodes_of(args, parser)
     job = JobSpec(
         example=args.example,
         size=args.size,
@@ -105,6 +133,8 @@ def checked_job(
         timeout_s=min(120.0, args.timeout),
         pin_cores=args.pin_cores,
         calibrate=calibrate,
+        dp=args.dp,
+        nodes=args.nodes,
     )
     for spec in job.runs:
         try:
@@ -112,6 +142,21 @@ def checked_job(
         except PlanConfigError as err:
             parser.error(f"run {spec.name}: {err}" if len(job.runs) > 1 else str(err))
     return job
+
+
+def nodes_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Nodes:
+    """The hosts the launch options describe; an impossible set exits with code 2."""
+    if not 0 <= args.node_rank < args.nodes:
+        parser.error(
+            f"--node-rank {args.node_rank} is outside [0, {args.nodes}): with --nodes {args.nodes} "
+            f"the node ranks are 0..{args.nodes - 1}"
+        )
+    if args.ranks % args.nodes:
+        parser.error(
+            f"--ranks {args.ranks} is not a multiple of --nodes {args.nodes}: every host runs the same "
+            "number of workers"
+        )
+    return Nodes(args.nodes, args.node_rank, args.master_addr, args.master_port)
 
 
 class JobFailed(Exception):
@@ -155,13 +200,22 @@ class _LogTail:
         return complete
 
 
+def progress_rank(job: JobSpec) -> int:
+    """The global rank that prints progress: the last pipeline rank of replica 0."""
+    return job.pp - 1
+
+
 def run_job(
-    job: JobSpec, run_dir: Path, timeout_s: float, on_progress: Callable[[dict], None]
+    job: JobSpec,
+    run_dir: Path,
+    timeout_s: float,
+    on_progress: Callable[[dict], None],
+    nodes: Nodes | None = None,
 ) -> LaunchResult:
-    """Launch ``job`` on ``job.ranks`` local ranks, calling ``on_progress`` per progress line
-    of the last-stage rank while it runs."""
+    """Launch ``job`` (this host's share of its ranks), calling ``on_progress`` per progress
+    line of the last stage of replica 0 while it runs, where that rank runs on this host."""
     job.write(run_dir)
-    tail = _LogTail(run_dir / "logs" / f"worker_{job.ranks - 1}.log")
+    tail = _LogTail(run_dir / "logs" / f"worker_{progress_rank(job)}.log")
     return launch(
         WORKER,
         [str(run_dir)],
@@ -169,15 +223,30 @@ def run_job(
         log_dir=run_dir / "logs",
         timeout_s=timeout_s,
         poll=lambda: _echo(tail.lines(), on_progress),
+        nodes=nodes,
     )
 
 
 def execute(
-    job: JobSpec, run_dir: Path, timeout_s: float, on_progress: Callable[[dict], None], prog: str
+    job: JobSpec,
+    run_dir: Path,
+    timeout_s: float,
+    on_progress: Callable[[dict], None],
+    prog: str,
+    nodes: Nodes | None = None,
 ) -> LaunchResult:
     """:func:`run_job`; a failure or Ctrl-C is reported on stderr and raised as :class:`JobFailed`."""
+    if nodes is not None and nodes.count > 1:
+        host = progress_rank(job) // (job.ranks // nodes.count)
+        where = "this host" if host == nodes.rank else f"node {host}"
+        print(
+            f"{prog}: node {nodes.rank} of {nodes.count}, {job.ranks // nodes.count} local workers, "
+            f"rendezvous at {nodes.master_addr}:{nodes.master_port or DEFAULT_MASTER_PORT}; "
+            f"progress lines appear on {where}",
+            flush=True,
+        )
     try:
-        result = run_job(job, run_dir, timeout_s, on_progress)
+        result = run_job(job, run_dir, timeout_s, on_progress, nodes)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted, the job was stopped; logs in {run_dir}", file=sys.stderr)
         raise JobFailed(130) from None

@@ -20,6 +20,7 @@ from graph_exec.cli.jobs import (
     add_launch_arguments,
     checked_job,
     execute,
+    nodes_of,
     output_file,
     run_directory,
 )
@@ -36,29 +37,46 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload flags shared with ``graph-exec bench``."""
     group = parser.add_argument_group("workload")
     group.add_argument(
-        "--ranks", metavar="N", type=positive_int, default=2, help="pipeline ranks (default 2)"
+        "--ranks", metavar="N", type=positive_int, default=2, help="ranks in all, on all nodes (default 2)"
+    )
+    group.add_argument(
+        "--dp",
+        metavar="D",
+        type=positive_int,
+        default=1,
+        help="pipeline replicas trained data-parallel, each on N/D ranks (default 1: one pipeline)",
     )
     group.add_argument(
         "--vpp", metavar="V", type=positive_int, default=2, help="model chunks per rank (default 2)"
     )
     group.add_argument(
-        "--micro", metavar="M", type=positive_int, help="micro-batches per step (default 2 x ranks)"
+        "--micro",
+        metavar="M",
+        type=positive_int,
+        help="micro-batches per step of each replica (default 2 x pipeline ranks)",
     )
     group.add_argument(
-        "--batch", metavar="B", type=positive_int, help="samples per step, a multiple of M (default 2 x M)"
+        "--batch",
+        metavar="B",
+        type=positive_int,
+        help="samples per step over all replicas, a multiple of D x M (default 2 x D x M)",
     )
     group.add_argument("--size", choices=SIZES, default="tiny", help="model size preset (default tiny)")
     group.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
 
 
 def workload(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[int, int]:
-    """``(micro, batch)`` with their defaults filled in; an impossible pair exits with code 2."""
-    micro = args.micro or 2 * args.ranks
-    batch = args.batch or 2 * micro
-    if batch % micro:
+    """``(micro, batch)`` with their defaults filled in; an impossible set exits with code 2."""
+    if args.ranks % args.dp:
         parser.error(
-            f"--batch {batch} is not a multiple of --micro {micro}: every micro-batch needs equal rows"
+            f"--dp {args.dp} does not divide --ranks {args.ranks}: every pipeline replica needs the same "
+            f"number of ranks; use a --dp among {[d for d in range(1, args.ranks + 1) if args.ranks % d == 0]}"
         )
+    micro = args.micro or 2 * (args.ranks // args.dp)
+    batch = args.batch or 2 * micro * args.dp
+    if batch % (micro * args.dp):
+        of = f"--dp {args.dp} x --micro {micro}" if args.dp > 1 else f"--micro {micro}"
+        parser.error(f"--batch {batch} is not a multiple of {of}: every micro-batch needs equal rows")
     return micro, batch
 
 
@@ -137,7 +155,8 @@ def describe(job: JobSpec) -> str:
     )
     return (
         f"{job.example} ({job.size}, {'trainable' if spec.trainable else 'frozen'} preprocess) on "
-        f"{job.ranks} ranks, {spec.mode} mode, V={job.vpp} M={job.micro} batch {job.batch}, {schedule}"
+        f"{job.ranks} ranks ({job.mesh}{f', {job.nodes} nodes' if job.nodes > 1 else ''}), {spec.mode} mode, "
+        f"V={job.vpp} M={job.micro} per replica, batch {job.batch}, {schedule}"
     )
 
 
@@ -149,14 +168,15 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     def progress(line: dict) -> None:
         loss = "-" if line["loss"] is None else f"{line['loss']:.4f}"
         print(
-            f"step {line['step'] + 1:>3}/{total}  loss {loss}  step time {line['seconds'] * 1e3:8.1f} ms",
+            f"step {line['step'] + 1:>3}/{total}  [{job.mesh}]  loss {loss}  "
+            f"step time {line['seconds'] * 1e3:8.1f} ms",
             flush=True,
         )
 
     began = time.monotonic()
     try:
         with run_directory(args.log_dir) as run_dir:
-            result = execute(job, run_dir, args.timeout, progress, "graph-exec run")
+            result = execute(job, run_dir, args.timeout, progress, "graph-exec run", nodes_of(args, parser))
             _report(args, job, run_dir, result.seconds, time.monotonic() - began)
     except JobFailed as failed:
         return failed.code
@@ -167,11 +187,13 @@ def _report(args: argparse.Namespace, job: JobSpec, run_dir: Path, msrun_s: floa
     """The summary, the trace and the plot of a finished run."""
     total = job.total_steps
     records = read_run(run_dir, "run", job.ranks)
-    summary = summarize(records, job.warmup, job.ranks * job.vpp - 1)
+    summary = summarize(records, job.warmup, job.pp * job.vpp - 1)
     print(
-        f"done: {total} steps in {total_s:.1f} s (msrun {msrun_s:.1f} s, including start-up and compilation)"
+        f"done: {total} steps on {job.mesh} in {total_s:.1f} s "
+        f"(msrun {msrun_s:.1f} s, including start-up and compilation)"
     )
-    print(f"loss: {summary.losses[0]:.4f} -> {summary.losses[-1]:.4f}")
+    over = " (mean over the replicas)" if job.dp > 1 else ""
+    print(f"loss{over}: {summary.losses[0]:.4f} -> {summary.losses[-1]:.4f}")
     measured = {0: "all steps", total - 1: f"step {total}"}.get(job.warmup, f"steps {job.warmup + 1}-{total}")
     print(f"median step time: {summary.step_time * 1e3:.1f} ms ({measured}; first rank in to last rank out)")
     print(f"compilations: {summary.compilations} ({summary.compile_seconds:.1f} s, summed over ranks)")

@@ -1,23 +1,29 @@
 """Worker side of ``graph-exec run`` and ``bench``: train each run of a job and record it.
 
-Runs under msrun (see :mod:`graph_exec.cli.worker`). Every rank builds the whole example model
-with the job's seed, keeps its own chunks (``rank, rank + P, …``) and trains with Adam. Each
-step starts after a barrier, so all ranks begin it together and its span on the shared
-monotonic clock is the pipeline's step time. The last-stage rank prints one progress line per
-step (prefix :data:`~graph_exec.report.job.PROGRESS`) for the parent to echo; every rank writes a
-:class:`~graph_exec.report.records.RankRecord` per run at the end.
+Runs under msrun (see :mod:`graph_exec.cli.worker`). The ranks form a
+:class:`~graph_exec.DeviceMesh` of ``dp`` pipeline replicas; every rank builds the whole example
+model with the job's seed, keeps its own chunks (``p, p + P, …`` for pipeline rank ``p``),
+trains on its replica's share of the global batch and steps Adam on the replica-averaged
+gradients. Each step starts after a barrier, so all ranks begin it together and its span on the
+shared monotonic clock is the job's step time. The last stage of replica 0 prints one progress
+line per step (prefix :data:`~graph_exec.report.job.PROGRESS`, loss averaged over the replicas)
+for the parent to echo; every rank writes a :class:`~graph_exec.report.records.RankRecord` per
+run at the end (on several hosts, every host gets every rank's record).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 
 import graph_exec as ge
@@ -28,7 +34,7 @@ from graph_exec.kernels import as_tuple, make_stage_forward
 from graph_exec.msenv import wait_for
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.records import Event, RankRecord, StepRecord
-from graph_exec.transport import barrier
+from graph_exec.transport import DeviceMesh, Transport, all_gather_objects, barrier
 
 #: Repeats of the dispatch calibration (hook call and bare kernel call, alternated).
 CALIBRATION_REPEATS = 25
@@ -41,20 +47,24 @@ def nbytes(tensors: Sequence[Any]) -> int:
 class Trainer:
     """One run of a job on this rank: its model, schedule, optimizer and measurements."""
 
-    def __init__(self, job: JobSpec, spec: RunSpec, rank: int, ranks: int) -> None:
-        self.job, self.spec, self.rank, self.ranks = job, spec, rank, ranks
-        self.num_stages = ranks * job.vpp
+    def __init__(self, job: JobSpec, spec: RunSpec, mesh: DeviceMesh) -> None:
+        self.job, self.spec, self.mesh = job, spec, mesh
+        self.rank, self.ranks = mesh.global_rank, mesh.dp_size * mesh.pp_size
+        pp = mesh.pp_size
+        self.num_stages = pp * job.vpp
         self.model: ExampleModel = load(job.example).build(
             self.num_stages, trainable_preprocess=spec.trainable, seed=job.seed, size=job.size
         )
         self.chunks = self.model.stages
-        self.local = list(range(rank, self.num_stages, ranks))
+        self.local = list(range(mesh.pp_rank, self.num_stages, pp))
+        self.rows = job.batch // mesh.dp_size  # this replica's share of the global batch
         stages = [ge.PipelineStage(self.chunks[s], s, self.num_stages) for s in self.local]
         common: dict[str, Any] = {
             "mode": spec.mode,
             "loss_fn": self.model.loss_fn,
             "timeout_s": job.timeout_s,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
+            "mesh": mesh,
         }
         if spec.baseline:  # the fair baseline: the same preprocess on rank 0, not transposed
             self.schedule = ge.ScheduleInterleaved1F1B(
@@ -72,6 +82,12 @@ class Trainer:
             )
         self.optimizer: Callable[..., Any] | None = None
         self.records: list[StepRecord] = []
+        # The last-stage ranks of all replicas form one data-parallel group: average the loss there.
+        self._loss_group = (
+            Transport(timeout_s=job.timeout_s, group=mesh.dp)
+            if self.holds_loss and mesh.dp_size > 1
+            else None
+        )
 
     @property
     def holds_loss(self) -> bool:
@@ -79,7 +95,7 @@ class Trainer:
 
     def step(self, index: int) -> StepRecord:
         """One training step: barrier, ``run()``, optimizer; returns (and keeps) its record."""
-        inputs, labels = self.model.batch(index, self.job.batch)
+        inputs, labels = self._replica_batch(index)
         barrier()
         start = time.perf_counter()
         losses = self.schedule.run(*inputs, labels=labels)
@@ -88,7 +104,7 @@ class Trainer:
         # The first run() sets up communication and the plan before the runtime's clock starts:
         # anchor that step's timeline at its end instead of its start.
         origin = start if self.records or not timeline else end - timeline[-1].end
-        loss = None if losses is None else statistics.fmean(float(x.asnumpy()) for x in losses)
+        loss = None if losses is None else self._mean_loss(losses)
         self._update()
         stats = self.schedule.stats()
         record = StepRecord(
@@ -102,10 +118,28 @@ class Trainer:
             allocations=stats["pool"].allocations,
         )
         self.records.append(record)
-        if self.holds_loss:
+        if self.holds_loss and self.mesh.dp_rank == 0:
             line = {"run": self.spec.name, "step": index, "loss": loss, "seconds": end - start}
             print(PROGRESS + json.dumps(line), flush=True)
         return record
+
+    def _replica_batch(self, index: int) -> tuple[tuple[Any, ...], Any]:
+        """This replica's rows of step ``index``'s global batch (all of it without dp)."""
+        inputs, labels = self.model.batch(index, self.job.batch)
+        if self.mesh.dp_size == 1:
+            return inputs, labels
+        mine = slice(self.mesh.dp_rank * self.rows, (self.mesh.dp_rank + 1) * self.rows)
+        cut = tuple(t[mine] for t in inputs)
+        return cut, (tuple(t[mine] for t in labels) if isinstance(labels, tuple | list) else labels[mine])
+
+    def _mean_loss(self, losses: list[Any]) -> float:
+        """The mean loss of this step over every micro-batch of every replica."""
+        mean = statistics.fmean(float(x.asnumpy()) for x in losses)
+        if self._loss_group is None:
+            return mean
+        total = np.array([mean], dtype=np.float32)
+        self._loss_group.all_reduce_sum([ms.from_numpy(total)])
+        return float(total[0]) / self.mesh.dp_size
 
     def _update(self) -> None:
         params = self.schedule.trainable_params()
@@ -134,14 +168,18 @@ class Trainer:
             dispatch_seconds=dispatch,
         )
         record.write(run_dir)
+        if self.job.nodes > 1:  # the launcher of every host reports on every rank
+            for other in all_gather_objects(record, self.job.timeout_s, "gathering the rank records"):
+                if other.rank != self.rank:
+                    _write_atomically(other, run_dir)
         return record
 
     # -- calibration ---------------------------------------------------------------------------
 
     def _stage_inputs(self) -> list[tuple[Any, ...]]:
         """Micro-batch 0's input of every stage but the last, computed eagerly on this rank."""
-        inputs, _ = self.model.batch(0, self.job.batch)
-        rows = self.job.batch // self.job.micro
+        inputs, _ = self._replica_batch(0)
+        rows = self.rows // self.job.micro
         x = tuple(t[:rows] for t in inputs)
         if self.model.preprocess is not None:
             x = as_tuple(self.model.preprocess(*x))
@@ -195,9 +233,18 @@ class Trainer:
         return max(0.0, statistics.median(hooked) - statistics.median(bared))
 
 
-def train(job: JobSpec, run_dir: Path, rank: int, ranks: int) -> None:
+def _write_atomically(record: RankRecord, run_dir: Path) -> None:
+    """Write another rank's record (every worker of a host writes it: last rename wins)."""
+    path = record.path(run_dir)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(record)), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def train(job: JobSpec, run_dir: Path) -> None:
     """Every run of ``job``, interleaved step by step so machine noise hits all runs alike."""
-    trainers = [Trainer(job, spec, rank, ranks) for spec in job.runs]
+    mesh = DeviceMesh(dp=job.dp, pp=job.pp)
+    trainers = [Trainer(job, spec, mesh) for spec in job.runs]
     for index in range(job.total_steps):
         for trainer in trainers:
             trainer.step(index)

@@ -21,7 +21,7 @@ def cores_for(rank: int, ranks: int, cores: list[int]) -> set[int]:
     return set(cores[rank * share : (rank + 1) * share])
 
 
-def pin_cores(ranks: int) -> None:
+def pin_cores(local_workers: int) -> None:
     """Bind this worker, and every thread it starts later, to its share of the cores.
 
     Called before MindSpore starts its thread pools, which inherit the binding. Ranks then do
@@ -30,7 +30,8 @@ def pin_cores(ranks: int) -> None:
     and far less noisy steps). The scheduler process msrun also starts is left alone.
     """
     if os.environ.get("MS_ROLE") == "MS_WORKER" and "RANK_ID" in os.environ:
-        os.sched_setaffinity(0, cores_for(int(os.environ["RANK_ID"]), ranks, sorted(os.sched_getaffinity(0))))
+        local_rank = int(os.environ["RANK_ID"]) % local_workers  # a host runs consecutive ranks
+        os.sched_setaffinity(0, cores_for(local_rank, local_workers, sorted(os.sched_getaffinity(0))))
 
 
 def main(argv: list[str]) -> int:
@@ -39,8 +40,8 @@ def main(argv: list[str]) -> int:
     run_dir = Path(argv[0])
     job = JobSpec.read(run_dir / JOB_FILE)
     if job.pin_cores:
-        pin_cores(job.ranks)
-    from mindspore.communication import get_group_size, get_rank, init
+        pin_cores(job.ranks // job.nodes)
+    from mindspore.communication import init
 
     from graph_exec.msenv import prepare_mindspore
 
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
     init()
     from graph_exec.cli.training import train
 
-    train(job, run_dir, get_rank(), get_group_size())
+    train(job, run_dir)
     return 0
 
 

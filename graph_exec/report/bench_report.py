@@ -13,7 +13,8 @@ every time in seconds, every share a fraction::
     version       1
     created       ISO-8601 UTC time
     environment   {python, mindspore, graph_exec: version strings; cpus: int}
-    job           {example, size, ranks, vpp, micro, batch, steps, warmup, lr,
+    job           {example, size, ranks, dp (pipeline replicas; ranks / dp per pipeline), vpp,
+                   micro (per replica), batch (over all replicas), steps, warmup, lr,
                    variants: [str], modes: [str]}
     definitions   {name: sentence}: how step time, bubble, overhead, prediction are measured
     runs          one object per (variant, mode):
@@ -137,7 +138,7 @@ class RunResult:
 
 def evaluate(job: JobSpec, run_dir: Path) -> list[RunResult]:
     """Read and evaluate every run of ``job`` from ``run_dir``."""
-    last_stage = job.ranks * job.vpp - 1
+    last_stage = job.pp * job.vpp - 1
     results = []
     for spec in job.runs:
         records = read_run(run_dir, spec.name, job.ranks)
@@ -147,7 +148,8 @@ def evaluate(job: JobSpec, run_dir: Path) -> list[RunResult]:
                 spec,
                 plan,
                 summarize(records, job.warmup, last_stage),
-                predict.predict(plan, records, job.warmup),
+                # The simulator models one pipeline: replica 0's ranks (global ranks 0..pp-1).
+                predict.predict(plan, records[: job.pp], job.warmup),
                 analysis.median_seconds(records, job.warmup, StepKind.TFWD),
                 plan.config.nt,
             )
@@ -285,6 +287,7 @@ def document(
             "example": job.example,
             "size": job.size,
             "ranks": job.ranks,
+            "dp": job.dp,
             "vpp": job.vpp,
             "micro": job.micro,
             "batch": job.batch,

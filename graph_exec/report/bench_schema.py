@@ -71,6 +71,7 @@ _DOCUMENT = {
         "example": str,
         "size": str,
         "ranks": int,
+        "dp": int,
         "vpp": int,
         "micro": int,
         "batch": int,

@@ -46,10 +46,10 @@ class JobSpec:
 
     example: str
     size: str
-    ranks: int
+    ranks: int  #: every rank of the job, on every node (dp x pp)
     vpp: int
-    micro: int
-    batch: int
+    micro: int  #: micro-batches per step of one pipeline replica
+    batch: int  #: samples per step over all replicas (each replica trains on batch / dp)
     steps: int  #: measured steps per run, after ``warmup``
     warmup: int  #: steps per run before the measured ones (compilation, allocator warm-up)
     runs: tuple[RunSpec, ...]
@@ -58,12 +58,23 @@ class JobSpec:
     calibrate: bool = False  #: also measure transfer sizes and the executor's per-call dispatch cost
     pin_cores: bool = False  #: bind each rank to its share of the cores (see graph_exec.cli.worker)
     seed: int = 0
+    dp: int = 1  #: pipeline replicas (data parallel); each has ranks / dp pipeline ranks
+    nodes: int = 1  #: hosts the job spans (ranks / nodes workers on each)
+
+    @property
+    def pp(self) -> int:
+        """Ranks per pipeline replica."""
+        return self.ranks // self.dp
+
+    @property
+    def mesh(self) -> str:
+        return f"dp={self.dp} x pp={self.pp}"
 
     def plan_config(self, spec: RunSpec) -> PlanConfig:
         """The plan ``spec`` executes (what the schedule builds on every rank); raises
         :class:`~graph_exec.schedule.PlanConfigError` for an impossible combination."""
         return PlanConfig(
-            pp=self.ranks,
+            pp=self.pp,
             vpp=self.vpp,
             micro=self.micro,
             preprocess=spec.preprocess,

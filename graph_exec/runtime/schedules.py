@@ -5,6 +5,10 @@ every rank from that rank's stages; everything that can be checked locally is ch
 constructor and in ``run()`` before any message is sent, so bad input fails the same way on
 every rank instead of hanging the others. The first ``run()`` then sets up the transport,
 builds and validates the plan, and checks that all ranks were set up alike.
+
+On a :class:`~graph_exec.transport.mesh.DeviceMesh` with ``dp > 1`` each pipeline replica runs
+the schedule on its own batch inside its pipeline group, and after every step the gradients
+are averaged over the data-parallel group (see :mod:`graph_exec.runtime.data_parallel`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from graph_exec.bufpool import BufferPool
 from graph_exec.errors import CommunicationNotInitializedError, GraphExecError
 from graph_exec.executors import MODES, Executor, create_executor
 from graph_exec.runtime.buffers import ReceiveBuffers
+from graph_exec.runtime.data_parallel import DataParallelGrads
 from graph_exec.runtime.driver import RankRuntime, TimelineEvent
 from graph_exec.runtime.handshake import (
     check_ranks_agree,
@@ -28,6 +33,7 @@ from graph_exec.runtime.microbatch import split_batch
 from graph_exec.runtime.stage import PipelineStage
 from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan
 from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
+from graph_exec.transport.buckets import DEFAULT_BUCKET_BYTES
 
 
 def _choice(name: str, value: object, allowed: Sequence[str]) -> str:
@@ -59,6 +65,7 @@ class _Setup:
     runtime: RankRuntime
     transport: Any | None
     pool: BufferPool
+    data_parallel: DataParallelGrads | None
 
 
 class ScheduleMPipeTranspose:
@@ -76,7 +83,10 @@ class ScheduleMPipeTranspose:
     (divide gradients by the number of micro-batches), ``timeout_s`` (bound on every wait for
     a peer), ``sync_steps`` (wait for every compute step's results before the next step, so
     :attr:`timeline` shows each step's own duration; ``None``: on for CPU, where it was
-    measured 2-3x faster, off elsewhere; see ``RankRuntime``).
+    measured 2-3x faster, off elsewhere; see ``RankRuntime``), ``mesh`` (a
+    :class:`~graph_exec.DeviceMesh`: this rank is pipeline rank ``mesh.pp_rank`` of replica
+    ``mesh.dp_rank``; ``None``: one pipeline over the whole world), ``dp_bucket_bytes`` (size of
+    the flat buckets in which gradients are averaged over the data-parallel group).
     """
 
     #: Whether the preprocess is transposed onto the owners (``False``: the fair baseline).
@@ -97,6 +107,8 @@ class ScheduleMPipeTranspose:
         scale_grads: bool = False,
         timeout_s: float = 300.0,
         sync_steps: bool | None = None,
+        mesh: Any = None,
+        dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> None:
         self.stages = _check_stages(stages)
         if isinstance(micro_batch_num, bool) or not isinstance(micro_batch_num, int) or micro_batch_num < 1:
@@ -121,6 +133,15 @@ class ScheduleMPipeTranspose:
             raise TypeError(f"loss_fn must be callable or None, got {type(loss_fn).__name__}")
         if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or not timeout_s > 0:
             raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        if mesh is not None:
+            from graph_exec.transport.mesh import DeviceMesh
+
+            if not isinstance(mesh, DeviceMesh):
+                raise TypeError(f"mesh must be a graph_exec.DeviceMesh or None, got {type(mesh).__name__}")
+        if isinstance(dp_bucket_bytes, bool) or not isinstance(dp_bucket_bytes, int) or dp_bucket_bytes < 1:
+            raise ValueError(f"dp_bucket_bytes must be a positive int, got {dp_bucket_bytes!r}")
+        self.mesh = mesh
+        self.dp_bucket_bytes = dp_bucket_bytes
         self.micro_batch_num = micro_batch_num
         self.preprocess_module = preprocess_module
         self.num_transpose_layers = layers
@@ -140,9 +161,11 @@ class ScheduleMPipeTranspose:
     def run(self, *inputs: Any, labels: Any = None, **kwargs: Any) -> list[Any] | None:
         """One training step: forward and backward of every micro-batch, gradients accumulated.
 
-        ``inputs`` (and ``labels``, ``kwargs`` for the preprocess) are the *global* batch, the
-        same on every rank, cut on dim 0 into ``micro_batch_num`` micro-batches. Returns the
-        per-micro-batch losses on the rank holding the last stage, ``None`` elsewhere.
+        ``inputs`` (and ``labels``, ``kwargs`` for the preprocess) are this pipeline replica's
+        batch, the same on every rank of the replica, cut on dim 0 into ``micro_batch_num``
+        micro-batches (without data parallelism: the global batch). With ``dp > 1`` the
+        gradients are averaged over the replicas after the step. Returns the per-micro-batch
+        losses on the rank holding the last stage, ``None`` elsewhere.
         """
         if self._failed is not None:
             raise GraphExecError(
@@ -160,6 +183,8 @@ class ScheduleMPipeTranspose:
         setup = self._setup or self._set_up()
         try:
             losses = setup.runtime.run(batch)
+            if setup.data_parallel is not None:
+                setup.data_parallel.average()
         except BaseException as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
             raise
@@ -171,8 +196,9 @@ class ScheduleMPipeTranspose:
         """``{parameter name: gradient}`` for every parameter this rank trains, in the order of
         :meth:`trainable_params` (the live accumulators: read them before the next ``run()``).
 
-        With central backward the preprocess gradient lives on rank 0 only (other ranks receive
-        the updated weights by broadcast); with owner backward every rank holds it.
+        With central backward the preprocess gradient lives on pipeline rank 0 only (other ranks
+        receive the updated weights by broadcast); with owner backward every rank holds it.
+        With data parallelism they are the means over the replicas.
         """
         accumulators = self._require_setup("grads()").executor.grads()
         return {p.name: accumulators[p.name] for p in self.trainable_params()}
@@ -181,12 +207,13 @@ class ScheduleMPipeTranspose:
         """The parameters this rank trains, each once (hand them to an optimizer).
 
         Available before the first ``run()``: the stages' trainable parameters, plus the
-        preprocess ones on rank 0 (central backward) or on every rank (owner backward).
+        preprocess ones on pipeline rank 0 (central backward) or on every rank (owner backward).
         """
         from graph_exec.transport import pipeline_rank
 
+        pp_rank = pipeline_rank() if self.mesh is None else self.mesh.pp_rank
         cells = [s.submodule for s in self.stages]
-        if self.preprocess_module is not None and (self.backward == "owner" or pipeline_rank() == 0):
+        if self.preprocess_module is not None and (self.backward == "owner" or pp_rank == 0):
             cells.append(self.preprocess_module)
         unique = {p.name: p for cell in cells for p in cell.trainable_params()}
         return list(unique.values())
@@ -217,6 +244,8 @@ class ScheduleMPipeTranspose:
         }
         if setup.transport is not None:
             out["transport"] = setup.transport.stats
+        if setup.data_parallel is not None:
+            out["data_parallel"] = setup.data_parallel.stats
         return out
 
     # -- setup -----------------------------------------------------------------------------
@@ -240,32 +269,41 @@ class ScheduleMPipeTranspose:
 
     def _set_up(self) -> _Setup:
         from graph_exec.transport import LAUNCH_HINT, Transport, is_initialized
+        from graph_exec.transport.mesh import DeviceMesh
 
         num_stages = self.stages[0].num_stages
         local = [s.stage_index for s in self.stages]
-        transport: Transport | None = None
-        if is_initialized():
-            transport = Transport(timeout_s=self.timeout_s)
-            pp, rank = transport.size, transport.rank
-        elif local == list(range(num_stages)):
-            pp, rank = 1, 0  # a one-process pipeline needs no communication
-        else:
+        if self.mesh is None and not is_initialized() and local != list(range(num_stages)):
             raise CommunicationNotInitializedError(
                 f"this rank holds stages {local} of {num_stages}, so other ranks hold the rest, but "
                 f"MindSpore communication is not initialised: {LAUNCH_HINT}"
             )
-        if transport is not None and transport.size == 1:
-            transport = None
+        mesh = self.mesh if self.mesh is not None else DeviceMesh()
+        self.mesh = mesh
+        pp, rank = mesh.pp_size, mesh.pp_rank
+        transport = Transport(timeout_s=self.timeout_s, group=mesh.pp) if pp > 1 else None
+        dp_transport = Transport(timeout_s=self.timeout_s, group=mesh.dp) if mesh.dp_size > 1 else None
         error: Exception | None = None
         try:
             plan, executor = self._build_local(pp, rank)
         except (ValueError, TypeError) as exc:  # bad set-up: every rank must hear of it
             error = exc
-        if transport is not None:
-            share_setup_outcome(transport, error)
-            check_ranks_agree(transport, self._facts(plan.config))
+        groups = [t for t in (transport, dp_transport) if t is not None]
+        if groups:
+            share_setup_outcome(groups, error)
+            checks = [(transport, self._facts(plan.config))] if transport is not None else []
+            if dp_transport is not None:
+                checks.append((dp_transport, self._replica_facts(plan.config)))
+            check_ranks_agree(checks)
         elif error is not None:
             raise error
+        data_parallel = None
+        if dp_transport is not None:
+            params = self.trainable_params()
+            data_parallel = DataParallelGrads(
+                dp_transport, params, lambda: [executor.grads()[p.name] for p in params], self.dp_bucket_bytes
+            )
+            data_parallel.start_in_sync()
         pool = BufferPool()
         lifetimes = [(lt.recv_index, lt.last_index) for lt in buffer_lifetimes(plan, rank)]
         preprocess_names = [p.name for p in executor.broadcast_tensors()]
@@ -278,7 +316,7 @@ class ScheduleMPipeTranspose:
             preprocess_grads=lambda: [executor.grads()[n] for n in preprocess_names],
             sync_steps=self._sync_steps(),
         )
-        self._setup = _Setup(plan, rank, executor, runtime, transport, pool)
+        self._setup = _Setup(plan, rank, executor, runtime, transport, pool, data_parallel)
         return self._setup
 
     def _build_local(self, pp: int, rank: int) -> tuple[Plan, Executor]:
@@ -291,8 +329,8 @@ class ScheduleMPipeTranspose:
         expected = [rank + k * pp for k in range(vpp)]
         if local != expected:
             raise ValueError(
-                f"rank {rank} of {pp} with {num_stages} stages must hold stages {expected} "
-                f"(stage s lives on rank s mod {pp}), got {local}"
+                f"pipeline rank {rank} of {pp} with {num_stages} stages must hold stages {expected} "
+                f"(stage s lives on pipeline rank s mod {pp}), got {local}"
             )
         preprocess, layers, module = (
             self._preprocess_kind(),
@@ -356,6 +394,17 @@ class ScheduleMPipeTranspose:
             "preprocess frozen values": parameter_values_digest(frozen),
         }
 
+    def _replica_facts(self, config: PlanConfig) -> dict[str, str]:
+        """What the same pipeline rank of every replica must share (compared in its dp group)."""
+        stage_params = [p for s in self.stages for p in s.submodule.get_parameters()]
+        return {
+            **self._facts(config),
+            "mesh": self.mesh.describe(),
+            "stage parameters": describe_parameters(stage_params),
+            "trainable parameters": describe_parameters(self.trainable_params()),
+            "dp_bucket_bytes": str(self.dp_bucket_bytes),
+        }
+
 
 class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
     """The fair baseline: MPipe without transposition, the same API and executor otherwise.
@@ -389,6 +438,8 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         scale_grads: bool = False,
         timeout_s: float = 300.0,
         sync_steps: bool | None = None,
+        mesh: Any = None,
+        dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> None:
         layers = num_transpose_layers
         # A rank other than 0 may pass None with the real layer count; the base class's rule
@@ -404,5 +455,7 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
             scale_grads=scale_grads,
             timeout_s=timeout_s,
             sync_steps=sync_steps,
+            mesh=mesh,
+            dp_bucket_bytes=dp_bucket_bytes,
         )
         self.num_transpose_layers = layers

@@ -4,19 +4,24 @@ from graph_exec.transport.comm import (
     LAUNCH_HINT,
     Transport,
     TransportStats,
+    all_gather_objects,
     barrier,
     is_initialized,
     numpy_allocator,
     pipeline_rank,
     require_initialized,
 )
+from graph_exec.transport.mesh import CommGroup, DeviceMesh
 from graph_exec.transport.meta import TensorMeta
 
 __all__ = [
     "LAUNCH_HINT",
+    "CommGroup",
+    "DeviceMesh",
     "TensorMeta",
     "Transport",
     "TransportStats",
+    "all_gather_objects",
     "barrier",
     "is_initialized",
     "numpy_allocator",

@@ -20,6 +20,7 @@ import numpy as np
 from graph_exec.errors import CommunicationNotInitializedError, ProtocolError, RemoteRankError
 from graph_exec.transport.comm_thread import CommWorker
 from graph_exec.transport.cpu_workarounds import rebind_default_groups
+from graph_exec.transport.mesh import CommGroup
 from graph_exec.transport.meta import (
     META_WORDS,
     AbortNotice,
@@ -78,15 +79,60 @@ def pipeline_rank() -> int:
     return int(get_rank())
 
 
-def barrier() -> None:
-    """Wait until every process of the job gets here (no deadline: for drivers and tools that
-    line ranks up between steps, under a launcher that bounds the whole job)."""
-    require_initialized()
-    import mindspore.mint.distributed as dist
+def world_group_name() -> str:
+    """MindSpore's name of the group of all ranks."""
     from mindspore.communication import GlobalComm
 
+    return str(GlobalComm.WORLD_COMM_GROUP)
+
+
+def barrier(group: CommGroup | None = None) -> None:
+    """Wait until every process of ``group`` (default: the whole job) gets here (no deadline:
+    for drivers and tools that line ranks up between steps, under a launcher that bounds the
+    whole job)."""
+    require_initialized()
+    import mindspore.mint.distributed as dist
+
     rebind_default_groups()
-    dist.barrier(group=GlobalComm.WORLD_COMM_GROUP)
+    dist.barrier(group=world_group_name() if group is None else group.name)
+
+
+def _shared_worker() -> CommWorker:
+    """One worker for the module-level collectives that need a deadline (made on first use)."""
+    global _module_worker
+    if _module_worker is None:
+        _module_worker = CommWorker("graph_exec-comm-setup")
+    return _module_worker
+
+
+_module_worker: CommWorker | None = None
+
+
+def world_all_reduce_sum(values: np.ndarray, timeout_s: float, what: str) -> np.ndarray:
+    """The SUM of ``values`` over every rank of the job, waiting at most ``timeout_s``
+    (float64 is refused by the CPU backend: pass float32 or an integer type)."""
+    require_initialized()
+    import mindspore as ms
+    import mindspore.mint.distributed as dist
+
+    rebind_default_groups()
+    out = np.ascontiguousarray(values).copy()
+    tensor = ms.from_numpy(out)
+    _shared_worker().run(lambda: dist.all_reduce(tensor, group=world_group_name()), timeout_s, what)
+    return out
+
+
+def all_gather_objects(value: Any, timeout_s: float, what: str) -> list[Any]:
+    """Every rank's picklable ``value``, by global rank (a collective over the whole job)."""
+    require_initialized()
+    import mindspore.mint.distributed as dist
+
+    rebind_default_groups()
+    out: list[Any] = [None] * dist.get_world_size()
+    _shared_worker().run(
+        lambda: dist.all_gather_object(out, value, group=world_group_name()), timeout_s, what
+    )
+    return out
 
 
 def require_initialized() -> None:
@@ -148,35 +194,32 @@ def _nbytes(tensor: Any) -> int:
 
 
 class Transport:
-    """Messaging for one rank of a pipeline-parallel group.
+    """Messaging for one rank of one communication group.
 
-    ``ranks`` are the global ranks of the group in pipeline order (default: the whole world,
-    pipeline rank = global rank). ``timeout_s`` bounds every blocking call.
+    ``group`` is a group of a :class:`~graph_exec.transport.mesh.DeviceMesh` (its pipeline
+    group for the pipeline's messages, its data-parallel group for gradient averaging); the
+    default is the whole world, group rank = global rank. Peers are named by group rank; the
+    messages go to their global ranks. ``timeout_s`` bounds every blocking call.
     """
 
-    def __init__(self, *, timeout_s: float = 300.0, ranks: Sequence[int] | None = None) -> None:
+    def __init__(self, *, timeout_s: float = 300.0, group: CommGroup | None = None) -> None:
         require_initialized()
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
         import mindspore.mint.distributed as dist
-        from mindspore.communication import GlobalComm
 
         rebind_default_groups()
         self._dist = dist
         world = dist.get_world_size()
         global_rank = dist.get_rank()
-        self.ranks = tuple(range(world)) if ranks is None else tuple(int(r) for r in ranks)
-        if sorted(self.ranks) != sorted(set(self.ranks)) or not all(0 <= r < world for r in self.ranks):
-            raise ValueError(f"ranks {list(self.ranks)} must be distinct global ranks in [0, {world})")
-        if global_rank not in self.ranks:
-            raise ValueError(f"global rank {global_rank} is not in the pipeline group {list(self.ranks)}")
-        self.rank = self.ranks.index(global_rank)
-        self.size = len(self.ranks)
-        self.group = (
-            GlobalComm.WORLD_COMM_GROUP
-            if len(self.ranks) == world
-            else dist.new_group(ranks=list(self.ranks))
-        )
+        if group is None:
+            group = CommGroup(world_group_name(), tuple(range(world)))
+        if global_rank not in group.ranks:
+            raise ValueError(f"global rank {global_rank} is not in group {group.name!r} {list(group.ranks)}")
+        self.ranks = group.ranks
+        self.rank = group.rank_of(global_rank)
+        self.size = group.size
+        self.group = group.name
         self.timeout_s = float(timeout_s)
         self.stats = TransportStats()
         self._worker = CommWorker()
@@ -269,6 +312,10 @@ class Transport:
                 self._dist.all_reduce(tensor, group=self.group)
 
         self._worker.run(run, self.timeout_s, "in all-reduce")
+
+    def barrier(self) -> None:
+        """Wait until every rank of the group gets here (with the transport's deadline)."""
+        self._worker.run(lambda: self._dist.barrier(group=self.group), self.timeout_s, "in a barrier")
 
     # -- failure --------------------------------------------------------------------------
 

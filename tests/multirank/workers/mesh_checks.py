@@ -1,0 +1,216 @@
+"""Data parallel x pipeline parallel on 4 ranks, in one msrun job, against the reference.
+
+Usage: ``mesh_checks.py SUITE`` with SUITE one of :data:`SUITES` (``all`` runs both layouts
+and the bad-input checks in one launch; communication init costs seconds).
+
+Each replica ``k`` of ``D`` trains on its own share ``k`` of a global batch of ``D·M``
+micro-batches. The reference runs that whole global batch, non-pipelined, in this process:
+with ``scale_grads`` the averaged gradients must equal the gradient of the mean loss over all
+``D·M`` micro-batches, without it ``1/D`` of the summed gradient (atol 1e-5, rtol 1e-4, from
+tests.pipeline_models). Replica ``k``'s last pipeline rank must return the reference losses of
+micro-batches ``k·M … k·M+M−1``. Comparisons print ``CHECK <name> OK|FAIL`` and never raise,
+so the ranks stay in step.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+from mindspore import nn
+
+import graph_exec as ge
+from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError
+from graph_exec.msenv import prepare_mindspore
+from tests.multirank.workers.pipeline_checks import Checker, grads_numpy
+from tests.pipeline_models import batch, build, loss_fn, reference, sgd_step
+
+TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    dp: int
+    pp: int
+    vpp: int = 2
+    micro: int = 4  #: per replica
+    preprocess: str = "trainable"  # trainable | frozen | none
+    backward: str = "central"
+    baseline: bool = False  # ScheduleInterleaved1F1B (no preprocess to transpose)
+    scale_grads: bool = True
+    optimizer: bool = False  # an SGD step, then a second step against the reference doing the same
+    twice: bool = False  # a second run() without zero_grad holds twice the averaged gradient
+    replica_seed: bool = False  # replicas built from different seeds must start from replica 0's weights
+
+
+LAYOUTS: dict[str, list[Case]] = {
+    "dp2pp2": [
+        Case("dp2pp2_trainable_central", 2, 2, optimizer=True, twice=True),
+        Case("dp2pp2_trainable_owner", 2, 2, backward="owner", optimizer=True),
+        Case("dp2pp2_frozen", 2, 2, preprocess="frozen", scale_grads=False),
+        Case("dp2pp2_baseline", 2, 2, preprocess="none", baseline=True, optimizer=True),
+        Case("dp2pp2_replicas_start_equal", 2, 2, replica_seed=True),
+    ],
+    "dp4pp1": [
+        Case("dp4pp1_trainable", 4, 1, micro=2, optimizer=True, twice=True),
+        Case("dp4pp1_none_unscaled", 4, 1, micro=2, preprocess="none", scale_grads=False),
+    ],
+}
+SUITES = {**LAYOUTS, "all": [c for cases in LAYOUTS.values() for c in cases]}
+
+
+def run_case(case: Case, checker: Checker, results: dict[str, float]) -> None:
+    mesh = ge.DeviceMesh(dp=case.dp, pp=case.pp)
+    num_stages = case.pp * case.vpp
+    seed = 7 * mesh.dp_rank if case.replica_seed else 0
+    model = build(num_stages, case.preprocess, seed=seed)
+    ref = build(num_stages, case.preprocess)
+    local = range(mesh.pp_rank, num_stages, case.pp)
+    stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in local]
+    common = {"loss_fn": loss_fn, "scale_grads": case.scale_grads, "timeout_s": TIMEOUT_S, "mesh": mesh}
+    if case.baseline:
+        sched = ge.ScheduleInterleaved1F1B(stages, case.micro, **common)
+    else:
+        pre = model.preprocess
+        sched = ge.ScheduleMPipeTranspose(
+            stages, case.micro, pre, 0 if pre is None else 1, backward=case.backward, **common
+        )
+    rows = 2  # per micro-batch
+    per_replica = rows * case.micro
+    x, labels = batch(case.dp * per_replica)
+    mine = slice(mesh.dp_rank * per_replica, (mesh.dp_rank + 1) * per_replica)
+    total_micro = case.dp * case.micro
+    scale = 1.0 / total_micro if case.scale_grads else 1.0 / case.dp
+    ref_losses, ref_grads = reference(ref, x, labels, total_micro, scale)
+    expected_names = {p.name for p in sched.trainable_params()}
+    expected = {k: v for k, v in ref_grads.items() if k in expected_names}
+    my_losses = ref_losses[mesh.dp_rank * case.micro : (mesh.dp_rank + 1) * case.micro]
+    holds_last = mesh.pp_rank == case.pp - 1
+
+    start = time.perf_counter()
+    losses = sched.run(x[mine], labels=labels[mine])
+    results[case.name] = time.perf_counter() - start
+    checker.check(f"{case.name}.losses_where_expected", (losses is not None) == holds_last)
+    if holds_last:
+        checker.losses(f"{case.name}.losses", losses, my_losses)
+    checker.close(f"{case.name}.grads", grads_numpy(sched), expected)
+    if case.twice:
+        sched.run(x[mine], labels=labels[mine])
+        checker.close(f"{case.name}.accumulates_twice", grads_numpy(sched), expected, factor=2.0)
+        sched.zero_grad()
+        sched.run(x[mine], labels=labels[mine])
+        checker.close(f"{case.name}.zero_grad_then_run", grads_numpy(sched), expected)
+    if case.optimizer:
+        lr = 0.5
+        params = sched.trainable_params()
+        nn.SGD(params, learning_rate=lr)(tuple(sched.grads()[p.name] for p in params))
+        sgd_step(ref.params(), ref_grads, lr)
+        sched.zero_grad()
+        losses = sched.run(x[mine], labels=labels[mine])
+        ref_losses, ref_grads = reference(ref, x, labels, total_micro, scale)
+        if holds_last:
+            my_losses = ref_losses[mesh.dp_rank * case.micro : (mesh.dp_rank + 1) * case.micro]
+            checker.losses(f"{case.name}.after_step_losses", losses, my_losses)
+        checker.close(
+            f"{case.name}.after_step_grads", grads_numpy(sched), {k: ref_grads[k] for k in expected}
+        )
+    stats = sched.stats()["data_parallel"] if case.dp > 1 else None
+    checker.check(
+        f"{case.name}.bucketed",
+        stats is not None and 1 <= stats.buckets < len(expected),
+        f"{stats} for {len(expected)} tensors",
+    )
+
+
+def expect_error(checker: Checker, name: str, errors: tuple[type, ...], make, pattern: str) -> None:
+    """``make()`` must raise one of ``errors`` whose text contains ``pattern``, quickly."""
+    start = time.monotonic()
+    try:
+        make()
+    except errors as exc:
+        print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+        waited = time.monotonic() - start
+        checker.check(name, pattern in str(exc) and waited < TIMEOUT_S / 2, f"{exc} after {waited:.1f} s")
+        return
+    checker.check(name, False, "no error")
+
+
+def bad_inputs(checker: Checker, rank: int) -> None:
+    """Every rank gets every bad-input error, before any training message."""
+    expect_error(
+        checker, "bad.dp_times_pp_not_world", (ValueError,), lambda: ge.DeviceMesh(dp=3, pp=2), "4 ranks"
+    )
+    expect_error(
+        checker,
+        "bad.ranks_disagree_on_mesh",
+        (ConfigurationMismatchError,),
+        lambda: ge.DeviceMesh(dp=4 if rank == 3 else 2),
+        "different device meshes",
+    )
+    # Replicas (same pipeline rank, other dp rank) that disagree on an option: every rank stops.
+    mesh = ge.DeviceMesh(dp=2, pp=2)
+    model = build(4, "trainable")
+    stages = [ge.PipelineStage(model.stages[s], s, 4) for s in range(mesh.pp_rank, 4, 2)]
+    x, labels = batch(8)
+
+    def disagreeing():
+        scale = mesh.dp_rank == 1  # replica 1 agrees with itself, not with replica 0
+        ge.ScheduleMPipeTranspose(
+            stages, 4, model.preprocess, 1, loss_fn=loss_fn, mesh=mesh, scale_grads=scale, timeout_s=TIMEOUT_S
+        ).run(x, labels=labels)
+
+    expect_error(checker, "bad.replicas_disagree", (ConfigurationMismatchError,), disagreeing, "ranks [2, 3]")
+    # A wrong stage on one rank of replica 1 stops the ranks of replica 0 too.
+    wrong = [ge.PipelineStage(model.stages[0], 0, 4)] if rank == 3 else stages
+
+    def wrong_stage():
+        ge.ScheduleMPipeTranspose(
+            wrong, 4, model.preprocess, 1, loss_fn=loss_fn, mesh=mesh, timeout_s=TIMEOUT_S
+        ).run(x, labels=labels)
+
+    told = "pipeline rank 1 of 2" if rank == 3 else "ranks [3] could not set up"
+    expect_error(
+        checker,
+        "bad.setup_failure_stops_all_replicas",
+        (ConfigurationMismatchError, ValueError),
+        wrong_stage,
+        told,
+    )
+
+
+def main() -> int:
+    prepare_mindspore("CPU")
+    checker = Checker(-1)
+    # Before init(): a mesh with a layout cannot exist yet.
+    try:
+        ge.DeviceMesh(dp=2, pp=2)
+        before_init = "no error"
+    except CommunicationNotInitializedError as exc:
+        before_init = str(exc)
+    from mindspore.communication import get_rank, init
+
+    init()
+    rank = get_rank()
+    checker = Checker(rank)
+    checker.check("bad.mesh_before_init", "init()" in before_init, before_init)
+    results: dict[str, float] = {}
+    suite = sys.argv[1]
+    for case in SUITES[suite]:
+        try:
+            run_case(case, checker, results)
+        except Exception:
+            traceback.print_exc()
+            checker.check(f"{case.name}.ran", False, "raised (traceback above)")
+            return 1  # the message order is lost: the other ranks will report it too
+    if suite == "all":
+        bad_inputs(checker, rank)
+    print(f"first-step seconds: {results}", flush=True)
+    print(f"ALL DONE failures={checker.failures}", flush=True)
+    return int(checker.failures > 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
