@@ -2,7 +2,8 @@
 
 Importing the package is cheap: MindSpore is imported only by the parts that compute or
 communicate, so planning and simulating work on a machine without MindSpore. The training
-API (``PipelineStage``, ``ScheduleMPipeTranspose``, ``ScheduleInterleaved1F1B``) loads on
+API (``PipelineStage``, ``ScheduleMPipeTranspose``, ``ScheduleInterleaved1F1B``) and the
+checkpoint functions (``save_checkpoint``, ``load_checkpoint``, ``latest_checkpoint``) load on
 first use.
 """
 
@@ -16,9 +17,20 @@ _LAZY = {
     "PipelineStage": "graph_exec.runtime.stage",
     "ScheduleMPipeTranspose": "graph_exec.runtime.schedules",
     "ScheduleInterleaved1F1B": "graph_exec.runtime.schedules",
+    "save_checkpoint": "graph_exec.checkpoint",
+    "load_checkpoint": "graph_exec.checkpoint",
+    "latest_checkpoint": "graph_exec.checkpoint",
 }
 
-__all__ = ["PipelineStage", "ScheduleInterleaved1F1B", "ScheduleMPipeTranspose", "__version__"]
+__all__ = [
+    "PipelineStage",
+    "ScheduleInterleaved1F1B",
+    "ScheduleMPipeTranspose",
+    "__version__",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 
 def __getattr__(name: str) -> Any:
