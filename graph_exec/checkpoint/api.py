@@ -184,7 +184,7 @@ def _write_rank_file(
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CheckpointError(f"cannot create checkpoint directory {path}: {exc}") from exc
+        raise CheckpointError(f"rank {rank} cannot create checkpoint directory {path}: {exc}") from exc
     partial = path / layout.partial_file_name(rank)
     final = path / layout.rank_file_name(rank)
     try:
@@ -192,7 +192,7 @@ def _write_rank_file(
         state.write(tensors, str(partial))
         checksum = layout.publish(partial, final)
     except (OSError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"cannot write {final}: {type(exc).__name__}: {exc}") from exc
+        raise CheckpointError(f"rank {rank} cannot write {final}: {type(exc).__name__}: {exc}") from exc
     return {
         "ok": True,
         "rank": rank,

@@ -15,6 +15,8 @@ from typing import Any
 
 #: Options recorded for information but allowed to differ when loading.
 EXECUTION_ONLY = frozenset({"mode", "timeout_s", "sync_steps"})
+#: Attributes that hold the model, not options (recorded through the other facts).
+MODEL_ATTRIBUTES = frozenset({"stages", "preprocess_module", "loss_fn"})
 
 
 def _plain(value: Any) -> Any:
@@ -26,7 +28,7 @@ def schedule_options(schedule: Any) -> dict[str, Any]:
     """Every public plain-data attribute of ``schedule`` (see module docstring), by name."""
     options = {}
     for name, value in sorted(vars(schedule).items()):
-        if name.startswith("_"):
+        if name.startswith("_") or name in MODEL_ATTRIBUTES:
             continue
         try:
             options[name] = _plain(value)

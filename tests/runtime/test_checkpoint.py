@@ -158,7 +158,9 @@ def test_bad_arguments_are_named(tmp_path):
 def test_unwritable_directory_is_a_clear_error(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    with pytest.raises(CheckpointError, match=r"cannot create checkpoint directory .*a_file/ckpt/step_1"):
+    with pytest.raises(
+        CheckpointError, match=r"rank 0 cannot create checkpoint directory .*a_file/ckpt/step_1"
+    ):
         Job("none").save(blocker / "ckpt", 1)
 
 
