@@ -103,7 +103,7 @@ def save_checkpoint(
                 "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 **job_facts(schedule, world),
                 "stage_ranks": _stage_ranks(outcomes),
-                "ranks": [{k: v for k, v in o.items() if k != "ok"} for o in outcomes],
+                "ranks": [{k: v for k, v in o.items() if k not in ("ok", "step")} for o in outcomes],
             }
             layout.write_json_atomically(path / layout.MANIFEST, manifest)
             removed = layout.prune(folder, step, keep, _warn)
@@ -147,7 +147,7 @@ def load_checkpoint(
         step = _step(step, "step")
     timeout = _timeout(schedule, timeout_s)
     rank, world = _where()
-    what = f"loading checkpoint {'the latest step' if step is None else f'step {step}'} from {folder}"
+    what = f"loading {'the latest complete checkpoint' if step is None else f'checkpoint step {step}'} from {folder}"
     targets: dict[str, Any] = {}
     stored: dict[str, Any] = {}
     chosen = -1 if step is None else step
@@ -157,7 +157,7 @@ def load_checkpoint(
     except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
         outcome, error = _failure(rank, chosen, exc), exc
     outcomes = _exchange(outcome, world, timeout, what)
-    _raise_failures(outcomes, error, rank, what + "; nothing was loaded on any rank")
+    _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
     state.assign(targets, stored)
     return chosen
 
@@ -295,7 +295,7 @@ def _failure(rank: int, step: int, exc: BaseException) -> dict[str, Any]:
 
 
 def _raise_failures(
-    outcomes: Sequence[dict[str, Any]], own: BaseException | None, rank: int, what: str
+    outcomes: Sequence[dict[str, Any]], own: BaseException | None, rank: int, what: str, note: str = ""
 ) -> None:
     """Raise on every rank if any rank failed or the ranks disagree on the step."""
     if own is not None:
@@ -304,7 +304,8 @@ def _raise_failures(
     if failed:
         kind = _ERRORS[failed[0]["kind"]] if len({o["kind"] for o in failed}) == 1 else CheckpointError
         reasons = "; ".join(f"rank {o['rank']}: {o['error']}" for o in failed)
-        raise kind(f"{what} failed on rank(s) {[o['rank'] for o in failed]} (this is rank {rank}): {reasons}")
+        where = f"this is rank {rank}" + (f"; {note}" if note else "")
+        raise kind(f"{what} failed on rank(s) {[o['rank'] for o in failed]} ({where}): {reasons}")
     steps = {o["step"] for o in outcomes}
     if len(steps) > 1:
         per_rank = ", ".join(f"rank {o['rank']}: {o['step']}" for o in outcomes)
