@@ -87,6 +87,7 @@ def save_checkpoint(
         extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
         outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra})
         outcome["optimizer"] = sorted(extra) if optimizer is not None else None
+        outcome["facts"] = job_facts(schedule, world)  # per rank: ranks may legitimately differ
         error = None
     except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
         outcome, error = _failure(rank, step, exc), exc
@@ -101,7 +102,7 @@ def save_checkpoint(
                 "version": layout.VERSION,
                 "step": step,
                 "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                **job_facts(schedule, world),
+                **job_facts(schedule, world),  # rank 0's, for readers; each rank's are in "ranks"
                 "stage_ranks": _stage_ranks(outcomes),
                 "ranks": [{k: v for k, v in o.items() if k not in ("ok", "step")} for o in outcomes],
             }

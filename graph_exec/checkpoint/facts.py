@@ -82,26 +82,30 @@ _LABELS = {
 
 
 def differences(manifest: dict[str, Any], now: dict[str, Any], rank: int, stages: list[int]) -> list[str]:
-    """Every way the job that wrote ``manifest`` differs from this one, one phrase each.
+    """Every way the job that wrote ``manifest`` differs, as seen from ``rank``, from this one.
 
-    ``now`` is :func:`job_facts` of this job; ``stages`` are this rank's stages, compared with
-    the stages the manifest records for ``rank`` (the stage->rank map).
+    ``now`` is :func:`job_facts` of this rank. It is compared with the facts the manifest
+    records for the same rank (ranks may differ: the fair baseline needs the preprocess on
+    rank 0 only), or with the job-wide ones for a rank the checkpoint has no file for.
+    ``stages`` are this rank's stages, compared with the recorded stage->rank map.
     """
+    entries = {entry["rank"]: entry for entry in manifest.get("ranks", [])}
+    entry = entries.get(rank)
+    saved = entry.get("facts", manifest) if entry is not None else manifest
     found = [
-        f"{label}: checkpoint {manifest.get(key)!r}, this job {now[key]!r}"
+        f"{label}: checkpoint {saved.get(key)!r}, this job {now[key]!r}"
         for key, label in _LABELS.items()
-        if manifest.get(key) != now[key]
+        if saved.get(key) != now[key]
     ]
-    saved_options = manifest.get("options", {})
+    saved_options = saved.get("options", {})
     for name in sorted(set(saved_options) | set(now["options"])):
         if name in EXECUTION_ONLY:
             continue
-        saved, current = saved_options.get(name, "<not set>"), now["options"].get(name, "<not set>")
-        if saved != current:
-            found.append(f"option {name}: checkpoint {saved!r}, this job {current!r}")
-    recorded = {entry["rank"]: entry["stages"] for entry in manifest.get("ranks", [])}
-    if rank in recorded and recorded[rank] != stages:
-        found.append(f"stages of rank {rank}: checkpoint {recorded[rank]}, this job {stages}")
-    elif rank not in recorded:
+        before, current = saved_options.get(name, "<not set>"), now["options"].get(name, "<not set>")
+        if before != current:
+            found.append(f"option {name}: checkpoint {before!r}, this job {current!r}")
+    if entry is None:
         found.append(f"rank {rank}: the checkpoint has no file for it")
+    elif entry["stages"] != stages:
+        found.append(f"stages of rank {rank}: checkpoint {entry['stages']}, this job {stages}")
     return found

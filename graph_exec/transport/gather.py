@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from graph_exec.transport.comm import require_initialized
+from graph_exec.transport.comm import CommWorker, require_initialized
 from graph_exec.transport.cpu_workarounds import rebind_default_groups
-from graph_exec.transport.worker import CommWorker
 
 _worker: CommWorker | None = None
 

@@ -8,6 +8,7 @@ runs the fault cases. Exact resume is compared at atol 1e-6 against uninterrupte
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -44,6 +45,7 @@ def test_resume_is_exact_and_faults_are_reported(run_workers, tmp_path):
     first = run_workers(
         "checkpoint_checks.py", 2, "train", str(root), timeout_s=900, expect_ok=False, env={"KILL_RANK": "1"}
     )
+    shutil.copytree(first.log_dir, tmp_path / "logs_train")  # the second launch reuses the log directory
     for rank in (0, 1):
         assert not failed_lines(first, rank), first.describe()
         assert "train_phase_done" in checks(first, rank), first.describe()
@@ -99,8 +101,6 @@ def graph_exec_run(*args: str) -> str:
 def test_cli_resume_continues_the_uninterrupted_run(tmp_path):
     """Run 6 steps saving every 3; then resume a copy without step 6 from step 3: the resumed
     steps' losses (per-rank records, full precision) equal the uninterrupted run's."""
-    import shutil
-
     from graph_exec.report.records import read_run
 
     whole = graph_exec_run(

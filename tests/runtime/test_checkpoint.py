@@ -25,6 +25,7 @@ from graph_exec.checkpoint import (
     CheckpointExistsError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    layout,
 )
 from tests.pipeline_models import batch, build, loss_fn
 
@@ -108,6 +109,9 @@ def test_checkpoint_contents_and_manifest(tmp_path):
     assert manifest["options"]["overflow"] == "full" and manifest["options"]["micro_batch_num"] == 2
     (entry,) = manifest["ranks"]
     assert entry["file"] == "rank_0.ckpt" and entry["stages"] == [0, 1, 2]
+    assert entry["facts"]["preprocess"] == "frozen" and entry["sha256"] == layout.sha256_of(
+        tmp_path / "step_1" / "rank_0.ckpt"
+    )
     # MindSpore's own reader: frozen preprocess weights and Adam's state are in the file.
     stored = ms.load_checkpoint(str(tmp_path / "step_1" / "rank_0.ckpt"))
     assert {"pre.a.weight", "s0.a.weight", "moment1.s2.out.weight", "beta1_power"} <= set(stored)

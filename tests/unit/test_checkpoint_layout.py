@@ -217,3 +217,21 @@ def test_progress_lines_say_when_a_checkpoint_was_written():
         progress_text({"resumed": 4, "seconds": 0.5}, 8)
         == "resumed from checkpoint step 4 (loaded in 500 ms)"
     )
+
+
+def test_each_rank_is_compared_with_its_own_recorded_facts():
+    """The fair baseline needs the preprocess on rank 0 only: rank 1 may hold none, on both jobs."""
+    with_pre = FakeSchedule(stages=(0, 2))
+    with_pre.preprocess_module = SimpleNamespace(trainable_params=lambda: [1])
+    without = FakeSchedule(stages=(1, 3))
+    saved = {
+        **job_facts(with_pre, 2),
+        "ranks": [
+            {"rank": 0, "stages": [0, 2], "facts": job_facts(with_pre, 2)},
+            {"rank": 1, "stages": [1, 3], "facts": job_facts(without, 2)},
+        ],
+    }
+    assert differences(saved, job_facts(without, 2), 1, [1, 3]) == []
+    assert differences(saved, job_facts(without, 2), 0, [0, 2]) == [
+        "preprocess: checkpoint 'trainable', this job 'none'"
+    ]
