@@ -3,7 +3,8 @@
 Importing the package is cheap: MindSpore is imported only by the parts that compute or
 communicate, so planning and simulating work on a machine without MindSpore. The training
 API (``PipelineStage``, ``ScheduleMPipeTranspose``, ``ScheduleInterleaved1F1B``,
-``DeviceMesh``) loads on first use.
+``DeviceMesh``) and the checkpoint functions (``save_checkpoint``, ``load_checkpoint``,
+``latest_checkpoint``) load on first use.
 """
 
 from __future__ import annotations
@@ -17,9 +18,21 @@ _LAZY = {
     "ScheduleMPipeTranspose": "graph_exec.runtime.schedules",
     "ScheduleInterleaved1F1B": "graph_exec.runtime.schedules",
     "DeviceMesh": "graph_exec.transport.mesh",
+    "save_checkpoint": "graph_exec.checkpoint",
+    "load_checkpoint": "graph_exec.checkpoint",
+    "latest_checkpoint": "graph_exec.checkpoint",
 }
 
-__all__ = ["DeviceMesh", "PipelineStage", "ScheduleInterleaved1F1B", "ScheduleMPipeTranspose", "__version__"]
+__all__ = [
+    "DeviceMesh",
+    "PipelineStage",
+    "ScheduleInterleaved1F1B",
+    "ScheduleMPipeTranspose",
+    "__version__",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 
 def __getattr__(name: str) -> Any:

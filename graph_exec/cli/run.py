@@ -9,17 +9,22 @@ shows each step's own duration; on CPU that was measured faster too (see ``RankR
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
+import sys
 import time
+import warnings
 from pathlib import Path
 
+from graph_exec.checkpoint.layout import latest_checkpoint
 from graph_exec.cli.argtypes import positive_int
 from graph_exec.cli.jobs import (
     JobFailed,
     add_launch_arguments,
     checked_job,
     execute,
+    log_directory,
     nodes_of,
     output_file,
     run_directory,
@@ -119,8 +124,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trace", metavar="FILE", type=output_file, help="write every rank's timeline (chrome trace)"
     )
     out.add_argument("--plot", metavar="FILE.png", type=output_file, help="draw the last step of every rank")
+    ckpt = parser.add_argument_group("checkpoints")
+    ckpt.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        type=log_directory,
+        help="save checkpoints here (DIR/step_<k>/); one is always written after the last step",
+    )
+    ckpt.add_argument(
+        "--save-every", metavar="N", type=positive_int, help="also save a checkpoint every N steps"
+    )
+    ckpt.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest complete checkpoint in --checkpoint-dir (from step 0 if there is none)",
+    )
     add_launch_arguments(parser, timeout_s=300)
     parser.set_defaults(func=lambda args: _run(args, parser))
+
+
+def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The step this run starts from: the latest complete checkpoint with ``--resume``, else 0.
+
+    Checkpoint flags that cannot work exit with code 2 before anything launches: ``--save-every``
+    or ``--resume`` without a directory, and a directory that already holds checkpoints without
+    ``--resume`` (saving older steps next to them would be refused mid-run).
+    """
+    folder = args.checkpoint_dir
+    if folder is None:
+        if args.save_every or args.resume:
+            parser.error("--save-every and --resume need --checkpoint-dir DIR")
+        return 0
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always")
+        latest = latest_checkpoint(folder)
+    for warning in skipped:
+        print(f"graph-exec run: {warning.message}", file=sys.stderr)
+    if latest is not None and not args.resume:
+        parser.error(
+            f"--checkpoint-dir {str(folder)!r} already holds checkpoints (latest: step {latest}): pass "
+            "--resume to continue from it, or choose another directory"
+        )
+    return latest or 0
 
 
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
@@ -141,8 +186,15 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         overflow=args.overflow or "full",
         backward=args.backward or "central",
     )
-    steps, warmup = (args.steps - 1, 1) if args.steps > 1 else (1, 0)
-    return checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=steps, warmup=warmup)
+    first = first_step(args, parser)
+    remaining = max(args.steps - first, 1)  # the caller stops before launching when none remain
+    steps, warmup = (remaining - 1, 1) if remaining > 1 else (1, 0)
+    job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=steps, warmup=warmup)
+    if args.checkpoint_dir is None:
+        return job
+    return dataclasses.replace(
+        job, first_step=first, save_every=args.save_every or 0, checkpoint_dir=str(args.checkpoint_dir)
+    )
 
 
 def describe(job: JobSpec) -> str:
@@ -160,18 +212,34 @@ def describe(job: JobSpec) -> str:
     )
 
 
+def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
+    """What the user sees for one progress line of the workers."""
+    if "resumed" in line:
+        return f"resumed from checkpoint step {line['resumed']} (loaded in {line['seconds'] * 1e3:.0f} ms)"
+    loss = "-" if line["loss"] is None else f"{line['loss']:.4f}"
+    where = f"  [{mesh}]" if mesh else ""
+    text = f"step {line['step'] + 1:>3}/{total}{where}  loss {loss}  step time {line['seconds'] * 1e3:8.1f} ms"
+    saved = line.get("checkpoint")
+    if saved:
+        text += (
+            f"  checkpoint written to {saved['path']} in {saved['seconds'] * 1e3:.0f} ms "
+            f"({saved['bytes'] / 2**20:.2f} MiB, all ranks)"
+        )
+    return text
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     job = job_from_args(args, parser)
+    if job.first_step >= args.steps:
+        print(f"nothing to do: the latest checkpoint is step {job.first_step}, --steps is {args.steps}")
+        return 0
+    total = job.end_step
     print(describe(job), flush=True)
-    total = job.total_steps
+    if job.first_step:
+        print(f"resuming from {Path(job.checkpoint_dir or '') / f'step_{job.first_step}'}", flush=True)
 
     def progress(line: dict) -> None:
-        loss = "-" if line["loss"] is None else f"{line['loss']:.4f}"
-        print(
-            f"step {line['step'] + 1:>3}/{total}  [{job.mesh}]  loss {loss}  "
-            f"step time {line['seconds'] * 1e3:8.1f} ms",
-            flush=True,
-        )
+        print(progress_text(line, total, job.mesh), flush=True)
 
     began = time.monotonic()
     try:
@@ -185,16 +253,18 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _report(args: argparse.Namespace, job: JobSpec, run_dir: Path, msrun_s: float, total_s: float) -> None:
     """The summary, the trace and the plot of a finished run."""
-    total = job.total_steps
+    total, first = job.end_step, job.first_step
     records = read_run(run_dir, "run", job.ranks)
     summary = summarize(records, job.warmup, job.pp * job.vpp - 1)
     print(
-        f"done: {total} steps on {job.mesh} in {total_s:.1f} s "
+        f"done: {job.total_steps} steps on {job.mesh} in {total_s:.1f} s "
         f"(msrun {msrun_s:.1f} s, including start-up and compilation)"
     )
     over = " (mean over the replicas)" if job.dp > 1 else ""
     print(f"loss{over}: {summary.losses[0]:.4f} -> {summary.losses[-1]:.4f}")
-    measured = {0: "all steps", total - 1: f"step {total}"}.get(job.warmup, f"steps {job.warmup + 1}-{total}")
+    measured = {0: "all steps", job.total_steps - 1: f"step {total}"}.get(
+        job.warmup, f"steps {first + job.warmup + 1}-{total}"
+    )
     print(f"median step time: {summary.step_time * 1e3:.1f} ms ({measured}; first rank in to last rank out)")
     print(f"compilations: {summary.compilations} ({summary.compile_seconds:.1f} s, summed over ranks)")
     if job.warmup:

@@ -9,6 +9,9 @@ shared monotonic clock is the job's step time. The last stage of replica 0 print
 line per step (prefix :data:`~graph_exec.report.job.PROGRESS`, loss averaged over the replicas)
 for the parent to echo; every rank writes a :class:`~graph_exec.report.records.RankRecord` per
 run at the end (on several hosts, every host gets every rank's record).
+A job with a checkpoint directory loads its ``first_step`` checkpoint before training and saves
+(schedule and Adam state, :func:`graph_exec.save_checkpoint`) every ``save_every`` steps and
+after the last one.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ import numpy as np
 from mindspore import nn
 
 import graph_exec as ge
+from graph_exec.checkpoint import SavedCheckpoint
 from graph_exec.examples import load
 from graph_exec.examples.common import ExampleModel
 from graph_exec.executors import create_executor
@@ -80,7 +84,8 @@ class Trainer:
                 backward=spec.backward,
                 **common,
             )
-        self.optimizer: Callable[..., Any] | None = None
+        # Built now, not at the first update: a resumed job loads its state before any step.
+        self.optimizer = nn.Adam(self.schedule.trainable_params(), learning_rate=job.lr)
         self.records: list[StepRecord] = []
         # The last-stage ranks of all replicas form one data-parallel group: average the loss there.
         self._loss_group = (
@@ -93,8 +98,16 @@ class Trainer:
     def holds_loss(self) -> bool:
         return self.local[-1] == self.num_stages - 1
 
+    @property
+    def _prints_progress(self) -> bool:
+        """One rank of the job prints progress: the last stage of replica 0."""
+        return self.holds_loss and self.mesh.dp_rank == 0
+
     def step(self, index: int) -> StepRecord:
-        """One training step: barrier, ``run()``, optimizer; returns (and keeps) its record."""
+        """One training step: barrier, ``run()``, optimizer; returns (and keeps) its record.
+
+        Prints nothing: :meth:`report` announces the step once a checkpoint due after it is written.
+        """
         inputs, labels = self._replica_batch(index)
         barrier()
         start = time.perf_counter()
@@ -118,10 +131,42 @@ class Trainer:
             allocations=stats["pool"].allocations,
         )
         self.records.append(record)
-        if self.holds_loss and self.mesh.dp_rank == 0:
-            line = {"run": self.spec.name, "step": index, "loss": loss, "seconds": end - start}
-            print(PROGRESS + json.dumps(line), flush=True)
         return record
+
+    def report(self, record: StepRecord, saved: SavedCheckpoint | None) -> None:
+        """The progress line of a step (replica 0's last-stage rank), with the checkpoint written after it."""
+        if not self._prints_progress:
+            return
+        line: dict[str, Any] = {
+            "run": self.spec.name,
+            "step": record.step,
+            "loss": record.loss,
+            "seconds": record.end - record.start,
+        }
+        if saved is not None:
+            line["checkpoint"] = {
+                "path": str(saved.path),
+                "seconds": saved.seconds,
+                "bytes": saved.total_bytes,
+            }
+        print(PROGRESS + json.dumps(line), flush=True)
+
+    def save(self, steps_done: int) -> SavedCheckpoint:
+        """Checkpoint the schedule and the optimizer after ``steps_done`` steps (every rank)."""
+        return ge.save_checkpoint(self.schedule, self._checkpoint_dir(), steps_done, optimizer=self.optimizer)
+
+    def resume(self, steps_done: int) -> None:
+        """Load the checkpoint of step ``steps_done`` before training on (every rank)."""
+        began = time.perf_counter()
+        ge.load_checkpoint(self.schedule, self._checkpoint_dir(), optimizer=self.optimizer, step=steps_done)
+        if self._prints_progress:
+            line = {"run": self.spec.name, "resumed": steps_done, "seconds": time.perf_counter() - began}
+            print(PROGRESS + json.dumps(line), flush=True)
+
+    def _checkpoint_dir(self) -> Path:
+        if self.job.checkpoint_dir is None:
+            raise ValueError("this job has no checkpoint directory")
+        return Path(self.job.checkpoint_dir)
 
     def _replica_batch(self, index: int) -> tuple[tuple[Any, ...], Any]:
         """This replica's rows of step ``index``'s global batch (all of it without dp)."""
@@ -142,11 +187,8 @@ class Trainer:
         return float(total[0]) / self.mesh.dp_size
 
     def _update(self) -> None:
-        params = self.schedule.trainable_params()
-        if self.optimizer is None:
-            self.optimizer = nn.Adam(params, learning_rate=self.job.lr)
         grads = self.schedule.grads()
-        self.optimizer(tuple(grads[p.name] for p in params))
+        self.optimizer(tuple(grads[p.name] for p in self.schedule.trainable_params()))
         self.schedule.zero_grad()
 
     def finish(self, run_dir: Path) -> RankRecord:
@@ -241,12 +283,27 @@ def _write_atomically(record: RankRecord, run_dir: Path) -> None:
     os.replace(tmp, path)
 
 
+def checkpoint_due(job: JobSpec, steps_done: int) -> bool:
+    """Whether a checkpoint is written after ``steps_done`` steps: every ``save_every`` steps
+    and after the last one, when the job has a checkpoint directory."""
+    if job.checkpoint_dir is None:
+        return False
+    return steps_done == job.end_step or (job.save_every > 0 and steps_done % job.save_every == 0)
+
+
 def train(job: JobSpec, run_dir: Path) -> None:
     """Every run of ``job``, interleaved step by step so machine noise hits all runs alike."""
+    if job.checkpoint_dir is not None and len(job.runs) != 1:
+        raise ValueError(f"checkpoints need a job with one run, this one has {len(job.runs)}")
     mesh = DeviceMesh(dp=job.dp, pp=job.pp)
     trainers = [Trainer(job, spec, mesh) for spec in job.runs]
-    for index in range(job.total_steps):
+    if job.first_step:
         for trainer in trainers:
-            trainer.step(index)
+            trainer.resume(job.first_step)
+    for index in range(job.first_step, job.end_step):
+        for trainer in trainers:
+            record = trainer.step(index)
+            saved = trainer.save(index + 1) if checkpoint_due(job, index + 1) else None
+            trainer.report(record, saved)
     for trainer in trainers:
         trainer.finish(run_dir)

@@ -58,6 +58,11 @@ class JobSpec:
     calibrate: bool = False  #: also measure transfer sizes and the executor's per-call dispatch cost
     pin_cores: bool = False  #: bind each rank to its share of the cores (see graph_exec.cli.worker)
     seed: int = 0
+    #: Checkpoints (single-run jobs): the first step index (> 0: load that checkpoint first),
+    #: save every ``save_every`` steps (0: never) and after the last step, into ``checkpoint_dir``.
+    first_step: int = 0
+    save_every: int = 0
+    checkpoint_dir: str | None = None
     dp: int = 1  #: pipeline replicas (data parallel); each has ranks / dp pipeline ranks
     nodes: int = 1  #: hosts the job spans (ranks / nodes workers on each)
 
@@ -85,7 +90,13 @@ class JobSpec:
 
     @property
     def total_steps(self) -> int:
+        """Steps this launch runs (``first_step`` onwards)."""
         return self.warmup + self.steps
+
+    @property
+    def end_step(self) -> int:
+        """The index after the last step of this launch (the training's total step count)."""
+        return self.first_step + self.total_steps
 
     def write(self, run_dir: Path) -> Path:
         path = run_dir / JOB_FILE

@@ -1,0 +1,354 @@
+"""``save_checkpoint`` and ``load_checkpoint``: called on every rank, every rank agrees.
+
+Both follow the same pattern: each rank does its own part (write or check its file), then
+every rank learns every rank's outcome through one exchange (:mod:`graph_exec.transport.gather`,
+with the schedule's deadline). If any rank failed, *every* rank raises, the failing one with
+its own error, the others with an error naming it and its reason — nobody waits on a peer
+that gave up, and a load changes nothing on any rank unless every rank's checks passed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from pathlib import Path
+from typing import Any
+
+from graph_exec.checkpoint import layout, state
+from graph_exec.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+)
+from graph_exec.checkpoint.facts import differences, job_facts, local_stages
+
+_ERRORS = {
+    cls.__name__: cls
+    for cls in (
+        CheckpointError,
+        CheckpointCorruptError,
+        CheckpointExistsError,
+        CheckpointMismatchError,
+        CheckpointNotFoundError,
+    )
+}
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """What :func:`save_checkpoint` wrote (returned on every rank)."""
+
+    step: int
+    path: Path  #: the step directory
+    seconds: float  #: this rank's wall time in the save, waiting for the other ranks included
+    bytes: int  #: size of this rank's file
+    total_bytes: int  #: size of every rank's file together
+    removed: tuple[int, ...]  #: older steps deleted after this one completed (rank 0; empty elsewhere)
+
+
+def save_checkpoint(
+    schedule: Any,
+    directory: str | os.PathLike[str],
+    step: int,
+    optimizer: Any = None,
+    *,
+    keep: int | None = 2,
+    timeout_s: float | None = None,
+) -> SavedCheckpoint:
+    """Write what this rank owns to ``directory/step_<step>/rank_<rank>.ckpt``; call on every rank.
+
+    This rank's file holds every parameter of its stage chunks and preprocess replica (frozen
+    ones included) and, if ``optimizer`` is given, the optimizer's state, in MindSpore's own
+    checkpoint format (``mindspore.load_checkpoint`` reads it). Once every rank's file is on
+    disk, rank 0 writes ``complete.json`` — world size, device mesh, schedule options,
+    stage->rank map, a SHA-256 per rank file — and only then deletes complete checkpoints
+    beyond the newest ``keep`` (``None``: keep all) and the debris of older failed saves.
+    Call it between steps (after the optimizer update and ``zero_grad()``): accumulated
+    gradients are not saved. ``step`` is the number of training steps done. Returns on every
+    rank once the checkpoint is complete; raises on every rank if any rank failed, and the
+    previous complete checkpoint stays the latest one.
+    """
+    began = time.perf_counter()
+    folder = _directory(directory)
+    step = _step(step, "step")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, Integral) or keep < 1):
+        raise ValueError(f"keep must be an int >= 1 (or None: keep every checkpoint), got {keep!r}")
+    timeout = _timeout(schedule, timeout_s)
+    rank, world = _where()
+    what = f"saving checkpoint step {step} in {folder}"
+    try:
+        model = state.model_parameters(schedule)
+        extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
+        outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra})
+        outcome["optimizer"] = sorted(extra) if optimizer is not None else None
+        outcome["facts"] = job_facts(schedule, world)  # per rank: ranks may legitimately differ
+        error = None
+    except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
+        outcome, error = _failure(rank, step, exc), exc
+    outcomes = _exchange(outcome, world, timeout, what)
+    _raise_failures(outcomes, error, rank, what)
+    path = layout.step_dir(folder, step)
+    removed: list[int] = []
+    if rank == 0:
+        try:
+            manifest = {
+                "format": layout.FORMAT,
+                "version": layout.VERSION,
+                "step": step,
+                "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                **job_facts(schedule, world),  # rank 0's, for readers; each rank's are in "ranks"
+                "stage_ranks": _stage_ranks(outcomes),
+                "ranks": [{k: v for k, v in o.items() if k not in ("ok", "step")} for o in outcomes],
+            }
+            layout.write_json_atomically(path / layout.MANIFEST, manifest)
+            removed = layout.prune(folder, step, keep, _warn)
+            outcome, error = {"ok": True, "rank": 0, "step": step}, None
+        except (OSError, ValueError) as exc:
+            outcome, error = _failure(0, step, exc), exc
+    else:
+        outcome = {"ok": True, "rank": rank, "step": step}
+    _raise_failures(_exchange(outcome, world, timeout, what + " (manifest)"), error, rank, what)
+    size = next(o["bytes"] for o in outcomes if o["rank"] == rank)
+    return SavedCheckpoint(
+        step,
+        path,
+        time.perf_counter() - began,
+        size,
+        sum(o["bytes"] for o in outcomes),
+        tuple(removed),
+    )
+
+
+def load_checkpoint(
+    schedule: Any,
+    directory: str | os.PathLike[str],
+    optimizer: Any = None,
+    step: int | None = None,
+    *,
+    timeout_s: float | None = None,
+) -> int:
+    """Load this rank's file of a complete checkpoint into the schedule's parameters (and the
+    optimizer's state, if given); call on every rank. Returns the step loaded.
+
+    ``step=None`` loads the latest complete step. Before anything is loaded on any rank, every
+    rank checks that the checkpoint was written by a job set up like this one (world size,
+    mesh, stage count, V, preprocess, schedule class and options, this rank's stages), that its
+    file has the recorded checksum and that it holds exactly this rank's tensors, with their
+    shapes; any failure raises on every rank and leaves every parameter untouched. Works
+    before the first ``run()``; values are copied in place, so compiled graphs stay valid.
+    """
+    folder = _directory(directory)
+    if step is not None:
+        step = _step(step, "step")
+    timeout = _timeout(schedule, timeout_s)
+    rank, world = _where()
+    what = f"loading {'the latest complete checkpoint' if step is None else f'checkpoint step {step}'} from {folder}"
+    targets: dict[str, Any] = {}
+    stored: dict[str, Any] = {}
+    chosen = -1 if step is None else step
+    try:
+        chosen, targets, stored = _check_rank_file(schedule, folder, step, optimizer, rank, world)
+        outcome, error = {"ok": True, "rank": rank, "step": chosen}, None
+    except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
+        outcome, error = _failure(rank, chosen, exc), exc
+    outcomes = _exchange(outcome, world, timeout, what)
+    _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
+    state.assign(targets, stored)
+    return chosen
+
+
+# -- one rank's part -------------------------------------------------------------------------
+
+
+def _write_rank_file(
+    schedule: Any, folder: Path, step: int, rank: int, tensors: dict[str, Any]
+) -> dict[str, Any]:
+    path = layout.step_dir(folder, step)
+    if (path / layout.MANIFEST).exists():
+        raise CheckpointExistsError(
+            f"checkpoint step {step} already exists and is complete ({path}); checkpoints are never "
+            "overwritten: save under another step or directory"
+        )
+    complete = layout.complete_steps(folder)
+    if complete and complete[-1] > step:
+        raise CheckpointError(
+            f"step {step} is older than the latest complete checkpoint in {folder} (step {complete[-1]}), "
+            "which load_checkpoint would keep choosing: save to a new directory, or delete "
+            f"{layout.step_dir(folder, complete[-1])} first"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"rank {rank} cannot create checkpoint directory {path}: {exc}") from exc
+    partial = path / layout.partial_file_name(rank)
+    final = path / layout.rank_file_name(rank)
+    try:
+        partial.unlink(missing_ok=True)  # debris of an earlier attempt that died
+        state.write(tensors, str(partial))
+        checksum = layout.publish(partial, final)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"rank {rank} cannot write {final}: {type(exc).__name__}: {exc}") from exc
+    return {
+        "ok": True,
+        "rank": rank,
+        "step": step,
+        "file": final.name,
+        "sha256": checksum,
+        "bytes": final.stat().st_size,
+        "stages": local_stages(schedule),
+        "tensors": len(tensors),
+    }
+
+
+def _check_rank_file(
+    schedule: Any, folder: Path, step: int | None, optimizer: Any, rank: int, world: int
+) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """Everything a load checks on this rank; returns (step, live targets, stored values)."""
+    chosen, manifest = _choose(folder, step)
+    where = layout.step_dir(folder, chosen)
+    found = differences(manifest, job_facts(schedule, world), rank, local_stages(schedule))
+    if found:
+        raise CheckpointMismatchError(
+            f"checkpoint {where} was written by a job set up differently: " + "; ".join(found)
+        )
+    entry = next(e for e in manifest["ranks"] if e["rank"] == rank)
+    path = where / entry["file"]
+    if layout.sha256_of(path) != entry["sha256"]:
+        raise CheckpointCorruptError(
+            f"{path} (rank {rank}'s file of step {chosen}) does not match the checksum recorded when the "
+            "checkpoint completed: the file was truncated or changed since. Restore it, or load an "
+            f"earlier complete step explicitly (step=...; complete steps: {layout.complete_steps(folder)})"
+        )
+    try:
+        stored = state.read(str(path))
+    except (ValueError, RuntimeError) as exc:
+        raise CheckpointCorruptError(
+            f"{path} (rank {rank}'s file of step {chosen}) cannot be read: {exc}"
+        ) from exc
+    model = state.model_parameters(schedule)
+    saved_optimizer = set(entry.get("optimizer") or [])
+    problems = state.mismatches(
+        model, {k: v for k, v in stored.items() if k not in saved_optimizer}, "model parameters"
+    )
+    targets = dict(model)
+    if optimizer is not None:
+        extra = state.optimizer_state(optimizer, model)
+        if entry.get("optimizer") is None:
+            problems.append("the checkpoint holds no optimizer state (it was saved without optimizer=)")
+        else:
+            problems += state.mismatches(
+                extra, {k: v for k, v in stored.items() if k in saved_optimizer}, "optimizer state"
+            )
+        targets.update(extra)
+    if problems:
+        raise CheckpointMismatchError(
+            f"{path} (rank {rank}) does not fit this rank's model: " + "; ".join(problems)
+        )
+    return chosen, targets, stored
+
+
+def _choose(folder: Path, step: int | None) -> tuple[int, dict[str, Any]]:
+    if step is None:
+        latest = layout.latest_checkpoint(folder)
+        if latest is None:
+            leftovers = sorted(layout.step_dirs(folder))
+            raise CheckpointNotFoundError(
+                f"no complete checkpoint in {folder}"
+                + (f" (incomplete steps, from saves that did not finish: {leftovers})" if leftovers else "")
+            )
+        step = latest
+    manifest, why = layout.check_step(folder, step)
+    if manifest is None:
+        raise CheckpointNotFoundError(
+            f"checkpoint step {step} in {folder} is not complete: {why}; complete steps: "
+            f"{layout.complete_steps(folder)}"
+        )
+    return step, manifest
+
+
+# -- agreement between ranks -----------------------------------------------------------------
+
+
+def _where() -> tuple[int, int]:
+    from graph_exec.transport import pipeline_rank
+    from graph_exec.transport.gather import world_size
+
+    return pipeline_rank(), world_size()
+
+
+def _exchange(outcome: dict[str, Any], world: int, timeout_s: float, what: str) -> list[dict[str, Any]]:
+    if world == 1:
+        return [outcome]
+    from graph_exec.transport.gather import all_gather_object
+
+    return all_gather_object(outcome, timeout_s, what)
+
+
+def _failure(rank: int, step: int, exc: BaseException) -> dict[str, Any]:
+    kind = type(exc).__name__ if type(exc).__name__ in _ERRORS else "CheckpointError"
+    return {"ok": False, "rank": rank, "step": step, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _raise_failures(
+    outcomes: Sequence[dict[str, Any]], own: BaseException | None, rank: int, what: str, note: str = ""
+) -> None:
+    """Raise on every rank if any rank failed or the ranks disagree on the step."""
+    if own is not None:
+        raise own
+    failed = [o for o in outcomes if not o["ok"]]
+    if failed:
+        kind = _ERRORS[failed[0]["kind"]] if len({o["kind"] for o in failed}) == 1 else CheckpointError
+        reasons = "; ".join(f"rank {o['rank']}: {o['error']}" for o in failed)
+        where = f"this is rank {rank}" + (f"; {note}" if note else "")
+        raise kind(f"{what} failed on rank(s) {[o['rank'] for o in failed]} ({where}): {reasons}")
+    steps = {o["step"] for o in outcomes}
+    if len(steps) > 1:
+        per_rank = ", ".join(f"rank {o['rank']}: {o['step']}" for o in outcomes)
+        raise CheckpointError(
+            f"{what}: the ranks disagree on the step ({per_rank}); pass the same step everywhere"
+        )
+
+
+def _stage_ranks(outcomes: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+    """``{stage: [ranks holding it]}`` from every rank's own stages (JSON keys are strings)."""
+    found: dict[int, list[int]] = {}
+    for o in outcomes:
+        for stage in o["stages"]:
+            found.setdefault(stage, []).append(o["rank"])
+    return {str(stage): ranks for stage, ranks in sorted(found.items())}
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+
+def _directory(directory: Any) -> Path:
+    if not isinstance(directory, str | os.PathLike) or not str(directory):
+        raise TypeError(f"directory must be a non-empty path (str or os.PathLike), got {directory!r}")
+    return Path(directory).expanduser()
+
+
+def _step(step: Any, name: str) -> int:
+    if isinstance(step, bool) or not isinstance(step, Integral):
+        raise TypeError(f"{name} must be an int >= 0 (the number of training steps done), got {step!r}")
+    if step < 0:
+        raise ValueError(f"{name} must be >= 0 (the number of training steps done), got {step}")
+    return int(step)
+
+
+def _timeout(schedule: Any, timeout_s: float | None) -> float:
+    value = getattr(schedule, "timeout_s", 300.0) if timeout_s is None else timeout_s
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, stacklevel=3)

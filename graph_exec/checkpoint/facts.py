@@ -1,0 +1,111 @@
+"""What a checkpoint records about the job that wrote it, and what must match to load it.
+
+The schedule's options are read off the schedule object by one function,
+:func:`schedule_options`: every public attribute whose value is plain data (numbers, strings,
+booleans, ``None`` and lists/dicts of them). An option added to a schedule class later is
+thereby recorded and compared without touching this module. Attributes that change *how*
+the same numbers are computed, not *what* is computed, are recorded but not compared
+(:data:`EXECUTION_ONLY`): a job saved in graph mode may resume in pynative mode to debug.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: Options recorded for information but allowed to differ when loading.
+EXECUTION_ONLY = frozenset({"mode", "timeout_s", "sync_steps", "dp_bucket_bytes"})
+#: Attributes that hold the model or the mesh, not options (recorded through the other facts).
+MODEL_ATTRIBUTES = frozenset({"stages", "preprocess_module", "loss_fn", "mesh"})
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data, or raise ``TypeError`` if it is not plain data."""
+    return json.loads(json.dumps(value, allow_nan=True))
+
+
+def schedule_options(schedule: Any) -> dict[str, Any]:
+    """Every public plain-data attribute of ``schedule`` (see module docstring), by name."""
+    options = {}
+    for name, value in sorted(vars(schedule).items()):
+        if name.startswith("_") or name in MODEL_ATTRIBUTES:
+            continue
+        try:
+            options[name] = _plain(value)
+        except (TypeError, ValueError):
+            continue  # cells, stages, callables: not options
+    return options
+
+
+def preprocess_kind(schedule: Any) -> str:
+    """``"trainable"``, ``"frozen"`` or ``"none"`` (a baseline folds the preprocess into stage 0)."""
+    module = getattr(schedule, "preprocess_module", None)
+    if module is None:
+        return "none"
+    return "trainable" if module.trainable_params() else "frozen"
+
+
+def mesh_of(schedule: Any, world_size: int) -> dict[str, int]:
+    """The device mesh: the schedule's own ``mesh`` (``dp_size`` x ``pp_size``) if it has one,
+    else one pipeline over the whole world."""
+    mesh = getattr(schedule, "mesh", None)
+    if mesh is not None and hasattr(mesh, "dp_size") and hasattr(mesh, "pp_size"):
+        return {"dp": int(mesh.dp_size), "pp": int(mesh.pp_size)}
+    return {"dp": 1, "pp": world_size}
+
+
+def local_stages(schedule: Any) -> list[int]:
+    return [int(s.stage_index) for s in schedule.stages]
+
+
+def job_facts(schedule: Any, world_size: int) -> dict[str, Any]:
+    """What the manifest records about the job (the per-rank part is added by the save)."""
+    return {
+        "world_size": world_size,
+        "mesh": mesh_of(schedule, world_size),
+        "schedule": type(schedule).__name__,
+        "num_stages": int(schedule.stages[0].num_stages),
+        "vpp": len(schedule.stages),
+        "preprocess": preprocess_kind(schedule),
+        "options": schedule_options(schedule),
+    }
+
+
+_LABELS = {
+    "world_size": "world size",
+    "mesh": "device mesh",
+    "schedule": "schedule class",
+    "num_stages": "stage count",
+    "vpp": "V (stages per rank)",
+    "preprocess": "preprocess",
+}
+
+
+def differences(manifest: dict[str, Any], now: dict[str, Any], rank: int, stages: list[int]) -> list[str]:
+    """Every way the job that wrote ``manifest`` differs, as seen from ``rank``, from this one.
+
+    ``now`` is :func:`job_facts` of this rank. It is compared with the facts the manifest
+    records for the same rank (ranks may differ: the fair baseline needs the preprocess on
+    rank 0 only), or with the job-wide ones for a rank the checkpoint has no file for.
+    ``stages`` are this rank's stages, compared with the recorded stage->rank map.
+    """
+    entries = {entry["rank"]: entry for entry in manifest.get("ranks", [])}
+    entry = entries.get(rank)
+    saved = entry.get("facts", manifest) if entry is not None else manifest
+    found = [
+        f"{label}: checkpoint {saved.get(key)!r}, this job {now[key]!r}"
+        for key, label in _LABELS.items()
+        if saved.get(key) != now[key]
+    ]
+    saved_options = saved.get("options", {})
+    for name in sorted(set(saved_options) | set(now["options"])):
+        if name in EXECUTION_ONLY:
+            continue
+        before, current = saved_options.get(name, "<not set>"), now["options"].get(name, "<not set>")
+        if before != current:
+            found.append(f"option {name}: checkpoint {before!r}, this job {current!r}")
+    if entry is None:
+        found.append(f"rank {rank}: the checkpoint has no file for it")
+    elif entry["stages"] != stages:
+        found.append(f"stages of rank {rank}: checkpoint {entry['stages']}, this job {stages}")
+    return found

@@ -1,0 +1,104 @@
+"""The tensors one rank owns, written to and read back from its MindSpore ``.ckpt`` file.
+
+A rank owns every parameter of its stage chunks and of its preprocess replica (frozen ones
+included, so a resumed job needs no other file) and, when given, its optimizer's state: the
+optimizer's parameters that are not model parameters (Adam's moments, step counters, the
+learning rate). Values are loaded *in place* (``ops.assign``): a compiled graph keeps reading
+a parameter's storage, so swapping it (``set_data``) would force every graph to recompile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from graph_exec.checkpoint.errors import CheckpointError
+
+
+def _add(found: dict[str, Any], param: Any, what: str) -> None:
+    seen = found.get(param.name)
+    if seen is not None and seen is not param:
+        raise CheckpointError(
+            f"two different parameters are both named {param.name!r} ({what}): a checkpoint stores "
+            "tensors by name, so names must be unique on a rank"
+        )
+    found[param.name] = param
+
+
+def model_parameters(schedule: Any) -> dict[str, Any]:
+    """Every parameter of this rank's stage chunks and preprocess replica, by name."""
+    cells = [stage.submodule for stage in schedule.stages]
+    if getattr(schedule, "preprocess_module", None) is not None:
+        cells.append(schedule.preprocess_module)
+    found: dict[str, Any] = {}
+    for cell in cells:
+        for param in cell.get_parameters():
+            _add(found, param, "in the model")
+    return found
+
+
+def optimizer_state(optimizer: Any, model: Mapping[str, Any]) -> dict[str, Any]:
+    """The optimizer's own parameters (those that are not model parameters), by name."""
+    from mindspore import nn
+
+    if not isinstance(optimizer, nn.Cell):
+        raise TypeError(
+            f"optimizer must be a mindspore.nn.Cell (an nn.Optimizer), got {type(optimizer).__name__}"
+        )
+    model_ids = {id(p) for p in model.values()}
+    found: dict[str, Any] = {}
+    for param in optimizer.get_parameters():
+        if id(param) in model_ids:
+            continue
+        if param.name in model:
+            raise CheckpointError(
+                f"optimizer state {param.name!r} has the name of a model parameter: a checkpoint "
+                "stores tensors by name, so names must be unique on a rank"
+            )
+        _add(found, param, "in the optimizer")
+    return found
+
+
+def write(tensors: Mapping[str, Any], path: str) -> None:
+    """Write ``tensors`` to ``path`` in MindSpore's own checkpoint format."""
+    import mindspore as ms
+
+    ms.save_checkpoint([{"name": name, "data": value} for name, value in tensors.items()], path)
+
+
+def read(path: str) -> dict[str, Any]:
+    """The tensors of a MindSpore checkpoint file, by name."""
+    import mindspore as ms
+
+    return dict(ms.load_checkpoint(path))
+
+
+def mismatches(expected: Mapping[str, Any], stored: Mapping[str, Any], what: str) -> list[str]:
+    """How ``stored`` (read from a file) fails to fit ``expected`` (live parameters), per name."""
+    problems = []
+    missing = sorted(set(expected) - set(stored))
+    extra = sorted(set(stored) - set(expected))
+    if missing:
+        problems.append(f"{what} missing from the file: {_names(missing)}")
+    if extra:
+        problems.append(f"{what} in the file that this rank does not have: {_names(extra)}")
+    for name in sorted(set(expected) & set(stored)):
+        have, got = expected[name], stored[name]
+        if tuple(have.shape) != tuple(got.shape) or have.dtype != got.dtype:
+            problems.append(
+                f"{name}: file has {tuple(got.shape)} {got.dtype}, this rank has {tuple(have.shape)} {have.dtype}"
+            )
+    return problems
+
+
+def assign(targets: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+    """Copy every stored value into its live parameter, in place."""
+    from mindspore import ops
+
+    for name, param in targets.items():
+        ops.assign(param, stored[name])
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
