@@ -96,12 +96,14 @@ def run_launch(
 
 
 @pytest.fixture
-def run_workers(tmp_path: Path) -> Callable[..., LaunchResult]:
+def run_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., LaunchResult]:
     """``run_workers(script, nproc, *args, timeout_s=..., expect_ok=True, env=None)``: see :func:`run_launch`.
 
     ``expect_ok=False`` only tolerates a non-zero exit (a job that is meant to fail); FAIL lines
-    and time-outs still fail the test.
+    and time-outs still fail the test. Workers run in ``tmp_path``: what MindSpore writes into
+    the working directory (``rank_0/om/analyze_fail.ir`` after a compile error) stays there.
     """
+    monkeypatch.chdir(tmp_path)
 
     def run(script: str, nproc: int, *args: str, **options) -> LaunchResult:
         return run_launch(tmp_path / "logs", script, nproc, *args, **options)
