@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from graph_exec.report.bench_schema import check
 
@@ -114,6 +115,7 @@ def test_run_streams_progress_then_summarises_and_traces(tmp_path: Path) -> None
     ]
 
 
+@pytest.mark.timeout(420)  # the bench is bounded at 300 s, then the reference is computed
 def test_bench_writes_a_schema_valid_report(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     argv = [*COMMAND, "bench", "vl_tower", "--variants", "frozen-full", "--steps", "2", "--warmup", "1"]

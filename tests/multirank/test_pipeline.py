@@ -14,6 +14,7 @@ import pytest
 from tests.multirank.conftest import checks
 
 
+@pytest.mark.timeout(960)  # the launch itself is bounded at 900 s
 @pytest.mark.parametrize(("suite", "ranks"), [("p2", 2), ("p4", 4)])
 def test_pipeline_matches_reference(run_workers, suite, ranks):
     result = run_workers("pipeline_checks.py", ranks, suite, timeout_s=900)
