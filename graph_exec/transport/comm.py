@@ -242,14 +242,17 @@ class Transport:
         header = ms.from_numpy(encode_group(GroupMeta(label, entries)))
         payload = tuple(t for t in tensors if t is not None and t.size > 0)
         peer = self.ranks[dst]
-        # Posted from the calling thread: isend does not block, and the worker is idle
-        # whenever the caller runs (every worker call is waited for), so calls never overlap.
-        self._worker.require_usable()
-        for tensor in (header, *payload):
-            handle = self._dist.isend(tensor, dst=peer, group=self.group)
-            self._pending.append((handle, (tensor,)))
-            self.stats.messages_sent += 1
-            self.stats.bytes_sent += _nbytes(tensor)
+
+        # Posted by the worker, with the deadline: isend usually returns at once, but to a peer
+        # that has died it blocks (measured: well past 16 s), which must end in a time-out.
+        def post() -> None:
+            for tensor in (header, *payload):
+                handle = self._dist.isend(tensor, dst=peer, group=self.group)
+                self._pending.append((handle, (tensor,)))
+                self.stats.messages_sent += 1
+                self.stats.bytes_sent += _nbytes(tensor)
+
+        self._worker.run(post, self.timeout_s, f"sending {label} to rank {dst}")
 
     def recv(self, src: int, expect: str, alloc: Allocator = numpy_allocator) -> tuple[Any | None, ...]:
         """Receive the tensor group that pipeline rank ``src`` sent with label ``expect``."""

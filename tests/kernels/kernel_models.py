@@ -121,6 +121,14 @@ def reference(
     return losses, total
 
 
+def assert_grads_close(actual: dict[str, Tensor], expected: dict[str, np.ndarray], what: str = "") -> None:
+    """Same parameter names, then every gradient within tolerance (an empty dict is no pass)."""
+    assert expected, "nothing to compare: the reference has no gradients"
+    assert sorted(actual) == sorted(expected), f"{what}gradient names differ"
+    for name, value in actual.items():
+        assert_close(value, expected[name], f"{what}gradient of {name}")
+
+
 def snapshot(grads: dict[str, Tensor]) -> dict[str, np.ndarray]:
     """Copies of live gradient buffers (``asnumpy`` is a view on CPU)."""
     return {name: value.asnumpy().copy() for name, value in grads.items()}

@@ -5,8 +5,19 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from kernel_models import MODES, WIDTH, Classifier, Combiner, Gate, Mixer, classification_loss, named
-from mindspore import Tensor, nn
+from kernel_models import (
+    MODES,
+    WIDTH,
+    Classifier,
+    Combiner,
+    Gate,
+    Mixer,
+    assert_grads_close,
+    classification_loss,
+    named,
+    snapshot,
+)
+from mindspore import ParameterTuple, Tensor, nn
 
 from graph_exec.errors import GraphExecError
 from graph_exec.executors import create_executor
@@ -31,12 +42,30 @@ def test_duplicate_trainable_parameter_names_are_refused() -> None:
         create_executor("pynative", {0: Combiner(), 1: Combiner()})
 
 
-def test_a_parameter_shared_by_two_stages_has_one_accumulator() -> None:
-    first, second = named(Combiner(), "tied0."), named(Combiner(), "tied1.")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parameter_shared_by_two_stages_has_one_accumulator_holding_the_sum(mode: str) -> None:
+    first, second = named(Combiner(), f"tied0_{mode}."), named(Combiner(), f"tied1_{mode}.")
     second.a.weight = first.a.weight
-    names = list(create_executor("pynative", {0: first, 1: second}).grads())
-    assert names.count("tied0.a.weight") == 1
+    executor = create_executor(mode, {0: first, 1: second})
+    names = list(executor.grads())
+    assert names.count(f"tied0_{mode}.a.weight") == 1
     assert len(names) == 3
+    inputs = {
+        stage: (random(2, WIDTH, seed=2 * stage), random(2, WIDTH, seed=2 * stage + 1)) for stage in (0, 1)
+    }
+    cotangents = {stage: random(2, WIDTH, seed=10 + stage) for stage in (0, 1)}
+    for stage in (0, 1):
+        executor.stage_forward(stage, 0, inputs[stage])
+    for stage in (1, 0):
+        executor.stage_backward(stage, 0, (cotangents[stage],))
+
+    def objective() -> Tensor:
+        return sum((cell(*inputs[s]) * cotangents[s]).sum() for s, cell in ((0, first), (1, second)))
+
+    params = ParameterTuple([*first.trainable_params(), second.a.bias])
+    _, weight_grads = ms.value_and_grad(objective, None, params)()
+    want = {p.name: g.asnumpy() for p, g in zip(params, weight_grads, strict=True)}
+    assert_grads_close(snapshot(executor.grads()), want)
 
 
 def test_frozen_duplicates_are_allowed() -> None:
@@ -183,9 +212,14 @@ def test_loss_from_the_stage_itself_when_no_loss_fn(mode: str) -> None:
     h, labels = random(2, WIDTH, seed=3), Tensor(np.array([2, 0], np.int32))
     executor = create_executor(mode, {0: cell}, loss_scale=0.5)
     loss, (d_h,) = executor.last_stage_step(0, 0, (h,), (labels,))
-    want_loss, (want_dh, _) = ms.value_and_grad(cell, (0,), cell.trainable_params())(h, labels)
+    weights = cell.trainable_params()
+    want_loss, (want_dh, want_weights) = ms.value_and_grad(cell, (0,), weights)(h, labels)
     np.testing.assert_allclose(loss.asnumpy(), want_loss.asnumpy(), rtol=1e-6)
     np.testing.assert_allclose(d_h.asnumpy(), 0.5 * want_dh.asnumpy(), atol=1e-6, rtol=1e-5)
+    assert_grads_close(
+        snapshot(executor.grads()),
+        {p.name: 0.5 * g.asnumpy() for p, g in zip(weights, want_weights, strict=True)},
+    )
 
     not_scalar = create_executor(mode, {0: named(Classifier(), f"ns_{mode}.")})
     with pytest.raises(

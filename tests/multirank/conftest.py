@@ -3,10 +3,18 @@
 Every launch has a wall-clock limit, so a hang fails the test instead of blocking CI, and a
 failing launch puts every worker's log tail into the assertion message, so the traceback of
 the rank that failed shows up in the test report.
+
+Workers report with lines ``CHECK <name> OK`` or ``CHECK <name> FAIL <detail>``. A FAIL line
+on any rank fails the test, whatever else happened; so does a time-out, and a non-zero exit
+unless the test expects the job to fail (``expect_ok=False``). Only OK lines count as passed
+checks (:func:`checks`), so a test asserts the names it needs and a worker that stopped early
+cannot pass by printing nothing.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +23,9 @@ import pytest
 from graph_exec.launch import LaunchResult, launch
 
 WORKERS = Path(__file__).parent / "workers"
+ROOT = Path(__file__).resolve().parents[2]
+
+_CHECK = re.compile(r"^CHECK (\S+) (OK|FAIL)\b(.*)$")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -25,39 +36,76 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.dist)
 
 
-@pytest.fixture
-def run_workers(tmp_path: Path) -> Callable[..., LaunchResult]:
-    """``run_workers(script, nproc, *args, timeout_s=..., expect_ok=True, env=None)``."""
-
-    def run(
-        script: str,
-        nproc: int,
-        *args: str,
-        timeout_s: float = 240,
-        expect_ok: bool = True,
-        env: dict[str, str] | None = None,
-    ) -> LaunchResult:
-        import os
-
-        # Workers import shared test models as `tests.…`: put the repository root on their path.
-        root = str(Path(__file__).resolve().parents[2])
-        full_env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-            **(env or {}),
-        }
-        result = launch(
-            WORKERS / script, args, nproc=nproc, log_dir=tmp_path / "logs", timeout_s=timeout_s, env=full_env
-        )
-        if expect_ok and not result.ok:
-            pytest.fail(result.describe(), pytrace=False)
-        return result
-
-    return run
+def _check_lines(result: LaunchResult, rank: int) -> list[tuple[str, str, str]]:
+    """(name, OK|FAIL, detail) of every CHECK line rank ``rank`` printed."""
+    found = []
+    for line in result.worker_logs.get(rank, "").splitlines():
+        match = _CHECK.match(line.strip())
+        if match:
+            found.append((match.group(1), match.group(2), match.group(3).strip()))
+    return found
 
 
 def checks(result: LaunchResult, rank: int) -> set[str]:
-    """The ``CHECK <name> OK`` lines a worker printed."""
-    return {
-        line.split()[1] for line in result.worker_logs.get(rank, "").splitlines() if line.startswith("CHECK ")
+    """The names of the ``CHECK <name> OK`` lines rank ``rank`` printed (FAIL lines never count)."""
+    return {name for name, verdict, _ in _check_lines(result, rank) if verdict == "OK"}
+
+
+def failed_checks(result: LaunchResult) -> list[str]:
+    """Every ``CHECK <name> FAIL`` line of every rank, as ``rank R: name detail``."""
+    return [
+        f"rank {rank}: {name} {detail}".rstrip()
+        for rank in sorted(result.worker_logs)
+        for name, verdict, detail in _check_lines(result, rank)
+        if verdict == "FAIL"
+    ]
+
+
+def launch_problems(result: LaunchResult, expect_ok: bool = True) -> list[str]:
+    """Why a launch fails its test: a time-out, a FAIL line, a non-zero exit (if not expected)."""
+    problems = []
+    if result.timed_out:
+        problems.append(f"the job did not finish within its limit ({result.seconds:.0f} s)")
+    elif expect_ok and result.returncode != 0:
+        problems.append(f"the job exited with code {result.returncode}")
+    problems += [f"FAIL line from {line}" for line in failed_checks(result)]
+    return problems
+
+
+def run_launch(
+    log_dir: Path,
+    script: str,
+    nproc: int,
+    *args: str,
+    timeout_s: float = 240,
+    expect_ok: bool = True,
+    env: dict[str, str] | None = None,
+) -> LaunchResult:
+    """Launch ``workers/script`` on ``nproc`` ranks and fail the test on any :func:`launch_problems`."""
+    # Workers import shared test models as `tests.…`: put the repository root on their path.
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **(env or {}),
     }
+    result = launch(WORKERS / script, args, nproc=nproc, log_dir=log_dir, timeout_s=timeout_s, env=full_env)
+    problems = launch_problems(result, expect_ok)
+    if problems:
+        pytest.fail("\n".join([*problems, result.describe()]), pytrace=False)
+    return result
+
+
+@pytest.fixture
+def run_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., LaunchResult]:
+    """``run_workers(script, nproc, *args, timeout_s=..., expect_ok=True, env=None)``: see :func:`run_launch`.
+
+    ``expect_ok=False`` only tolerates a non-zero exit (a job that is meant to fail); FAIL lines
+    and time-outs still fail the test. Workers run in ``tmp_path``: what MindSpore writes into
+    the working directory (``rank_0/om/analyze_fail.ir`` after a compile error) stays there.
+    """
+    monkeypatch.chdir(tmp_path)
+
+    def run(script: str, nproc: int, *args: str, **options) -> LaunchResult:
+        return run_launch(tmp_path / "logs", script, nproc, *args, **options)
+
+    return run

@@ -2,7 +2,6 @@
 bad-input checks (see tests/multirank/workers/mesh_checks.py for what each check compares)."""
 
 from tests.multirank.conftest import checks
-from tests.multirank.test_pipeline import failed_lines
 
 CASES = (
     "dp2pp2_trainable_central",
@@ -26,7 +25,6 @@ def test_data_parallel_pipelines_match_the_global_batch_reference(run_workers):
     result = run_workers("mesh_checks.py", 4, "all", timeout_s=900)
     for rank in range(4):
         assert "ALL DONE failures=0" in result.worker_logs[rank], result.describe()
-        assert not failed_lines(result, rank), result.describe()
         seen = checks(result, rank)
         assert {f"{case}.grads" for case in CASES} <= seen, result.describe()
         assert set(BAD_INPUTS) <= seen, result.describe()

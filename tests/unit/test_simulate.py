@@ -122,10 +122,12 @@ def test_hand_case_trainable_interleaved_pays_recompute_on_the_critical_path() -
 
 def test_hand_case_owner_backward() -> None:
     # P=2 V=1 M=2, trainable, owner backward, f=b=1, Pf=2, R=1, allreduce 0.5, broadcast 0.
-    #   r0: BCAST 0 | TFWD0 0-2 | OUTrecv1 at 2 | F0.0 2-3 | F0.1 3-4 | B0.0 5-6 | TBWD0 6-7 |
-    #       B0.1 7-8 (grad at 7) | GRADsend1 at 8 | GRADreduce 9-9.5 (r1 arrives at 9)
-    #   r1: BCAST 0 | TFWD1 0-2 | OUTsend1 at 2 | F1.0 3-4 | B1.0 4-5 | F1.1 5-6 | B1.1 6-7 |
-    #       GRADrecv+bwd1 8-9 (gradient at 8, then R) | GRADreduce 9-9.5
+    # A step's span starts when its rank reaches it, so a blocking step's span includes its wait.
+    #   r0: BCAST 0 | TFWD0 0-2 | OUTrecv1 at 2 | F0.0 2-3 | F0.1 3-4 | Brecv0.0 4-5 (waits for
+    #       B1.0) | B0.0 5-6 | TBWD0 6-7 (R) | B0.1 7-8 (grad there at 5) | GRADsend1 at 8 |
+    #       GRADreduce 8-9.5 (waits for r1 until 9, then 0.5)
+    #   r1: BCAST 0 | TFWD1 0-2 | OUTsend1 at 2 | Frecv1.0 2-3 | F1.0 3-4 | B1.0 4-5 | F1.1 5-6 |
+    #       B1.1 6-7 | GRADrecv+bwd1 7-9 (waits for the gradient until 8, then R) | GRADreduce 9-9.5
     # Baseline: the body with F0.m = 3, as in the frozen case: 10.
     plan = build_plan(PlanConfig(pp=2, vpp=1, micro=2, preprocess="trainable", backward="owner"))
     costs = OpCosts(forward=1, backward=1, preprocess_forward=2, recompute=1, allreduce=0.5)
@@ -134,8 +136,25 @@ def test_hand_case_owner_backward() -> None:
     assert result.busy == (7.5, 7.5)
     assert result.saving == 0.5
     timeline = {(e.rank, e.token): (e.start, e.end) for e in result.timeline}
-    assert timeline[1, "GRADrecv+bwd1"] == (7, 9)
-    assert timeline[0, "GRADreduce"] == (8, 9.5)
+    hand = {
+        (0, "TFWD0"): (0, 2),
+        (0, "F0.0"): (2, 3),
+        (0, "F0.1"): (3, 4),
+        (0, "Brecv0.0"): (4, 5),
+        (0, "B0.0"): (5, 6),
+        (0, "TBWD0"): (6, 7),
+        (0, "B0.1"): (7, 8),
+        (0, "GRADreduce"): (8, 9.5),
+        (1, "TFWD1"): (0, 2),
+        (1, "Frecv1.0"): (2, 3),
+        (1, "F1.0"): (3, 4),
+        (1, "B1.0"): (4, 5),
+        (1, "F1.1"): (5, 6),
+        (1, "B1.1"): (6, 7),
+        (1, "GRADrecv+bwd1"): (7, 9),
+        (1, "GRADreduce"): (9, 9.5),
+    }
+    assert {key: timeline[key] for key in hand} == hand
 
 
 def test_chrome_trace_has_one_track_per_rank() -> None:

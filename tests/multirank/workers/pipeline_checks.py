@@ -3,7 +3,9 @@
 Communication init costs seconds, so one launch covers a whole suite. Every rank builds the
 whole model (same seed, identical weights), keeps its own chunks, runs the pipeline, and
 compares what it holds — per-micro losses on the last rank, every gradient it trains — with a
-single-process, non-pipelined reference it computes itself (atol 1e-5, rtol 1e-4). A failed
+single-process, non-pipelined reference it computes itself (atol 1e-5, rtol 1e-4). Every
+``run()`` gets a batch of its own (seeded by the step number, so all ranks agree), so a stale
+receive buffer or a cached activation from an earlier step shows up as wrong numbers. A failed
 comparison is printed and counted, not raised, so every rank stays in step with the others.
 
 Usage: ``pipeline_checks.py SUITE`` with SUITE one of :data:`SUITES`.
@@ -40,18 +42,20 @@ class Case:
     twice: bool = False  # second run() without zero_grad accumulates twice the gradient
     optimizer: bool = False  # SGD step, then a second step compared with the reference doing the same
     same_as: str | None = None  # gradients must equal that earlier case's (graph vs pynative)
+    sync_steps: bool | None = None  # None: the default (on for CPU); False: asynchronous dispatch
+    schedule: str = "mpipe"  # mpipe | interleaved (ScheduleInterleaved1F1B, no preprocess)
 
 
 SUITES: dict[str, list[Case]] = {
     "p2": [
         Case("v1_trainable_central_full", twice=True, optimizer=True),
         Case("v1_trainable_central_min_owned", overflow="min", input="owned"),
-        Case("v1_trainable_owner_full", backward="owner", twice=True, optimizer=True),
+        Case("v1_trainable_owner_full", backward="owner", twice=True, optimizer=True, sync_steps=False),
         Case("v1_frozen_full_m3", preprocess="frozen", micro=3),
         Case("v1_none_replicated", preprocess="none", scale_grads=True),
         Case("v1_none_owned_tokens", preprocess="none", input="owned", tokens=True),
         Case("v2_trainable_central_full", vpp=2, optimizer=True),
-        Case("v2_trainable_owner_min_m5", vpp=2, backward="owner", overflow="min", micro=5),
+        Case("v2_trainable_owner_min_m5", vpp=2, backward="owner", overflow="min", micro=5, sync_steps=False),
         Case("v2_frozen_min_m1", vpp=2, preprocess="frozen", overflow="min", micro=1),
         Case(
             "v2_trainable_central_full_pynative", vpp=2, mode="pynative", same_as="v2_trainable_central_full"
@@ -63,15 +67,35 @@ SUITES: dict[str, list[Case]] = {
             same_as="v1_trainable_owner_full",
         ),
         Case("v2_none_owned_pynative", vpp=2, preprocess="none", input="owned", mode="pynative"),
+        Case("i1f1b_v2_graph", schedule="interleaved", vpp=2, preprocess="none", twice=True, optimizer=True),
+        Case(
+            "i1f1b_v2_pynative",
+            schedule="interleaved",
+            vpp=2,
+            preprocess="none",
+            mode="pynative",
+            same_as="i1f1b_v2_graph",
+        ),
+        Case("i1f1b_v1_graph_async_m3", schedule="interleaved", preprocess="none", micro=3, sync_steps=False),
     ],
     "p4": [
         Case("v1_trainable_central_full_m8", micro=8, optimizer=True),
-        Case("v2_trainable_owner_full_m8", vpp=2, micro=8, backward="owner", twice=True),
+        Case("v2_trainable_owner_full_m8", vpp=2, micro=8, backward="owner", twice=True, sync_steps=False),
         Case("v2_frozen_min_m6", vpp=2, preprocess="frozen", overflow="min", micro=6),
         Case("v1_none_owned_tokens", preprocess="none", input="owned", tokens=True),
         Case(
             "v2_trainable_central_min_owned_pynative", vpp=2, overflow="min", input="owned", mode="pynative"
         ),
+        Case(
+            "i1f1b_v2_graph_async_m8",
+            schedule="interleaved",
+            vpp=2,
+            micro=8,
+            preprocess="none",
+            optimizer=True,
+            sync_steps=False,
+        ),
+        Case("i1f1b_v1_pynative", schedule="interleaved", preprocess="none", mode="pynative", twice=True),
     ],
 }
 
@@ -132,65 +156,82 @@ def grads_numpy(sched) -> dict[str, np.ndarray]:
     return {name: g.asnumpy().copy() for name, g in sched.grads().items()}
 
 
+def make_schedule(case: Case, stages: list, pre) -> object:
+    common = dict(
+        mode=case.mode,
+        loss_fn=loss_fn,
+        scale_grads=case.scale_grads,
+        timeout_s=120,
+        sync_steps=case.sync_steps,
+    )
+    if case.schedule == "interleaved":
+        return ge.ScheduleInterleaved1F1B(stages, case.micro, **common)
+    return ge.ScheduleMPipeTranspose(
+        stages,
+        case.micro,
+        pre,
+        0 if pre is None else 1,
+        overflow=case.overflow,
+        backward=case.backward,
+        input=case.input,
+        **common,
+    )
+
+
 def run_case(case: Case, pp: int, rank: int, checker: Checker, results: dict) -> None:
     num_stages = pp * case.vpp
     model = build(num_stages, case.preprocess, tokens=case.tokens)
     ref = build(num_stages, case.preprocess, tokens=case.tokens)
     stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in range(rank, num_stages, pp)]
     pre = model.preprocess
-    sched = ge.ScheduleMPipeTranspose(
-        stages,
-        case.micro,
-        pre,
-        0 if pre is None else 1,
-        mode=case.mode,
-        overflow=case.overflow,
-        backward=case.backward,
-        input=case.input,
-        loss_fn=loss_fn,
-        scale_grads=case.scale_grads,
-        timeout_s=120,
-    )
+    sched = make_schedule(case, stages, pre)
     size = 2 * case.micro
-    x, labels = batch(size, tokens=case.tokens)
     scale = 1.0 / case.micro if case.scale_grads else 1.0
-    ref_losses, ref_grads = reference(ref, x, labels, case.micro, scale)
     mine = {p.name for s in stages for p in s.submodule.trainable_params()}
     if pre is not None and case.preprocess == "trainable" and (case.backward == "owner" or rank == 0):
         mine |= {p.name for p in pre.trainable_params()}
-    expected = {k: v for k, v in ref_grads.items() if k in mine}
-
-    losses = sched.run(owned_view(case, pp, rank, x, size), labels=labels)
     holds_last = rank == pp - 1
-    checker.check(f"{case.name}.losses_where_expected", (losses is not None) == holds_last)
-    if holds_last:
-        checker.losses(f"{case.name}.losses", losses, ref_losses)
+    steps = iter(range(100, 200))  # the batch seed of each run(): a new batch every step
+
+    def step(label: str) -> dict[str, np.ndarray]:
+        """One ``run()`` on a fresh batch; checks its losses, returns the reference gradients
+        of the parameters this rank trains (all of them in ``full``, for the optimizer)."""
+        nonlocal full
+        x, labels = batch(size, tokens=case.tokens, seed=next(steps))
+        ref_losses, full = reference(ref, x, labels, case.micro, scale)
+        losses = sched.run(owned_view(case, pp, rank, x, size), labels=labels)
+        checker.check(f"{case.name}.{label}losses_where_expected", (losses is not None) == holds_last)
+        if holds_last:
+            checker.losses(f"{case.name}.{label}losses", losses, ref_losses)
+        return {k: v for k, v in full.items() if k in mine}
+
+    full: dict[str, np.ndarray] = {}
+    expected = step("")
     grads = grads_numpy(sched)
     checker.close(f"{case.name}.grads", grads, expected)
     results[case.name] = grads
     if case.same_as is not None:
         checker.close(f"{case.name}.equals_{case.same_as}", grads, results[case.same_as])
     if case.twice:
-        sched.run(owned_view(case, pp, rank, x, size), labels=labels)
-        checker.close(f"{case.name}.accumulates_twice", grads_numpy(sched), expected, factor=2.0)
+        second = step("second_")
+        total = {k: expected[k] + second[k] for k in expected}
+        checker.close(f"{case.name}.accumulates_over_two_batches", grads_numpy(sched), total)
         sched.zero_grad()
-        sched.run(owned_view(case, pp, rank, x, size), labels=labels)
+        expected = step("after_zero_grad_")
         checker.close(f"{case.name}.zero_grad_then_run", grads_numpy(sched), expected)
     if case.optimizer:
         lr = 0.5
         params = sched.trainable_params()
         nn.SGD(params, learning_rate=lr)(tuple(sched.grads()[p.name] for p in params))
-        sgd_step(ref.params(), ref_grads, lr)
+        # Every rank's step together (and the broadcast of the preprocess) update the whole model.
+        sgd_step(ref.params(), full, lr)
         sched.zero_grad()
-        losses = sched.run(owned_view(case, pp, rank, x, size), labels=labels)
-        ref_losses, ref_grads = reference(ref, x, labels, case.micro, scale)
-        if holds_last:
-            checker.losses(f"{case.name}.after_step_losses", losses, ref_losses)
-        checker.close(
-            f"{case.name}.after_step_grads", grads_numpy(sched), {k: ref_grads[k] for k in expected}
-        )
+        expected = step("after_step_")
+        checker.close(f"{case.name}.after_step_grads", grads_numpy(sched), expected)
+    sched.zero_grad()
     allocations_before = sched.stats()["pool"].allocations
-    sched.run(owned_view(case, pp, rank, x, size), labels=labels)
+    expected = step("last_")
+    checker.close(f"{case.name}.last_grads", grads_numpy(sched), expected)
     checker.check(
         f"{case.name}.no_receive_allocation_after_warmup",
         sched.stats()["pool"].allocations == allocations_before,
@@ -203,6 +244,7 @@ def main() -> int:
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)
     results: dict = {}
+    print(f"SUITE {sys.argv[1]} cases: {' '.join(case.name for case in SUITES[sys.argv[1]])}", flush=True)
     for case in SUITES[sys.argv[1]]:
         try:
             run_case(case, pp, rank, checker, results)

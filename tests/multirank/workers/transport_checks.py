@@ -1,7 +1,8 @@
-"""Transport checks on 2 ranks; prints ``CHECK <name> OK`` per passed check.
+"""Transport checks on 2 ranks; prints ``CHECK <name> OK`` or ``CHECK <name> FAIL <detail>``.
 
 Scenario (argv[1]): ``basic`` runs the exchange checks and ends with an abort notice from
-rank 1; ``stuck`` has rank 1 go silent so rank 0 must time out.
+rank 1; ``stuck`` has rank 1 go silent for longer than rank 0's time-out (argv[2]), so rank 0
+must time out — not earlier than the time-out, and not much later. Exits 1 if a check failed.
 """
 
 import sys
@@ -23,10 +24,13 @@ tp = Transport(timeout_s=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
 rank, peer = tp.rank, 1 - tp.rank
 
 
-def check(name: str, ok: bool) -> None:
-    if not ok:
-        raise AssertionError(f"check {name} failed on rank {rank}")
-    print(f"CHECK {name} OK", flush=True)
+failures = 0
+
+
+def check(name: str, ok: bool, detail: object = "") -> None:
+    global failures
+    failures += not ok
+    print(f"CHECK {name} {'OK' if ok else f'FAIL {detail}'}", flush=True)
 
 
 if scenario == "basic":
@@ -73,7 +77,7 @@ if scenario == "basic":
             tp.recv(0, expect="OUTsend1")
             check("label_mismatch", False)
         except ProtocolError as exc:
-            check("label_mismatch", "OUTsend1" in str(exc) and "OUTsend3" in str(exc))
+            check("label_mismatch", "OUTsend1" in str(exc) and "OUTsend3" in str(exc), exc)
     tp.drain()
 
     # Collectives act in place, on Parameters too.
@@ -93,21 +97,31 @@ if scenario == "basic":
         start = time.monotonic()
         try:
             tp.recv(1, expect="Bsend1.1")
-            check("remote_error", False)
+            check("remote_error", False, "no error")
         except RemoteRankError as exc:
+            waited = time.monotonic() - start
             check(
-                "remote_error", "rank 1" in str(exc) and "F1.3" in str(exc) and time.monotonic() - start < 30
+                "remote_error",
+                "rank 1" in str(exc) and "F1.3" in str(exc) and waited < 30,
+                f"{waited:.1f} s: {exc}",
             )
 
 elif scenario == "stuck":
     if rank == 1:
-        time.sleep(8)
+        time.sleep(tp.timeout_s + 5)  # silent well past rank 0's time-out, then exits cleanly
+        check("stayed_silent", True)
     else:
         start = time.monotonic()
         try:
             tp.recv(1, expect="Fsend0.0")
-            check("timeout", False)
+            check("timeout", False, "no error")
         except PeerTimeoutError as exc:
             waited = time.monotonic() - start
-            check("timeout", "Fsend0.0" in str(exc) and "rank 1" in str(exc) and waited < tp.timeout_s + 2)
+            check(
+                "timeout",
+                "Fsend0.0" in str(exc) and "rank 1" in str(exc) and tp.timeout_s <= waited < tp.timeout_s + 2,
+                f"after {waited:.2f} s (time-out {tp.timeout_s:g} s): {exc}",
+            )
         print(f"rank 0 exiting after {time.monotonic() - start:.1f} s", flush=True)
+
+sys.exit(int(failures > 0))

@@ -1,0 +1,88 @@
+"""The multi-rank harness itself: a FAIL line, a non-zero exit or a time-out fails the test.
+
+Runs without msrun: ``launch`` is replaced by a stub returning a made-up result, so these
+checks take milliseconds. ``tests/multirank/test_harness.py`` proves the same with real workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graph_exec.launch import LaunchResult
+from tests.multirank import conftest as harness
+
+
+def result(logs: dict[int, str], returncode: int = 0, timed_out: bool = False) -> LaunchResult:
+    return LaunchResult(returncode, timed_out, 1.0, Path("/nonexistent"), "", logs)
+
+
+CLEAN = {0: "CHECK alpha OK\nnoise\n", 1: "CHECK beta OK\n"}
+
+
+def test_only_ok_lines_count_as_checks() -> None:
+    made_up = result({0: "CHECK alpha OK\nCHECK beta FAIL got 3\nCHECK gamma\nCHECKdelta OK\n  CHECK eps OK"})
+    assert harness.checks(made_up, 0) == {"alpha", "eps"}
+    assert harness.checks(made_up, 1) == set()
+    assert harness.failed_checks(made_up) == ["rank 0: beta got 3"]
+
+
+@pytest.mark.parametrize(
+    ("logs", "returncode", "timed_out", "expect_ok", "problem"),
+    [
+        (
+            {**CLEAN, 1: "CHECK beta FAIL wrong rank"},
+            0,
+            False,
+            True,
+            "FAIL line from rank 1: beta wrong rank",
+        ),
+        ({**CLEAN, 1: "CHECK beta FAIL wrong rank"}, 1, False, False, "FAIL line from rank 1: beta"),
+        (CLEAN, 1, False, True, "exited with code 1"),
+        (CLEAN, 0, True, True, "did not finish within its limit"),
+        (CLEAN, -9, True, False, "did not finish within its limit"),
+    ],
+)
+def test_each_problem_is_reported(logs, returncode, timed_out, expect_ok, problem) -> None:
+    problems = harness.launch_problems(result(logs, returncode, timed_out), expect_ok)
+    assert any(problem in p for p in problems), problems
+
+
+def test_clean_job_and_expected_failure_have_no_problem() -> None:
+    assert harness.launch_problems(result(CLEAN)) == []
+    assert harness.launch_problems(result(CLEAN, returncode=1), expect_ok=False) == []
+
+
+@pytest.fixture
+def fake_launch(monkeypatch: pytest.MonkeyPatch):
+    """Make ``run_launch`` see ``outcome`` instead of starting msrun."""
+    outcome: dict[str, LaunchResult] = {}
+
+    def launch(script, args, **kwargs) -> LaunchResult:
+        assert Path(script).parent == harness.WORKERS
+        return outcome["result"]
+
+    monkeypatch.setattr(harness, "launch", launch)
+    return outcome
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        result({**CLEAN, 0: "CHECK alpha OK\nCHECK x FAIL no error"}),
+        result(CLEAN, returncode=2),
+        result(CLEAN, timed_out=True),
+    ],
+)
+def test_run_workers_fails_the_test(fake_launch, tmp_path: Path, bad: LaunchResult) -> None:
+    fake_launch["result"] = bad
+    with pytest.raises(pytest.fail.Exception):
+        harness.run_launch(tmp_path, "any.py", 2)
+
+
+def test_run_workers_passes_a_clean_job(fake_launch, tmp_path: Path) -> None:
+    fake_launch["result"] = result(CLEAN)
+    assert harness.checks(harness.run_launch(tmp_path, "any.py", 2), 1) == {"beta"}
+    fake_launch["result"] = result(CLEAN, returncode=1)
+    assert harness.run_launch(tmp_path, "any.py", 2, expect_ok=False).returncode == 1
