@@ -16,6 +16,7 @@ from typing import Any
 from graph_exec.bufpool import BufferPool
 from graph_exec.errors import CommunicationNotInitializedError, GraphExecError
 from graph_exec.executors import MODES, Executor, create_executor
+from graph_exec.executors.jit_callable import jit_parseable
 from graph_exec.runtime.buffers import ReceiveBuffers
 from graph_exec.runtime.driver import RankRuntime, TimelineEvent
 from graph_exec.runtime.handshake import (
@@ -25,6 +26,7 @@ from graph_exec.runtime.handshake import (
     share_setup_outcome,
 )
 from graph_exec.runtime.microbatch import split_batch
+from graph_exec.runtime.param_names import check_unique_parameter_names
 from graph_exec.runtime.stage import PipelineStage
 from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan
 from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
@@ -118,6 +120,9 @@ class ScheduleMPipeTranspose:
             raise TypeError(f"loss_fn must be callable or None, got {type(loss_fn).__name__}")
         if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or not timeout_s > 0:
             raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        check_unique_parameter_names(self.stages, preprocess_module)
+        if loss_fn is not None and mode == "graph":
+            loss_fn = jit_parseable(loss_fn)
         self.micro_batch_num = micro_batch_num
         self.preprocess_module = preprocess_module
         self.num_transpose_layers = layers
@@ -185,7 +190,8 @@ class ScheduleMPipeTranspose:
         cells = [s.submodule for s in self.stages]
         if self.preprocess_module is not None and (self.backward == "owner" or pipeline_rank() == 0):
             cells.append(self.preprocess_module)
-        unique = {p.name: p for cell in cells for p in cell.trainable_params()}
+        # By identity, not by name: a name shared by two Parameters is rejected at construction.
+        unique = {id(p): p for cell in cells for p in cell.trainable_params()}
         return list(unique.values())
 
     def zero_grad(self) -> None:

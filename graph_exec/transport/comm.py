@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from graph_exec.errors import CommunicationNotInitializedError, ProtocolError, RemoteRankError
-from graph_exec.transport.cpu_workarounds import rebind_default_groups
+from graph_exec.transport.cpu_workarounds import rebind_default_groups, world_barrier
 from graph_exec.transport.meta import (
     META_WORDS,
     AbortNotice,
@@ -86,7 +86,7 @@ def barrier() -> None:
     from mindspore.communication import GlobalComm
 
     rebind_default_groups()
-    dist.barrier(group=GlobalComm.WORLD_COMM_GROUP)
+    world_barrier(dist, GlobalComm.WORLD_COMM_GROUP)
 
 
 def require_initialized() -> None:
@@ -122,7 +122,7 @@ class _ExitBarrier:
 
         try:
             transport._worker.run(
-                lambda: transport._dist.barrier(group=GlobalComm.WORLD_COMM_GROUP),
+                lambda: world_barrier(transport._dist, GlobalComm.WORLD_COMM_GROUP),
                 timeout_s,
                 "in the exit barrier",
             )
