@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graph_exec.cli.argtypes import seconds
+from graph_exec.cli.status import STATUS, StatusPrinter
 from graph_exec.launch import LaunchResult, launch
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.schedule import PlanConfigError
@@ -54,7 +55,7 @@ def log_directory(text: str) -> Path:
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> None:
-    """``--timeout``, ``--log-dir`` and ``--no-pin``, shared by ``run`` and ``bench``."""
+    """``--timeout``, ``--log-dir``, ``--verbose`` and ``--no-pin``, shared by ``run`` and ``bench``."""
     parser.add_argument(
         "--timeout",
         metavar="S",
@@ -68,6 +69,11 @@ def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> N
         type=log_directory,
         help="keep the job here: job.json, per-rank records, logs/worker_<rank>.log "
         "(default: a temporary directory, removed after a successful run)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep MindSpore's warnings in the worker logs (quiet by default: errors only)",
     )
     parser.add_argument(
         "--no-pin",
@@ -105,6 +111,7 @@ def checked_job(
         timeout_s=min(120.0, args.timeout),
         pin_cores=args.pin_cores,
         calibrate=calibrate,
+        verbose=args.verbose,
     )
     for spec in job.runs:
         try:
@@ -162,13 +169,20 @@ def run_job(
     of the last-stage rank while it runs."""
     job.write(run_dir)
     tail = _LogTail(run_dir / "logs" / f"worker_{job.ranks - 1}.log")
+    status = StatusPrinter(job.ranks, lambda text: print(text, flush=True))
+    env = dict(os.environ)
+    if job.verbose:  # MindSpore's warnings back (or the level the user chose)
+        env.setdefault("GLOG_v", "2")
+    else:
+        env["GLOG_v"] = "3"
     return launch(
         WORKER,
         [str(run_dir)],
         nproc=job.ranks,
         log_dir=run_dir / "logs",
         timeout_s=timeout_s,
-        poll=lambda: _echo(tail.lines(), on_progress),
+        env=env,
+        poll=lambda: _echo(tail.lines(), on_progress, status),
     )
 
 
@@ -182,13 +196,23 @@ def execute(
         print(f"{prog}: interrupted, the job was stopped; logs in {run_dir}", file=sys.stderr)
         raise JobFailed(130) from None
     if not result.ok:
-        print(result.describe(tail_lines=40), file=sys.stderr)
+        print(result.describe(tail_lines=40, last_step=last_finished_step), file=sys.stderr)
         print(f"{prog}: failed; logs kept in {run_dir}", file=sys.stderr)
         raise JobFailed(1)
     return result
 
 
-def _echo(lines: list[str], on_progress: Callable[[dict], None]) -> None:
+def last_finished_step(log: str) -> str:
+    """From a worker's log: the last step its progress lines say it finished."""
+    done = [json.loads(line[len(PROGRESS) :]) for line in log.splitlines() if line.startswith(PROGRESS)]
+    if not done:
+        return "no step finished (it failed in start-up or in its first step)"
+    return f"last finished step {done[-1]['step'] + 1} (run {done[-1]['run']})"
+
+
+def _echo(lines: list[str], on_progress: Callable[[dict], None], on_status: Callable[[dict], None]) -> None:
     for line in lines:
         if line.startswith(PROGRESS):
             on_progress(json.loads(line[len(PROGRESS) :]))
+        elif line.startswith(STATUS):
+            on_status(json.loads(line[len(STATUS) :]))

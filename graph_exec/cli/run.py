@@ -104,14 +104,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
     """The job ``args`` describe, checked the way the workers would check it (exit 2 if not)."""
-    from graph_exec.examples import load
+    from graph_exec.examples import TRAINABLE_BY_DEFAULT
 
     micro, batch = workload(args, parser)
     if args.baseline and (args.overflow or args.backward):
         parser.error("--baseline runs without MPipe: --overflow and --backward do not apply")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}")
-    trainable = load(args.example).trainable_by_default if args.trainable is None else args.trainable
+    trainable = TRAINABLE_BY_DEFAULT[args.example] if args.trainable is None else args.trainable
     spec = RunSpec(
         name="run",
         mode=args.mode,
@@ -153,21 +153,19 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     began = time.monotonic()
     try:
         with run_directory(args.log_dir) as run_dir:
-            result = execute(job, run_dir, args.timeout, progress, "graph-exec run")
-            _report(args, job, run_dir, result.seconds, time.monotonic() - began)
+            execute(job, run_dir, args.timeout, progress, "graph-exec run")
+            _report(args, job, run_dir, time.monotonic() - began)
     except JobFailed as failed:
         return failed.code
     return 0
 
 
-def _report(args: argparse.Namespace, job: JobSpec, run_dir: Path, msrun_s: float, total_s: float) -> None:
+def _report(args: argparse.Namespace, job: JobSpec, run_dir: Path, total_s: float) -> None:
     """The summary, the trace and the plot of a finished run."""
     total = job.total_steps
     records = read_run(run_dir, "run", job.ranks)
     summary = summarize(records, job.warmup, job.ranks * job.vpp - 1)
-    print(
-        f"done: {total} steps in {total_s:.1f} s (msrun {msrun_s:.1f} s, including start-up and compilation)"
-    )
+    print(f"done: {total} steps in {total_s:.1f} s, including start-up and compilation")
     print(f"loss: {summary.losses[0]:.4f} -> {summary.losses[-1]:.4f}")
     measured = {0: "all steps", total - 1: f"step {total}"}.get(job.warmup, f"steps {job.warmup + 1}-{total}")
     print(f"median step time: {summary.step_time * 1e3:.1f} ms ({measured}; first rank in to last rank out)")

@@ -3,8 +3,9 @@
 Runs under msrun (see :mod:`graph_exec.cli.worker`). Every rank builds the whole example model
 with the job's seed, keeps its own chunks (``rank, rank + P, …``) and trains with Adam. Each
 step starts after a barrier, so all ranks begin it together and its span on the shared
-monotonic clock is the pipeline's step time. The last-stage rank prints one progress line per
-step (prefix :data:`~graph_exec.report.job.PROGRESS`) for the parent to echo; every rank writes a
+monotonic clock is the pipeline's step time. Every rank prints one progress line per step
+(prefix :data:`~graph_exec.report.job.PROGRESS`; the parent echoes the last-stage rank's, which
+carry the loss, and names a dead rank's last step from its own); every rank writes a
 :class:`~graph_exec.report.records.RankRecord` per run at the end.
 """
 
@@ -14,6 +15,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ import mindspore as ms
 from mindspore import nn
 
 import graph_exec as ge
+from graph_exec.cli.status import CompileWatch, announce
+from graph_exec.errors import GraphExecError
 from graph_exec.examples import load
 from graph_exec.examples.common import ExampleModel
 from graph_exec.executors import create_executor
@@ -71,10 +75,6 @@ class Trainer:
         self.optimizer: Callable[..., Any] | None = None
         self.records: list[StepRecord] = []
 
-    @property
-    def holds_loss(self) -> bool:
-        return self.local[-1] == self.num_stages - 1
-
     def step(self, index: int) -> StepRecord:
         """One training step: barrier, ``run()``, optimizer; returns (and keeps) its record."""
         inputs, labels = self.model.batch(index, self.job.batch)
@@ -100,9 +100,10 @@ class Trainer:
             allocations=stats["pool"].allocations,
         )
         self.records.append(record)
-        if self.holds_loss:
-            line = {"run": self.spec.name, "step": index, "loss": loss, "seconds": end - start}
-            print(PROGRESS + json.dumps(line), flush=True)
+        # Every rank says which step it finished (a failure report names a dead rank's last
+        # step); the parent echoes the last-stage rank's lines, which carry the loss.
+        line = {"run": self.spec.name, "step": index, "loss": loss, "seconds": end - start}
+        print(PROGRESS + json.dumps(line), flush=True)
         return record
 
     def _update(self) -> None:
@@ -196,8 +197,21 @@ class Trainer:
 def train(job: JobSpec, run_dir: Path, rank: int, ranks: int) -> None:
     """Every run of ``job``, interleaved step by step so machine noise hits all runs alike."""
     trainers = [Trainer(job, spec, rank, ranks) for spec in job.runs]
-    for index in range(job.total_steps):
+
+    def compiled() -> tuple[int, float]:
+        graphs, seconds = 0, 0.0
         for trainer in trainers:
-            trainer.step(index)
+            try:
+                stats = trainer.schedule.stats()
+            except GraphExecError:  # its first run() has not set it up yet
+                continue
+            graphs, seconds = graphs + stats["compilations"], seconds + stats["compile_seconds"]
+        return graphs, seconds
+
+    for index in range(job.total_steps):
+        with CompileWatch(compiled) if index == 0 else nullcontext():  # the first step compiles
+            for trainer in trainers:
+                trainer.step(index)
+    announce("finishing")
     for trainer in trainers:
         trainer.finish(run_dir)

@@ -59,6 +59,7 @@ class JobSpec:
     calibrate: bool = False  #: also measure transfer sizes and the executor's per-call dispatch cost
     pin_cores: bool = False  #: bind each rank to its share of the cores (see graph_exec.cli.worker)
     seed: int = 0
+    verbose: bool = False  #: keep MindSpore's warnings in the worker logs
 
     def plan_config(self, spec: RunSpec) -> PlanConfig:
         """The plan ``spec`` executes (what the schedule builds on every rank); raises
