@@ -210,9 +210,11 @@ def last_finished_step(log: str) -> str:
     return f"last finished step {done[-1]['step'] + 1} (run {done[-1]['run']})"
 
 
-def _echo(lines: list[str], on_progress: Callable[[dict], None], on_status: Callable[[dict], None]) -> None:
+def _echo(
+    lines: list[str], on_progress: Callable[[dict], None], on_status: Callable[[dict], None] | None = None
+) -> None:
     for line in lines:
         if line.startswith(PROGRESS):
             on_progress(json.loads(line[len(PROGRESS) :]))
-        elif line.startswith(STATUS):
+        elif on_status is not None and line.startswith(STATUS):
             on_status(json.loads(line[len(STATUS) :]))
