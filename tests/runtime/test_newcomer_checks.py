@@ -102,3 +102,18 @@ def test_other_input_types_named_with_the_conversion():
     sched = ge.ScheduleMPipeTranspose(stages, 2, loss_fn=loss_fn)
     with pytest.raises(TypeError, match=r"input 0 must be a mindspore.Tensor or a numpy.ndarray, got list"):
         sched.run([[1.0]], labels=batch(2)[1])
+
+
+def test_usage_example_runs_as_one_process_and_matches_the_plain_run(capsys, monkeypatch):
+    """examples/train_custom.py without msrun: every stage local, same losses as no pipeline."""
+    from graph_exec.examples import train_custom
+
+    from tests.multirank import test_train_custom as custom  # its reference, not its test
+
+    monkeypatch.delenv("MS_ROLE", raising=False)
+    argv = ["--steps", str(custom.STEPS), "--vpp", "4", "--micro", str(custom.MICRO)]
+    train_custom.main([*argv, "--batch", str(custom.BATCH), "--lr", str(custom.LR)])
+    printed = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [int(words[1]) for words in printed] == list(range(1, custom.STEPS + 1))
+    expected = custom.reference_losses(4)
+    np.testing.assert_allclose([float(words[3]) for words in printed], expected, atol=1e-5, rtol=1e-4)

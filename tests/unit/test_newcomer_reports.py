@@ -112,3 +112,26 @@ def test_trainable_defaults_known_without_import_match_the_examples():
     assert set(TRAINABLE_BY_DEFAULT) == set(EXAMPLES)
     for name, trainable in TRAINABLE_BY_DEFAULT.items():
         assert load(name).trainable_by_default is trainable, name
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("", "GLOG_v=3 python_level=None"),  # unset, MindSpore not loaded yet: C++ and Python quiet
+        ("os.environ['GLOG_v'] = '1'", "GLOG_v=1 python_level=None"),  # the user's choice is kept
+        ("VERBOSE", "GLOG_v=None python_level=None"),  # verbose=True: nothing changes
+        ("import mindspore", "GLOG_v=3 python_level=40"),  # loaded already: Python logger to ERROR
+    ],
+)
+def test_quiet_logs(setup, expected):
+    probe = (
+        "import os, sys\nos.environ.pop('GLOG_v', None)\n"
+        + (setup if setup != "VERBOSE" else "")
+        + "\nfrom graph_exec.msenv import quiet_logs\n"
+        + f"quiet_logs(verbose={setup == 'VERBOSE'})\n"
+        + "level = None\nif 'mindspore' in sys.modules:\n"
+        + "    from mindspore import log\n    level = log._get_logger().level\n"
+        + "print(f\"GLOG_v={os.environ.get('GLOG_v')} python_level={level}\")\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == expected, done.stdout + done.stderr
