@@ -73,6 +73,7 @@ class LaunchResult:
             msrun_output=self.output,
             tail_lines=tail_lines,
             last_step=last_step,
+            timed_out=self.timed_out,
         )
 
 

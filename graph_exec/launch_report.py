@@ -59,6 +59,7 @@ def failure_report(
     msrun_output: str,
     tail_lines: int,
     last_step: Callable[[str], str | None] | None = None,
+    timed_out: bool = False,
 ) -> str:
     """The report: headline, one line per rank (fate, last step, own error), then log tails."""
     parts = [headline]
@@ -67,6 +68,8 @@ def failure_report(
         words = [f"rank {rank}:"]
         if rank in exits:
             words.append(f"died, {exit_words(exits[rank])}")
+        elif timed_out:
+            words.append("still running at the time-out (its stack is in its log)")
         elif exits:
             words.append("stopped after the failure above")
         else:

@@ -121,3 +121,20 @@ def test_successful_run_prints_no_error_and_no_mindspore_warning(tmp_path: Path)
     for log in (tmp_path / "job" / "logs").glob("worker_*.log"):
         text = log.read_text(errors="replace")
         assert "[ERROR]" not in text and "[WARNING]" not in text, f"{log.name}:\n{text}"
+
+
+def test_job_timeout_dumps_every_worker_stack_into_its_log(tmp_path: Path) -> None:
+    from graph_exec.launch import launch
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import time\n\n\ndef waiting_for_a_peer():\n    time.sleep(600)\n\n\nwaiting_for_a_peer()\n"
+    )
+    result = launch(script, nproc=2, log_dir=tmp_path / "logs", timeout_s=25)
+    report = result.describe()
+    assert result.timed_out, report
+    assert report.startswith("the job timed out after "), report
+    for rank in (0, 1):
+        assert "in waiting_for_a_peer" in result.worker_logs[rank], report  # faulthandler's dump
+        assert f"rank {rank}: still running at the time-out (its stack is in its log)" in report
+    assert not _pids_mentioning(str(tmp_path)), "processes of the job outlived it"
