@@ -63,7 +63,7 @@ class LaunchResult:
         """A failure report: what happened to every rank (``last_step(log)`` may say which step it
         finished last), then the tail of every worker's log."""
         if self.timed_out:
-            head = f"the job timed out after {self.seconds:.1f} s (limit {self.timeout_s:g} s); stacks dumped"
+            head = f"msrun timed out after {self.seconds:.1f} s (limit {self.timeout_s:g} s)"
         else:
             head = f"msrun exit code {self.returncode} after {self.seconds:.1f} s"
         return failure_report(

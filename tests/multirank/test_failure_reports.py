@@ -133,7 +133,7 @@ def test_job_timeout_dumps_every_worker_stack_into_its_log(tmp_path: Path) -> No
     result = launch(script, nproc=2, log_dir=tmp_path / "logs", timeout_s=25)
     report = result.describe()
     assert result.timed_out, report
-    assert report.startswith("the job timed out after "), report
+    assert report.startswith("msrun timed out after "), report
     for rank in (0, 1):
         assert "in waiting_for_a_peer" in result.worker_logs[rank], report  # faulthandler's dump
         assert f"rank {rank}: still running at the time-out (its stack is in its log)" in report
