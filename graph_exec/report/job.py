@@ -13,8 +13,8 @@ from pathlib import Path
 from graph_exec.schedule import PlanConfig
 
 JOB_FILE = "job.json"
-#: Prefix of the progress lines the last-stage worker prints (one JSON object each) and the
-#: parent picks out of that worker's log while the job runs.
+#: Prefix of the progress lines every worker prints per finished step (one JSON object each);
+#: the parent echoes the last-stage worker's (they carry the loss) while the job runs.
 PROGRESS = "@@graph-exec "
 
 
