@@ -143,7 +143,8 @@ class ScheduleMPipeTranspose:
         """One training step: forward and backward of every micro-batch, gradients accumulated.
 
         ``inputs`` (and ``labels``, ``kwargs`` for the preprocess) are the *global* batch, the
-        same on every rank, cut on dim 0 into ``micro_batch_num`` micro-batches. Returns the
+        same on every rank, cut on dim 0 into ``micro_batch_num`` micro-batches (``mindspore.Tensor``
+        or numpy arrays, which are converted with their dtype). Returns the
         per-micro-batch losses on the rank holding the last stage, ``None`` elsewhere.
         """
         if self._failed is not None:
