@@ -74,7 +74,9 @@ class ScheduleMPipeTranspose:
     debugging), ``overflow`` (``"full"``/``"min"``), ``backward`` (``"central"``/``"owner"``),
     ``input`` (``"replicated"``: every rank passes the whole batch; ``"owned"``: a rank's
     batch is only read for the micro-batches it owns, the rest reach rank 0 by transfer),
-    ``loss_fn(output, *labels)`` (``None``: the last chunk returns the loss), ``scale_grads``
+    ``loss_fn(output, *labels)`` (``None``: the last chunk returns the loss; in graph mode an
+    inline lambda is rewritten into a function ``mindspore.jit`` can parse, and a function without
+    readable source is rejected here), ``scale_grads``
     (divide gradients by the number of micro-batches), ``timeout_s`` (bound on every wait for
     a peer), ``sync_steps`` (wait for every compute step's results before the next step, so
     :attr:`timeline` shows each step's own duration; ``None``: on for CPU, where it was
