@@ -6,10 +6,16 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from graph_exec.examples.common import Example
+if TYPE_CHECKING:  # the models import MindSpore: `graph-exec run --help` must not wait for it
+    from graph_exec.examples.common import Example
 
 EXAMPLES = {"vl_tower": "graph_exec.examples.vl_tower", "embed_lm": "graph_exec.examples.embed_lm"}
+
+#: Each example's ``Example.trainable_by_default``, known without importing it (and MindSpore),
+#: so that ``graph-exec run``/``bench`` check their arguments at once; a test keeps them equal.
+TRAINABLE_BY_DEFAULT = {"vl_tower": False, "embed_lm": True}
 
 
 def load(name: str) -> Example:

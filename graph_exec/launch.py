@@ -5,8 +5,12 @@ Used by ``graph-exec run``/``bench`` and by the multi-rank tests, so both get th
 guarantees: a free port, a log directory with one log per worker, a cluster time-out (so a
 worker that dies early does not leave msrun waiting its default 600 s) and a hard wall-clock
 limit. msrun starts every worker in a session of its own, so killing msrun's process group
-would leave the workers running: the processes of the job are recorded while it runs, and
-whatever is left of them is killed when the job times out or the caller is interrupted.
+would leave the workers running: the processes of the job are recorded while it runs (with
+the rank each worker runs), and whatever is left of them — workers, msrun's ``tail -f`` log
+followers — is killed when the job ends, times out, or the caller is interrupted or sent
+SIGTERM. On a time-out every worker is first asked for a Python stack dump (SIGABRT with
+``PYTHONFAULTHANDLER``), so its log says where it was stuck. A failure report names the rank
+that died and how (:mod:`graph_exec.launch_report`).
 """
 
 from __future__ import annotations
@@ -18,11 +22,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from graph_exec.launch_report import failure_report, worker_exits
+
+#: Seconds the workers get to write their stack dumps before a timed-out job is killed.
+DUMP_GRACE_S = 2.0
 
 #: msrun's own default rendezvous port, used when several hosts must agree on one.
 DEFAULT_MASTER_PORT = 8118
@@ -62,25 +72,31 @@ class LaunchResult:
     log_dir: Path
     output: str
     worker_logs: dict[int, str] = field(default_factory=dict)
+    #: ``{rank: exit code}`` of the workers msrun saw fail (negative: killed by that signal).
+    exits: dict[int, int] = field(default_factory=dict)
+    timeout_s: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
 
-    def describe(self, tail_lines: int = 60) -> str:
-        """A failure report: exit status, then the tail of every worker's log."""
-        head = "timed out" if self.timed_out else f"exit code {self.returncode}"
-        parts = [f"msrun {head} after {self.seconds:.1f} s (logs in {self.log_dir})"]
-        if not self.worker_logs:  # msrun itself failed (bad arguments, no free port): its words
-            parts.extend(self.output.splitlines()[-tail_lines:])
-        for rank, text in sorted(self.worker_logs.items()):
-            lines = [ln for ln in text.splitlines() if not _NOISE.search(ln)]
-            parts.append(f"----- worker {rank} (last {tail_lines} lines) -----")
-            parts.extend(lines[-tail_lines:])
-        return "\n".join(parts)
-
-
-_NOISE = re.compile(r"^\[(INFO|DEBUG)\]|^\s*$")
+    def describe(self, tail_lines: int = 60, last_step: Callable[[str], str | None] | None = None) -> str:
+        """A failure report: what happened to every rank (``last_step(log)`` may say which step it
+        finished last), then the tail of every worker's log."""
+        if self.timed_out:
+            limit = "" if self.timeout_s is None else f" (limit {self.timeout_s:g} s)"
+            head = f"msrun timed out after {self.seconds:.1f} s{limit}"
+        else:
+            head = f"msrun exit code {self.returncode} after {self.seconds:.1f} s"
+        return failure_report(
+            headline=f"{head} (logs in {self.log_dir})",
+            worker_logs=self.worker_logs,
+            exits=self.exits,
+            msrun_output=self.output,
+            tail_lines=tail_lines,
+            last_step=last_step,
+            timed_out=self.timed_out,
+        )
 
 
 def msrun_executable() -> str:
@@ -166,6 +182,7 @@ def launch(
     child_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), child_env.get("PATH", "")])
     child_env.setdefault("GLOG_v", "3")
     child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env.setdefault("PYTHONFAULTHANDLER", "1")  # stack dumps on SIGABRT (time-outs) and crashes
     start = time.monotonic()
     output_path = log_path / "msrun.out"
     with output_path.open("w") as output:
@@ -173,20 +190,26 @@ def launch(
             cmd, env=child_env, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
     started: dict[int, str] = {}  # pid -> start time, so that a reused pid is never killed
+    rank_of_pid: dict[int, int] = {}
     timed_out = False
-    try:
-        while proc.poll() is None:
-            started.update(_descendants(proc.pid))
-            if poll is not None:
-                poll()
-            if time.monotonic() - start > timeout_s:
-                timed_out = True
-                break
-            time.sleep(0.25)
-    finally:
-        if proc.poll() is None:  # timed out, or the caller was interrupted
-            started.update(_descendants(proc.pid))
-            _kill({proc.pid: _processes().get(proc.pid, (0, ""))[1], **started})
+    with _sigterm_as_exit():
+        try:
+            while proc.poll() is None:
+                _record(proc.pid, started, rank_of_pid)
+                if poll is not None:
+                    poll()
+                if time.monotonic() - start > timeout_s:
+                    timed_out = True
+                    _dump_stacks(started, rank_of_pid)
+                    break
+                time.sleep(0.25)
+        finally:
+            # Whatever the job left — workers on a time-out or interrupt, msrun's `tail -f`
+            # followers always — goes now.
+            if proc.poll() is None:
+                _record(proc.pid, started, rank_of_pid)
+                started[proc.pid] = _processes().get(proc.pid, (0, ""))[1]
+            _kill(started)
             proc.wait()
     if poll is not None:
         poll()
@@ -196,7 +219,81 @@ def launch(
         if (m := re.fullmatch(r"worker_(\d+)\.log", p.name))
     }
     output_text = output_path.read_text(errors="replace")
-    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, log_path, output_text, logs)
+    return LaunchResult(
+        proc.returncode,
+        timed_out,
+        time.monotonic() - start,
+        log_path,
+        output_text,
+        logs,
+        exits=_failed_workers(output_text, rank_of_pid, timed_out),
+        timeout_s=timeout_s,
+    )
+
+
+def _failed_workers(output: str, rank_of_pid: dict[int, int], timed_out: bool) -> dict[int, int]:
+    """msrun's failed workers; after a time-out, the SIGABRTs of our stack dumps are not news."""
+    exits = worker_exits(output, rank_of_pid)
+    if timed_out:
+        exits = {rank: code for rank, code in exits.items() if code != -signal.SIGABRT}
+    return exits
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """While the job runs, SIGTERM (what ``timeout`` and service managers send) raises
+    ``SystemExit(143)`` instead of ending this process at once, so the job's processes are
+    killed on the way out. Only the main thread can handle signals; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _record(root: int, started: dict[int, str], rank_of_pid: dict[int, int]) -> None:
+    """Add the new processes below ``root`` to ``started``, and the rank of each new worker."""
+    for pid, start_time in _descendants(root).items():
+        if pid in started:
+            continue
+        started[pid] = start_time
+        rank = _worker_rank(pid)
+        if rank is not None:
+            rank_of_pid[pid] = rank
+
+
+def _worker_rank(pid: int) -> int | None:
+    """``RANK_ID`` of an msrun worker process (``MS_ROLE=MS_WORKER``), else ``None``."""
+    try:
+        environ = dict(
+            item.split("=", 1)
+            for item in Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+            if "=" in item
+        )
+    except OSError:
+        return None
+    if environ.get("MS_ROLE") != "MS_WORKER" or not environ.get("RANK_ID", "").isdigit():
+        return None
+    return int(environ["RANK_ID"])
+
+
+def _dump_stacks(started: dict[int, str], rank_of_pid: dict[int, int]) -> None:
+    """Ask every live worker for its Python stacks (SIGABRT + faulthandler) before the kill."""
+    alive = _processes()
+    for pid in rank_of_pid:
+        if pid in alive and alive[pid][1] == started.get(pid):
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGABRT)
+    deadline = time.monotonic() + DUMP_GRACE_S
+    while time.monotonic() < deadline and any(p in _processes() for p in rank_of_pid):
+        time.sleep(0.1)
 
 
 def _processes() -> dict[int, tuple[int, str]]:

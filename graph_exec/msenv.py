@@ -2,20 +2,45 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 _prepared: str | None = None
 
 
-def prepare_mindspore(device: str | None = None) -> str:
+def quiet_logs(verbose: bool = False) -> None:
+    """Keep MindSpore's log to errors unless ``verbose``.
+
+    A training run otherwise prints dozens of ``[WARNING]`` lines that need no action
+    (communication group set-up, deprecation notes of optimizers MindSpore itself creates).
+    A level the user chose in ``GLOG_v`` is kept. Otherwise ``GLOG_v=3`` is set, which reaches
+    child processes too, and MindSpore's Python logger is lowered to errors. MindSpore's C++
+    side reads ``GLOG_v`` only when ``mindspore`` is first imported: a script that imports it
+    before calling this keeps the C++ warnings of its own process (launch it with ``GLOG_v=3``,
+    as ``graph-exec run`` and :func:`graph_exec.launch.launch` do). Errors always show.
+    """
+    if verbose or "GLOG_v" in os.environ:
+        return  # asked for, or the user chose a level
+    os.environ["GLOG_v"] = "3"  # noqa: SIM112 (glog spells it this way)
+    if "mindspore" in sys.modules:  # too late for the C++ side of this process; Python's obeys
+        from mindspore import log
+
+        log._get_logger().setLevel(logging.ERROR)
+
+
+def prepare_mindspore(device: str | None = None, *, verbose: bool = False) -> str:
     """Select ``device`` (if given) and apply the settings this library relies on.
 
-    On CPU, PyNative dispatch is made synchronous (``launch_blocking``): the default
-    asynchronous pipeline was measured 2.5–15x slower on small CPU machines, for eager compute
-    and for communication alike. Returns the device target in use. Idempotent.
+    Logs are quiet (errors only, see :func:`quiet_logs`) unless ``verbose``. On CPU, PyNative
+    dispatch is made synchronous (``launch_blocking``): the default asynchronous pipeline was
+    measured 2.5–15x slower on small CPU machines, for eager compute and for communication
+    alike. Returns the device target in use. Idempotent.
     """
     global _prepared
+    quiet_logs(verbose)
     import mindspore as ms
 
     if device is not None:

@@ -5,7 +5,7 @@ The graph executor compiles it with ``mindspore.jit``, the pynative executor cal
 so both run exactly the same code. Kernels know nothing about schedules or communication.
 """
 
-from .autodiff import FLOAT_DTYPES, as_tuple, is_float, value_and_grads
+from .autodiff import FLOAT_DTYPES, as_tuple, grads_of, is_float, value_and_grads
 from .grad_buffers import BUFFER_PREFIX, GradBuffers, accumulate, make_buffer, make_zero_grads
 from .preprocess import make_preprocess_backward, make_preprocess_forward
 from .stage import BackwardLayout, make_last_stage_step, make_stage_backward, make_stage_forward
@@ -17,6 +17,7 @@ __all__ = [
     "GradBuffers",
     "accumulate",
     "as_tuple",
+    "grads_of",
     "is_float",
     "make_buffer",
     "make_last_stage_step",

@@ -17,7 +17,7 @@ from typing import Any
 
 from mindspore import Tensor, nn, ops
 
-from .autodiff import as_tuple, value_and_grads
+from .autodiff import as_tuple, grads_of
 from .grad_buffers import GradBuffers, accumulate
 
 
@@ -58,7 +58,7 @@ def make_preprocess_backward(
             total = total + (outputs[index] * args[num_inputs + k]).sum()
         return total
 
-    differentiate = value_and_grads(objective, (), grads.params)
+    differentiate = grads_of(objective, (), grads.params)
     buffers = grads.buffers
 
     def preprocess_backward(*args: Tensor, **kwargs: Tensor) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from mindspore import Tensor, nn, ops
 
-from .autodiff import as_tuple, value_and_grads
+from .autodiff import as_tuple, grads_of
 from .grad_buffers import GradBuffers, accumulate
 
 
@@ -76,7 +76,7 @@ def make_stage_backward(
 
         return zero_backward
 
-    differentiate = value_and_grads(objective, grad_inputs, grads.params)
+    differentiate = grads_of(objective, grad_inputs, grads.params)
     buffers = grads.buffers
 
     def stage_backward(*args: Tensor) -> tuple[Tensor, ...]:
@@ -122,11 +122,11 @@ def make_last_stage_step(
 
         return loss_only
 
-    differentiate = value_and_grads(objective, grad_inputs, grads.params, has_aux=True)
+    differentiate = grads_of(objective, grad_inputs, grads.params, has_aux=True)
     buffers = grads.buffers
 
     def last_stage_step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
-        (_, loss), input_grads, weight_grads = differentiate(*args)
+        loss, input_grads, weight_grads = differentiate(*args)
         accumulate(buffers, weight_grads)
         return loss, input_grads
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graph_exec.cli.argtypes import non_negative_int, port, positive_int, seconds
+from graph_exec.cli.status import STATUS, StatusPrinter
 from graph_exec.launch import DEFAULT_MASTER_PORT, LaunchResult, Nodes, launch
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.schedule import PlanConfigError
@@ -54,7 +55,7 @@ def log_directory(text: str) -> Path:
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> None:
-    """``--timeout``, ``--log-dir`` and ``--no-pin``, shared by ``run`` and ``bench``."""
+    """``--timeout``, ``--log-dir``, ``--verbose`` and ``--no-pin``, shared by ``run`` and ``bench``."""
     parser.add_argument(
         "--timeout",
         metavar="S",
@@ -97,6 +98,11 @@ def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> N
         help=f"rendezvous port on node 0 (default: a free port on one node, {DEFAULT_MASTER_PORT} on several)",
     )
     parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep MindSpore's warnings in the worker logs (quiet by default: errors only)",
+    )
+    parser.add_argument(
         "--no-pin",
         dest="pin_cores",
         action="store_false",
@@ -135,6 +141,7 @@ def checked_job(
         calibrate=calibrate,
         dp=args.dp,
         nodes=args.nodes,
+        verbose=args.verbose,
     )
     for spec in job.runs:
         try:
@@ -216,13 +223,20 @@ def run_job(
     line of the last stage of replica 0 while it runs, where that rank runs on this host."""
     job.write(run_dir)
     tail = _LogTail(run_dir / "logs" / f"worker_{progress_rank(job)}.log")
+    status = StatusPrinter(job.ranks, lambda text: print(text, flush=True))
+    env = dict(os.environ)
+    if job.verbose:  # MindSpore's warnings back (or the level the user chose)
+        env.setdefault("GLOG_v", "2")
+    else:
+        env["GLOG_v"] = "3"
     return launch(
         WORKER,
         [str(run_dir)],
         nproc=job.ranks,
         log_dir=run_dir / "logs",
         timeout_s=timeout_s,
-        poll=lambda: _echo(tail.lines(), on_progress),
+        env=env,
+        poll=lambda: _echo(tail.lines(), on_progress, status),
         nodes=nodes,
     )
 
@@ -251,13 +265,25 @@ def execute(
         print(f"{prog}: interrupted, the job was stopped; logs in {run_dir}", file=sys.stderr)
         raise JobFailed(130) from None
     if not result.ok:
-        print(result.describe(tail_lines=40), file=sys.stderr)
+        print(result.describe(tail_lines=40, last_step=last_finished_step), file=sys.stderr)
         print(f"{prog}: failed; logs kept in {run_dir}", file=sys.stderr)
         raise JobFailed(1)
     return result
 
 
-def _echo(lines: list[str], on_progress: Callable[[dict], None]) -> None:
+def last_finished_step(log: str) -> str:
+    """From a worker's log: the last step its progress lines say it finished."""
+    done = [json.loads(line[len(PROGRESS) :]) for line in log.splitlines() if line.startswith(PROGRESS)]
+    if not done:
+        return "no step finished (it failed in start-up or in its first step)"
+    return f"last finished step {done[-1]['step'] + 1} (run {done[-1]['run']})"
+
+
+def _echo(
+    lines: list[str], on_progress: Callable[[dict], None], on_status: Callable[[dict], None] | None = None
+) -> None:
     for line in lines:
         if line.startswith(PROGRESS):
             on_progress(json.loads(line[len(PROGRESS) :]))
+        elif on_status is not None and line.startswith(STATUS):
+            on_status(json.loads(line[len(STATUS) :]))

@@ -17,8 +17,8 @@ from graph_exec.schedule import (
     ScheduleError,
     build_plan,
     to_csv,
-    to_json,
     to_text,
+    write_json,
 )
 from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW, PREPROCESS
 
@@ -108,17 +108,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_plan_arguments(parser)
     parser.add_argument("--format", choices=("text", "json", "csv"), default="text", help="output format")
     parser.add_argument("--with-idle", action="store_true", help="text format: show the idle slots as ·")
+    parser.add_argument(
+        "--json-steps",
+        action="store_true",
+        help="json format: also write every step as an object (kind, stage, micro, peer); "
+        "tokens only by default",
+    )
     parser.set_defaults(func=lambda args: _run(args, parser))
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.with_idle and args.format != "text":
         parser.error(f"--with-idle applies to --format text only, got --format {args.format}")
+    if args.json_steps and args.format != "json":
+        parser.error(f"--json-steps applies to --format json only, got --format {args.format}")
     plan = build_or_report(config_from_args(args, parser), parser.prog)
     if plan is None:
         return 1
     if args.format == "json":
-        sys.stdout.write(to_json(plan))
+        write_json(plan, sys.stdout, steps=args.json_steps)
     elif args.format == "csv":
         sys.stdout.write(to_csv(plan))
     else:

@@ -170,14 +170,14 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
     """The job ``args`` describe, checked the way the workers would check it (exit 2 if not)."""
-    from graph_exec.examples import load
+    from graph_exec.examples import TRAINABLE_BY_DEFAULT
 
     micro, batch = workload(args, parser)
     if args.baseline and (args.overflow or args.backward):
         parser.error("--baseline runs without MPipe: --overflow and --backward do not apply")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}")
-    trainable = load(args.example).trainable_by_default if args.trainable is None else args.trainable
+    trainable = TRAINABLE_BY_DEFAULT[args.example] if args.trainable is None else args.trainable
     spec = RunSpec(
         name="run",
         mode=args.mode,
@@ -246,21 +246,20 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     began = time.monotonic()
     try:
         with run_directory(args.log_dir) as run_dir:
-            result = execute(job, run_dir, args.timeout, progress, "graph-exec run", nodes_of(args, parser))
-            _report(args, job, run_dir, result.seconds, time.monotonic() - began)
+            execute(job, run_dir, args.timeout, progress, "graph-exec run", nodes_of(args, parser))
+            _report(args, job, run_dir, time.monotonic() - began)
     except JobFailed as failed:
         return failed.code
     return 0
 
 
-def _report(args: argparse.Namespace, job: JobSpec, run_dir: Path, msrun_s: float, total_s: float) -> None:
+def _report(args: argparse.Namespace, job: JobSpec, run_dir: Path, total_s: float) -> None:
     """The summary, the trace and the plot of a finished run."""
     total, first = job.end_step, job.first_step
     records = read_run(run_dir, "run", job.ranks)
     summary = summarize(records, job.warmup, job.pp * job.vpp - 1)
     print(
-        f"done: {job.total_steps} steps on {job.mesh} in {total_s:.1f} s "
-        f"(msrun {msrun_s:.1f} s, including start-up and compilation)"
+        f"done: {job.total_steps} steps on {job.mesh} in {total_s:.1f} s, including start-up and compilation"
     )
     over = " (mean over the replicas)" if job.dp > 1 else ""
     print(f"loss{over}: {summary.losses[0]:.4f} -> {summary.losses[-1]:.4f}")

@@ -5,13 +5,13 @@ Runs under msrun (see :mod:`graph_exec.cli.worker`). The ranks form a
 model with the job's seed, keeps its own chunks (``p, p + P, …`` for pipeline rank ``p``),
 trains on its replica's share of the global batch and steps Adam on the replica-averaged
 gradients. Each step starts after a barrier, so all ranks begin it together and its span on the
-shared monotonic clock is the job's step time. The last stage of replica 0 prints one progress
-line per step (prefix :data:`~graph_exec.report.job.PROGRESS`, loss averaged over the replicas)
-for the parent to echo; every rank writes a :class:`~graph_exec.report.records.RankRecord` per
-run at the end (on several hosts, every host gets every rank's record).
-A job with a checkpoint directory loads its ``first_step`` checkpoint before training and saves
-(schedule and Adam state, :func:`graph_exec.save_checkpoint`) every ``save_every`` steps and
-after the last one.
+shared monotonic clock is the job's step time. Every rank prints one progress line per step
+(prefix :data:`~graph_exec.report.job.PROGRESS`; the parent echoes those of replica 0's last
+stage, which carry the loss averaged over the replicas, and names a dead rank's last step from
+its own); every rank writes a :class:`~graph_exec.report.records.RankRecord` per run at the end
+(on several hosts, every host gets every rank's record). A job with a checkpoint directory
+loads its ``first_step`` checkpoint before training and saves (schedule and Adam state,
+:func:`graph_exec.save_checkpoint`) every ``save_every`` steps and after the last one.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from mindspore import nn
 
 import graph_exec as ge
 from graph_exec.checkpoint import SavedCheckpoint
+from graph_exec.cli.status import CompileWatch, announce
+from graph_exec.errors import GraphExecError
 from graph_exec.examples import load
 from graph_exec.examples.common import ExampleModel
 from graph_exec.executors import create_executor
@@ -98,11 +101,6 @@ class Trainer:
     def holds_loss(self) -> bool:
         return self.local[-1] == self.num_stages - 1
 
-    @property
-    def _prints_progress(self) -> bool:
-        """One rank of the job prints progress: the last stage of replica 0."""
-        return self.holds_loss and self.mesh.dp_rank == 0
-
     def step(self, index: int) -> StepRecord:
         """One training step: barrier, ``run()``, optimizer; returns (and keeps) its record.
 
@@ -134,9 +132,9 @@ class Trainer:
         return record
 
     def report(self, record: StepRecord, saved: SavedCheckpoint | None) -> None:
-        """The progress line of a step (replica 0's last-stage rank), with the checkpoint written after it."""
-        if not self._prints_progress:
-            return
+        """The progress line of a step, with the checkpoint written after it (every rank prints
+        one, so a failure report can name a dead rank's last step; the parent echoes the lines of
+        replica 0's last stage, which carry the loss)."""
         line: dict[str, Any] = {
             "run": self.spec.name,
             "step": record.step,
@@ -159,9 +157,8 @@ class Trainer:
         """Load the checkpoint of step ``steps_done`` before training on (every rank)."""
         began = time.perf_counter()
         ge.load_checkpoint(self.schedule, self._checkpoint_dir(), optimizer=self.optimizer, step=steps_done)
-        if self._prints_progress:
-            line = {"run": self.spec.name, "resumed": steps_done, "seconds": time.perf_counter() - began}
-            print(PROGRESS + json.dumps(line), flush=True)
+        line = {"run": self.spec.name, "resumed": steps_done, "seconds": time.perf_counter() - began}
+        print(PROGRESS + json.dumps(line), flush=True)
 
     def _checkpoint_dir(self) -> Path:
         if self.job.checkpoint_dir is None:
@@ -297,13 +294,27 @@ def train(job: JobSpec, run_dir: Path) -> None:
         raise ValueError(f"checkpoints need a job with one run, this one has {len(job.runs)}")
     mesh = DeviceMesh(dp=job.dp, pp=job.pp)
     trainers = [Trainer(job, spec, mesh) for spec in job.runs]
+
+    def compiled() -> tuple[int, float]:
+        graphs, seconds = 0, 0.0
+        for trainer in trainers:
+            try:
+                stats = trainer.schedule.stats()
+            except GraphExecError:  # its first run() has not set it up yet
+                continue
+            graphs, seconds = graphs + stats["compilations"], seconds + stats["compile_seconds"]
+        return graphs, seconds
+
     if job.first_step:
         for trainer in trainers:
             trainer.resume(job.first_step)
     for index in range(job.first_step, job.end_step):
-        for trainer in trainers:
-            record = trainer.step(index)
-            saved = trainer.save(index + 1) if checkpoint_due(job, index + 1) else None
-            trainer.report(record, saved)
+        # the first step compiles
+        with CompileWatch(compiled) if index == job.first_step else nullcontext():
+            for trainer in trainers:
+                record = trainer.step(index)
+                saved = trainer.save(index + 1) if checkpoint_due(job, index + 1) else None
+                trainer.report(record, saved)
+    announce("finishing")
     for trainer in trainers:
         trainer.finish(run_dir)

@@ -45,8 +45,11 @@ def main(argv: list[str]) -> int:
 
     from graph_exec.msenv import prepare_mindspore
 
-    prepare_mindspore("CPU")
+    prepare_mindspore("CPU", verbose=job.verbose)
     init()
+    from graph_exec.cli.status import announce
+
+    announce("started")
     from graph_exec.cli.training import train
 
     train(job, run_dir)

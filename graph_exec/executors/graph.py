@@ -19,6 +19,7 @@ drops all compiled kernels when one moved; they recompile on next use and are co
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -26,6 +27,9 @@ import mindspore as ms
 
 from .base import CompileStats
 from .kernel_executor import KernelExecutor
+
+#: Process-wide numbering of made kernels (several executors may live in one process).
+_kernel_numbers = itertools.count()
 
 
 class GraphExecutor(KernelExecutor):
@@ -54,6 +58,10 @@ class GraphExecutor(KernelExecutor):
         return super()._call(key, make, *args, **kwargs)
 
     def _prepare(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        # Each made kernel is its own closure (per cell and signature) and compiles once. jit
+        # keys functions by module, name, file and line, so a second closure of the same maker
+        # would log "has been compiled again" although nothing is compiled twice: number them.
+        kernel.__name__ = kernel.__qualname__ = f"{kernel.__name__}_{next(_kernel_numbers)}"
         # The default "ast" capture: "trace" replays stale gradients (see shared design notes).
         return ms.jit(kernel)
 

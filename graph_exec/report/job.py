@@ -13,8 +13,8 @@ from pathlib import Path
 from graph_exec.schedule import PlanConfig
 
 JOB_FILE = "job.json"
-#: Prefix of the progress lines the last-stage worker prints (one JSON object each) and the
-#: parent picks out of that worker's log while the job runs.
+#: Prefix of the progress lines every worker prints per finished step (one JSON object each);
+#: the parent echoes the last-stage worker's (they carry the loss) while the job runs.
 PROGRESS = "@@graph-exec "
 
 
@@ -65,6 +65,7 @@ class JobSpec:
     checkpoint_dir: str | None = None
     dp: int = 1  #: pipeline replicas (data parallel); each has ranks / dp pipeline ranks
     nodes: int = 1  #: hosts the job spans (ranks / nodes workers on each)
+    verbose: bool = False  #: keep MindSpore's warnings in the worker logs
 
     @property
     def pp(self) -> int:

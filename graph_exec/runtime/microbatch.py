@@ -25,9 +25,20 @@ def _is_tensor(value: Any) -> bool:
     return isinstance(value, Tensor)
 
 
-def _batch_size(name: str, value: Any) -> int:
+def _as_tensor(name: str, value: Any) -> Any:
+    """``value`` as a ``mindspore.Tensor``: numpy arrays are converted (copied, same dtype)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        from mindspore import Tensor
+
+        return Tensor(np.ascontiguousarray(value))
     if not _is_tensor(value):
-        raise TypeError(f"{name} must be a mindspore.Tensor, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a mindspore.Tensor or a numpy.ndarray, got {type(value).__name__}")
+    return value
+
+
+def _batch_size(name: str, value: Any) -> int:
     if value.ndim == 0:
         raise ValueError(f"{name} is a 0-d tensor; inputs are split into micro-batches along dim 0")
     return int(value.shape[0])
@@ -44,10 +55,18 @@ def split_batch(
     """Cut every input, keyword input and label tensor into ``micro_batch_num`` equal parts.
 
     All of them must share the batch size on dim 0, and it must be divisible by the number of
-    micro-batches; the error names the tensor, its shape and the number.
+    micro-batches; the error names the tensor, its shape and the number. numpy arrays are
+    accepted and converted to ``mindspore.Tensor`` (same dtype) first.
     """
     if not inputs:
         raise ValueError("run() needs at least one input tensor (the global batch)")
+    inputs = [_as_tensor(f"input {i}", t) for i, t in enumerate(inputs)]
+    kwargs = {k: _as_tensor(f"keyword input {k!r}", t) for k, t in kwargs.items()}
+    if labels is not None:
+        if isinstance(labels, tuple | list):
+            labels = tuple(_as_tensor(f"label {i}", t) for i, t in enumerate(labels))
+        else:
+            labels = _as_tensor("label 0", labels)
     named = [(f"input {i}", t) for i, t in enumerate(inputs)] + [
         (f"keyword input {k!r}", t) for k, t in kwargs.items()
     ]

@@ -20,6 +20,7 @@ from typing import Any
 from graph_exec.bufpool import BufferPool
 from graph_exec.errors import CommunicationNotInitializedError, GraphExecError
 from graph_exec.executors import MODES, Executor, create_executor
+from graph_exec.executors.jit_callable import jit_parseable
 from graph_exec.runtime.buffers import ReceiveBuffers
 from graph_exec.runtime.data_parallel import DataParallelGrads
 from graph_exec.runtime.driver import RankRuntime, TimelineEvent
@@ -30,6 +31,7 @@ from graph_exec.runtime.handshake import (
     share_setup_outcome,
 )
 from graph_exec.runtime.microbatch import split_batch
+from graph_exec.runtime.param_names import check_unique_parameter_names
 from graph_exec.runtime.stage import PipelineStage
 from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan
 from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
@@ -79,7 +81,9 @@ class ScheduleMPipeTranspose:
     debugging), ``overflow`` (``"full"``/``"min"``), ``backward`` (``"central"``/``"owner"``),
     ``input`` (``"replicated"``: every rank passes the whole batch; ``"owned"``: a rank's
     batch is only read for the micro-batches it owns, the rest reach rank 0 by transfer),
-    ``loss_fn(output, *labels)`` (``None``: the last chunk returns the loss), ``scale_grads``
+    ``loss_fn(output, *labels)`` (``None``: the last chunk returns the loss; in graph mode an
+    inline lambda is rewritten into a function ``mindspore.jit`` can parse, and a function without
+    readable source is rejected here), ``scale_grads``
     (divide gradients by the number of micro-batches), ``timeout_s`` (bound on every wait for
     a peer), ``sync_steps`` (wait for every compute step's results before the next step, so
     :attr:`timeline` shows each step's own duration; ``None``: on for CPU, where it was
@@ -133,6 +137,9 @@ class ScheduleMPipeTranspose:
             raise TypeError(f"loss_fn must be callable or None, got {type(loss_fn).__name__}")
         if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or not timeout_s > 0:
             raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        check_unique_parameter_names(self.stages, preprocess_module)
+        if loss_fn is not None and mode == "graph":
+            loss_fn = jit_parseable(loss_fn)
         if mesh is not None:
             from graph_exec.transport.mesh import DeviceMesh
 
@@ -163,9 +170,10 @@ class ScheduleMPipeTranspose:
 
         ``inputs`` (and ``labels``, ``kwargs`` for the preprocess) are this pipeline replica's
         batch, the same on every rank of the replica, cut on dim 0 into ``micro_batch_num``
-        micro-batches (without data parallelism: the global batch). With ``dp > 1`` the
-        gradients are averaged over the replicas after the step. Returns the per-micro-batch
-        losses on the rank holding the last stage, ``None`` elsewhere.
+        micro-batches (without data parallelism: the global batch); ``mindspore.Tensor`` or
+        numpy arrays, which are converted with their dtype. With ``dp > 1`` the gradients are
+        averaged over the replicas after the step. Returns the per-micro-batch losses on the
+        rank holding the last stage, ``None`` elsewhere.
         """
         if self._failed is not None:
             raise GraphExecError(
@@ -215,7 +223,8 @@ class ScheduleMPipeTranspose:
         cells = [s.submodule for s in self.stages]
         if self.preprocess_module is not None and (self.backward == "owner" or pp_rank == 0):
             cells.append(self.preprocess_module)
-        unique = {p.name: p for cell in cells for p in cell.trainable_params()}
+        # By identity, not by name: a name shared by two Parameters is rejected at construction.
+        unique = {id(p): p for cell in cells for p in cell.trainable_params()}
         return list(unique.values())
 
     def zero_grad(self) -> None:

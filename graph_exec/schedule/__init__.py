@@ -18,7 +18,7 @@ from graph_exec.schedule.errors import (
     PairingError,
     ScheduleError,
 )
-from graph_exec.schedule.export import to_csv, to_json, to_text
+from graph_exec.schedule.export import to_csv, to_json, to_text, write_json
 from graph_exec.schedule.lifetimes import BufferLifetime, buffer_lifetimes
 from graph_exec.schedule.plan import Plan, build_plan
 from graph_exec.schedule.steps import IDLE, Step, StepKind
@@ -45,4 +45,5 @@ __all__ = [
     "to_json",
     "to_text",
     "validate",
+    "write_json",
 ]

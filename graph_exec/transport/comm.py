@@ -19,7 +19,7 @@ import numpy as np
 
 from graph_exec.errors import CommunicationNotInitializedError, ProtocolError, RemoteRankError
 from graph_exec.transport.comm_thread import CommWorker
-from graph_exec.transport.cpu_workarounds import rebind_default_groups
+from graph_exec.transport.cpu_workarounds import rebind_default_groups, world_barrier
 from graph_exec.transport.mesh import CommGroup
 from graph_exec.transport.meta import (
     META_WORDS,
@@ -94,7 +94,7 @@ def barrier(group: CommGroup | None = None) -> None:
     import mindspore.mint.distributed as dist
 
     rebind_default_groups()
-    dist.barrier(group=world_group_name() if group is None else group.name)
+    world_barrier(dist, world_group_name() if group is None else group.name)
 
 
 def _shared_worker() -> CommWorker:
@@ -168,7 +168,7 @@ class _ExitBarrier:
 
         try:
             transport._worker.run(
-                lambda: transport._dist.barrier(group=GlobalComm.WORLD_COMM_GROUP),
+                lambda: world_barrier(transport._dist, GlobalComm.WORLD_COMM_GROUP),
                 timeout_s,
                 "in the exit barrier",
             )
@@ -318,7 +318,7 @@ class Transport:
 
     def barrier(self) -> None:
         """Wait until every rank of the group gets here (with the transport's deadline)."""
-        self._worker.run(lambda: self._dist.barrier(group=self.group), self.timeout_s, "in a barrier")
+        self._worker.run(lambda: world_barrier(self._dist, self.group), self.timeout_s, "in a barrier")
 
     # -- failure --------------------------------------------------------------------------
 

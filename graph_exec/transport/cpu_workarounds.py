@@ -9,6 +9,10 @@ it; on Ascend the world group *is* ``hccl_world_group`` and the patch changes no
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 
 def rebind_default_groups() -> None:
     """Point the import-time group defaults at the initialised world group."""
@@ -21,3 +25,22 @@ def rebind_default_groups() -> None:
             helper = getattr(module, name, None)
             if helper is not None and helper.__defaults__:
                 helper.__defaults__ = (GlobalComm.WORLD_COMM_GROUP,)
+
+
+def world_barrier(dist: Any, group: str) -> None:
+    """Block until every rank of ``group`` gets here, without the CPU ``[ERROR]`` line.
+
+    ``mint.distributed.barrier`` ends with ``mindspore.runtime.synchronize()``, a stream call
+    that on CPU does nothing but log "CPU device is not supported" (as ``[ERROR]``, on every
+    rank of every successful run). On CPU a blocking all-reduce of one element is the same
+    rendezvous (no rank can finish it before all have started it) and ``asnumpy()`` waits for
+    it; elsewhere MindSpore's own barrier is used.
+    """
+    import mindspore as ms
+
+    if ms.get_context("device_target") != "CPU":
+        dist.barrier(group=group)
+        return
+    token = ms.Tensor(np.zeros(1, dtype=np.int32))
+    dist.all_reduce(token, group=group)
+    token.asnumpy()

@@ -106,8 +106,18 @@ def test_bad_inputs_are_refused_before_any_step_and_leave_the_schedule_usable() 
     sched = make(model, micro=2)
     x, labels = batch(8)
     cases = [
-        (TypeError, r"input 0 must be a mindspore.Tensor, got ndarray", (x.asnumpy(),), {"labels": labels}),
-        (TypeError, r"label 0 must be a mindspore.Tensor, got list", (x,), {"labels": [[0] * 8]}),
+        (
+            TypeError,
+            r"input 0 must be a mindspore.Tensor or a numpy.ndarray, got list",
+            ([[0.0]] * 8,),
+            {"labels": labels},
+        ),
+        (
+            TypeError,
+            r"label 0 must be a mindspore.Tensor or a numpy.ndarray, got list",
+            (x,),
+            {"labels": [[0] * 8]},
+        ),
         (ValueError, r"input 0 is a 0-d tensor", (Tensor(np.float32(1)),), {"labels": labels}),
         (ValueError, r"label 0 has batch size 6 but input 0 has 8", (x,), {"labels": labels[:6]}),
         (ValueError, r"run\(\) needs at least one input tensor", (), {"labels": labels}),
