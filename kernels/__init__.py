@@ -6,24 +6,22 @@ so both run exactly the same code. Kernels know nothing about schedules or commu
 """
 
 from .autodiff import FLOAT_DTYPES, as_tuple, is_float, value_and_grads
-from .grad_buffers import BUFFER_PREFIX, GradBuffers, accumulate, make_buffer, make_zero_grads
-from .preprocess import make_preprocess_backward, make_preprocess_forward
-from .stage import BackwardLayout, make_last_stage_step, make_stage_backward, make_stage_forward
+from .grad_buffers import BUFFER_PREFIX, GradBuffers, make_accumulate, make_buffer, make_zero_grads
+from .preprocess import make_preprocess_forward
+from .stage import make_last_stage_step, make_stage_forward, make_stage_loss
 
 __all__ = [
     "BUFFER_PREFIX",
     "FLOAT_DTYPES",
-    "BackwardLayout",
     "GradBuffers",
-    "accumulate",
     "as_tuple",
     "is_float",
+    "make_accumulate",
     "make_buffer",
     "make_last_stage_step",
-    "make_preprocess_backward",
     "make_preprocess_forward",
-    "make_stage_backward",
     "make_stage_forward",
+    "make_stage_loss",
     "make_zero_grads",
     "value_and_grads",
 ]

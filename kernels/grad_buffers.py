@@ -4,8 +4,8 @@ MindSpore has no ``param.grad``; gradients are values returned by ``mindspore.gr
 them over micro-batches without a round trip through Python, every trainable parameter gets one
 accumulator ``Parameter`` (named ``gacc.<param name>``: graphs need unique names, and optimizer
 state such as momentum already uses other prefixes) that kernels update with
-``ops.assign_add`` inside the compiled graph. ``Tensor.add_`` is not in place on CPU, so the
-accumulators must only ever change through the functions here.
+``ops.assign_add``. ``Tensor.add_`` is not in place on CPU, so the accumulators must only ever
+change through the functions here.
 
 A kernel whose only effect is on accumulators returns ``None``: under ``mindspore.jit`` in
 MindSpore 2.10 a function that returns an empty tuple silently loses its side effects.
@@ -44,10 +44,18 @@ class GradBuffers:
         return len(self.params)
 
 
-def accumulate(buffers: ParameterTuple, grads: tuple[Tensor, ...]) -> None:
-    """``buffers[i] += grads[i]`` in place; callable inside ``mindspore.jit`` (loop unrolls)."""
-    for index in range(len(buffers)):
-        ops.assign_add(buffers[index], grads[index])
+def make_accumulate(buffers: ParameterTuple) -> Callable[..., None]:
+    """A kernel ``add(*grads)``: ``buffers[i] += grads[i]`` in place, for every ``i``.
+
+    The gradients come flat (one positional tensor each): a compiled function taking a tuple of
+    tensors was measured to recompile on every call. The buffers are closed over, not passed.
+    """
+
+    def accumulate(*grads: Tensor) -> None:
+        for index in range(len(buffers)):
+            ops.assign_add(buffers[index], grads[index])
+
+    return accumulate
 
 
 def make_zero_grads(buffers: ParameterTuple) -> Callable[[], None]:

@@ -19,7 +19,7 @@ Conventions shared by every hook:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,8 +57,22 @@ class Executor(ABC):
         """Recompute the preprocess from ``inputs`` and accumulate its parameter gradients."""
 
     @abstractmethod
+    def preprocess_forward_taped(self, key: Hashable, inputs: Tensors, kwargs: Mapping[str, Any]) -> Tensors:
+        """Run the preprocess on one micro-batch under the autograd tape and keep its state under
+        ``key`` (any hashable; counted by :meth:`kept`, freed by :meth:`drop_kept`) for
+        :meth:`preprocess_backward_taped`. For a caller that runs the preprocess where its
+        backward will also run (a non-transposed baseline), so the backward need not recompute.
+        With ``recompute=True`` only the inputs are kept and the backward recomputes."""
+
+    @abstractmethod
+    def preprocess_backward_taped(self, key: Hashable, cotangents: MaybeTensors) -> None:
+        """Accumulate the preprocess parameter gradients of the forward kept under ``key`` for
+        the output ``cotangents`` (``None`` entries count as zeros), then free its state."""
+
+    @abstractmethod
     def stage_forward(self, stage: int, micro: int, inputs: Tensors) -> Tensors:
-        """Run a stage chunk; keep what its backward needs (its inputs) under ``(stage, micro)``."""
+        """Run a stage chunk; keep what its backward needs under ``(stage, micro)`` (the taped
+        forward by default, only the inputs with ``recompute=True``)."""
 
     @abstractmethod
     def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
@@ -80,8 +94,9 @@ class Executor(ABC):
         """Reset every gradient buffer to zero."""
 
     @abstractmethod
-    def kept(self) -> Sequence[tuple[int, int]]:
-        """The ``(stage, micro)`` keys whose forward state is still held (for leak checks)."""
+    def kept(self) -> Sequence[Hashable]:
+        """The keys whose forward state is still held (for leak checks): ``(stage, micro)`` for
+        stages, ``("preprocess", key)`` for taped preprocess forwards."""
 
     @abstractmethod
     def drop_kept(self) -> None:
