@@ -257,7 +257,9 @@ def accumulation_candidates(rounds: int, warmup: int) -> dict[str, dict[str, flo
 
     samples = _interleaved({label: case(add) for label, add in candidates.items()}, rounds, warmup)
     return _print_table(
-        "weight-gradient accumulation, dense32, 4 taped fwd + 4 bwd", samples, "eager assign_add per parameter"
+        "weight-gradient accumulation, dense32, 4 taped fwd + 4 bwd",
+        samples,
+        "eager assign_add per parameter",
     )
 
 
@@ -278,7 +280,9 @@ def last_stage_fused_vs_tape(rounds: int, warmup: int) -> dict[str, dict[str, fl
     fused_cell.update_parameters_name("fused.")
     params = fused_cell.trainable_params()
     buffers = [Parameter(ops.zeros_like(p), name="gacc." + p.name, requires_grad=False) for p in params]
-    fused = ms.jit(make_last_stage_step(fused_cell, GradBuffers(params, buffers), 1, (0,), lm_cross_entropy, 0.25))
+    fused = ms.jit(
+        make_last_stage_step(fused_cell, GradBuffers(params, buffers), 1, (0,), lm_cross_entropy, 0.25)
+    )
     taped_cell = LMChunk(config, 3, embedding=False, head=True)
     taped_cell.update_parameters_name("taped.")
     executor = create_executor("graph", {2: taped_cell}, loss_fn=lm_cross_entropy, loss_scale=0.25)
@@ -345,8 +349,10 @@ def measure_in_fresh_process(flag: str, *values: str) -> Any:
 def memory_per_micro(in_flight: int) -> dict[str, float]:
     """Bytes held per in-flight micro-batch, each variant in its own fresh process."""
     input_bytes = 2 * 32 * 64 * 4
-    print(f"\n== LM stage (3 blocks, width 64, batch 2x32): resident KiB per in-flight micro-batch, "
-          f"{in_flight} in flight (its input alone: {input_bytes / 1024:.0f} KiB) ==")
+    print(
+        f"\n== LM stage (3 blocks, width 64, batch 2x32): resident KiB per in-flight micro-batch, "
+        f"{in_flight} in flight (its input alone: {input_bytes / 1024:.0f} KiB) =="
+    )
     result = {}
     for mode in ("graph", "pynative"):
         for recompute in (False, True):
@@ -359,7 +365,9 @@ def memory_per_micro(in_flight: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chunks", default=",".join(CHUNKS), help=f"comma-separated, from {','.join(CHUNKS)}")
+    parser.add_argument(
+        "--chunks", default=",".join(CHUNKS), help=f"comma-separated, from {','.join(CHUNKS)}"
+    )
     parser.add_argument("--runs", type=int, default=1, help="separate processes for the chunk measurements")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -395,12 +403,23 @@ def main(argv: list[str] | None = None) -> int:
 
 def _chunk_runs(chunks: list[str], args: argparse.Namespace) -> None:
     """:func:`chunk_speed` in ``args.runs`` fresh processes; p50 and p90/p50 of every run."""
-    flags = ["--chunk-run", "--chunks", ",".join(chunks), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+    flags = [
+        "--chunk-run",
+        "--chunks",
+        ",".join(chunks),
+        "--rounds",
+        str(args.rounds),
+        "--warmup",
+        str(args.warmup),
+    ]
     runs = [measure_in_fresh_process(*flags) for _ in range(args.runs)]
     for chunk in chunks:
         print(f"\n== {chunk}: p50 ms (p90/p50) in each of {args.runs} separate processes ==")
         for case in runs[0][chunk]:
-            cells = [f"{r[chunk][case]['p50']:7.2f} ({r[chunk][case]['p90'] / r[chunk][case]['p50']:.2f})" for r in runs]
+            cells = [
+                f"{r[chunk][case]['p50']:7.2f} ({r[chunk][case]['p90'] / r[chunk][case]['p50']:.2f})"
+                for r in runs
+            ]
             print(f"{case:26s}" + "".join(f"{c:>16s}" for c in cells))
 
 

@@ -145,7 +145,9 @@ class KernelExecutor(Executor):
 
     def _accumulate(self, owner: Hashable, grads: GradBuffers, weight_grads: tuple) -> None:
         if weight_grads:
-            self._call(("accumulate", owner), lambda: self._prepare(make_accumulate(grads.buffers)), *weight_grads)
+            self._call(
+                ("accumulate", owner), lambda: self._prepare(make_accumulate(grads.buffers)), *weight_grads
+            )
 
     # ------------------------------------------------------------------ preprocess hooks
 
@@ -187,11 +189,15 @@ class KernelExecutor(Executor):
         signature, args, make = self._preprocess_kernel(where, inputs, kwargs)
         hash(key)
         if key in self._kept_preprocess:
-            raise HookOrderError(f"{where}: a forward is already kept under this key and its backward has not run")
+            raise HookOrderError(
+                f"{where}: a forward is already kept under this key and its backward has not run"
+            )
         grads = self._preprocess_grads
         trains = grads is not None and len(grads) > 0
         if trains and not self.recompute:
-            outputs, tape = self._taped(("preprocess_tape", signature), lambda: self._preprocess_tape_for(make))
+            outputs, tape = self._taped(
+                ("preprocess_tape", signature), lambda: self._preprocess_tape_for(make), *args
+            )
             recorded = True
         else:
             outputs = self._call(("preprocess_forward", signature), lambda: self._prepare(make()), *args)
@@ -326,7 +332,9 @@ class KernelExecutor(Executor):
 
         result: list[Tensor | None] = [None] * len(inputs)
         if not grad_inputs and not len(grads):
-            loss = self._call(("stage_loss", stage, specs, label_specs), lambda: self._prepare(make_loss()), *args)
+            loss = self._call(
+                ("stage_loss", stage, specs, label_specs), lambda: self._prepare(make_loss()), *args
+            )
             _check_scalar_loss(where, loss)
             return loss, tuple(result)
         loss, tape = self._taped(

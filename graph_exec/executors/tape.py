@@ -55,7 +55,9 @@ class Tape:
         self._inputs = grad_inputs
         self._weights = len(weights) > 0
         if grad_inputs and self._weights:
-            self._grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(self._cell, weights)
+            self._grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(
+                self._cell, weights
+            )
         elif grad_inputs:
             self._grad = ops.GradOperation(get_all=True, sens_param=True)(self._cell)
         else:

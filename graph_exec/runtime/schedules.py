@@ -76,7 +76,9 @@ class ScheduleMPipeTranspose:
     (divide gradients by the number of micro-batches), ``timeout_s`` (bound on every wait for
     a peer), ``sync_steps`` (wait for every compute step's results before the next step, so
     :attr:`timeline` shows each step's own duration; ``None``: on for CPU, where it was
-    measured 2-3x faster, off elsewhere; see ``RankRuntime``).
+    measured 2-3x faster, off elsewhere; see ``RankRuntime``), ``recompute`` (``False``: a
+    stage's backward runs the bprop of its taped forward; ``True``: keep only its inputs and
+    record the forward again in the backward, for runs short of activation memory).
     """
 
     def __init__(
@@ -94,8 +96,11 @@ class ScheduleMPipeTranspose:
         scale_grads: bool = False,
         timeout_s: float = 300.0,
         sync_steps: bool | None = None,
+        recompute: bool = False,
     ) -> None:
         self.stages = _check_stages(stages)
+        if not isinstance(recompute, bool):
+            raise ValueError(f"recompute must be a bool (True or False), got {recompute!r}")
         if isinstance(micro_batch_num, bool) or not isinstance(micro_batch_num, int) or micro_batch_num < 1:
             raise ValueError(f"micro_batch_num must be a positive int, got {micro_batch_num!r}")
         layers = num_transpose_layers
@@ -129,6 +134,7 @@ class ScheduleMPipeTranspose:
         self.scale_grads = bool(scale_grads)
         self.timeout_s = float(timeout_s)
         self.sync_steps = sync_steps
+        self.recompute = recompute
         self._setup: _Setup | None = None
         self._failed: str | None = None
 
@@ -310,6 +316,7 @@ class ScheduleMPipeTranspose:
             loss_scale=1.0 / self.micro_batch_num if self.scale_grads else 1.0,
             # Only a trainable preprocess reads dL/d(stage 0 input); otherwise it is wasted work.
             first_stage_input_grads=config.trainable,
+            recompute=self.recompute,
         )
         return build_plan(config), executor
 
@@ -341,6 +348,7 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         scale_grads: bool = False,
         timeout_s: float = 300.0,
         sync_steps: bool | None = None,
+        recompute: bool = False,
     ) -> None:
         super().__init__(
             stages,
@@ -350,4 +358,5 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
             scale_grads=scale_grads,
             timeout_s=timeout_s,
             sync_steps=sync_steps,
+            recompute=recompute,
         )
