@@ -5,10 +5,10 @@ The graph executor compiles it with ``mindspore.jit``, the pynative executor cal
 so both run exactly the same code. Kernels know nothing about schedules or communication.
 """
 
-from .autodiff import FLOAT_DTYPES, as_tuple, is_float, value_and_grads
+from .autodiff import FLOAT_DTYPES, as_tuple, is_float
 from .grad_buffers import BUFFER_PREFIX, GradBuffers, make_accumulate, make_buffer, make_zero_grads
 from .preprocess import make_preprocess_forward
-from .stage import make_last_stage_step, make_stage_forward, make_stage_loss
+from .stage import make_stage_forward, make_stage_loss
 
 __all__ = [
     "BUFFER_PREFIX",
@@ -18,10 +18,8 @@ __all__ = [
     "is_float",
     "make_accumulate",
     "make_buffer",
-    "make_last_stage_step",
     "make_preprocess_forward",
     "make_stage_forward",
     "make_stage_loss",
     "make_zero_grads",
-    "value_and_grads",
 ]

@@ -1,10 +1,9 @@
 """Per-parameter gradient accumulators and the graph-safe ways to touch them.
 
-MindSpore has no ``param.grad``; gradients are values returned by ``mindspore.grad``. To sum
-them over micro-batches without a round trip through Python, every trainable parameter gets one
-accumulator ``Parameter`` (named ``gacc.<param name>``: graphs need unique names, and optimizer
-state such as momentum already uses other prefixes) that kernels update with
-``ops.assign_add``. ``Tensor.add_`` is not in place on CPU, so the accumulators must only ever
+MindSpore has no ``param.grad``; gradients are values returned by the autograd tape's backward.
+To sum them over micro-batches, every trainable parameter gets one accumulator ``Parameter`` (named ``gacc.<param name>``: graphs need unique names, and optimizer
+state such as momentum already uses other prefixes) that one accumulate kernel per owner
+updates with ``ops.assign_add`` (compiled in graph mode, eager in pynative mode). ``Tensor.add_`` is not in place on CPU, so the accumulators must only ever
 change through the functions here.
 
 A kernel whose only effect is on accumulators returns ``None``: under ``mindspore.jit`` in

@@ -1,4 +1,4 @@
-"""Kernels of a pipeline stage chunk: the forward, the loss of the last stage, the fused step.
+"""Kernels of a pipeline stage chunk: the forward, and the loss of the last stage.
 
 Each ``make_*`` function closes over the user's cell and returns a plain function of tensors.
 The graph executor compiles it with ``mindspore.jit``; the pynative executor calls it as is.
@@ -12,12 +12,10 @@ static graph.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from mindspore import Tensor, nn
 
-from .autodiff import as_tuple, value_and_grads
-from .grad_buffers import GradBuffers, make_accumulate
+from .autodiff import as_tuple
 
 
 def make_stage_forward(cell: nn.Cell) -> Callable[..., tuple[Tensor, ...]]:
@@ -41,40 +39,3 @@ def make_stage_loss(
         return loss_fn(cell(*args[:num_inputs]), *args[num_inputs:])
 
     return stage_loss
-
-
-def make_last_stage_step(
-    cell: nn.Cell,
-    grads: GradBuffers,
-    num_inputs: int,
-    grad_inputs: tuple[int, ...],
-    loss_fn: Callable[..., Tensor] | None,
-    loss_scale: float,
-) -> Callable[..., tuple[Tensor, tuple[Tensor, ...]]]:
-    """``step(*inputs, *labels) -> (loss, input grads)``: forward, loss and backward fused.
-
-    Gradients are those of ``loss_scale * loss`` (the runtime passes ``1/M`` to average over M
-    micro-batches), added into ``grads`` inside the graph; the returned loss is unscaled.
-    """
-    loss_of = make_stage_loss(cell, num_inputs, loss_fn)
-
-    def objective(*args: Tensor) -> tuple[Tensor, Tensor]:
-        loss = loss_of(*args)
-        return loss * loss_scale, loss
-
-    if not grad_inputs and not len(grads):
-        # Nothing on this stage trains and no input needs a gradient: only the loss is wanted.
-        def loss_only(*args: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-            return loss_of(*args), ()
-
-        return loss_only
-
-    differentiate = value_and_grads(objective, grad_inputs, grads.params, has_aux=True)
-    accumulate = make_accumulate(grads.buffers)
-
-    def last_stage_step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
-        (_, loss), input_grads, weight_grads = differentiate(*args)
-        accumulate(*weight_grads)
-        return loss, input_grads
-
-    return last_stage_step

@@ -9,8 +9,10 @@ alternate round by round in one process, so machine noise hits them alike):
   tape written here (``GradOperation`` on the bare cell, eager adds), and the previous compiled
   path written here (a jitted recompute ``value_and_grad`` with in-graph ``assign_add``);
 * :func:`accumulation_candidates` — ways of adding returned weight gradients into accumulators;
-* :func:`last_stage_fused_vs_tape` — the fused jitted forward+loss+backward against the taped
-  loss forward followed by its bprop;
+* :func:`last_stage_fused_vs_tape` — the fused jitted forward+loss+backward (with in-graph
+  accumulation, or returning the gradients to a jitted add) against the taped loss forward
+  followed by its bprop;
+* :func:`slow_mode_candidates` — what makes a jitted recompute backward slow;
 * :func:`memory_per_micro` — bytes held per in-flight micro-batch, tape against recompute
   (each in a fresh process: MindSpore's allocator never returns memory, so growth only shows
   in a process that has not needed it before).
@@ -266,11 +268,11 @@ def accumulation_candidates(rounds: int, warmup: int) -> dict[str, dict[str, flo
 def last_stage_fused_vs_tape(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
     """The example LM's last chunk (3 blocks + head + cross-entropy), one micro-batch."""
     import mindspore as ms
-    from mindspore import Parameter, Tensor, ops
+    from mindspore import Parameter, ParameterTuple, Tensor, ops
 
     from graph_exec.examples.lm import LMChunk, LMConfig, lm_cross_entropy
     from graph_exec.executors import create_executor
-    from graph_exec.kernels import GradBuffers, make_last_stage_step
+    from graph_exec.kernels import make_accumulate
 
     config = LMConfig(vocab=128, width=64, heads=4, layers=3, seq=32)
     rng = np.random.default_rng(2)
@@ -278,11 +280,44 @@ def last_stage_fused_vs_tape(rounds: int, warmup: int) -> dict[str, dict[str, fl
     labels = Tensor(rng.integers(0, config.vocab, (2, 32), dtype=np.int32))
     fused_cell = LMChunk(config, 3, embedding=False, head=True)
     fused_cell.update_parameters_name("fused.")
-    params = fused_cell.trainable_params()
-    buffers = [Parameter(ops.zeros_like(p), name="gacc." + p.name, requires_grad=False) for p in params]
-    fused = ms.jit(
-        make_last_stage_step(fused_cell, GradBuffers(params, buffers), 1, (0,), lm_cross_entropy, 0.25)
+    fused_params = ParameterTuple(fused_cell.trainable_params())
+    fused_buffers = ParameterTuple(
+        [Parameter(ops.zeros_like(p), name="facc." + p.name, requires_grad=False) for p in fused_params]
     )
+
+    def fused_step(x: Any, y: Any) -> Any:
+        def scaled(x: Any, y: Any) -> Any:
+            loss = lm_cross_entropy(fused_cell(x), y)
+            return loss * 0.25, loss
+
+        (_, loss), (dx, dws) = ms.value_and_grad(scaled, 0, fused_params, has_aux=True)(x, y)
+        for index in range(len(fused_buffers)):
+            ops.assign_add(fused_buffers[index], dws[index])
+        return loss, dx
+
+    fused = ms.jit(fused_step)
+    returning_cell = LMChunk(config, 3, embedding=False, head=True)
+    returning_cell.update_parameters_name("returning.")
+    returning_params = ParameterTuple(returning_cell.trainable_params())
+
+    def returning_step(x: Any, y: Any) -> Any:
+        def scaled(x: Any, y: Any) -> Any:
+            return lm_cross_entropy(returning_cell(x), y) * 0.25
+
+        loss, (dx, dws) = ms.value_and_grad(scaled, grad_position=0, weights=returning_params)(x, y)
+        return loss, dx, dws
+
+    returning = ms.jit(returning_step)
+    returning_buffers = ParameterTuple(
+        [Parameter(ops.zeros_like(p), name="racc." + p.name, requires_grad=False) for p in returning_params]
+    )
+    returning_add = ms.jit(make_accumulate(returning_buffers))
+
+    def fused_then_add() -> Any:
+        loss, dx, dws = returning(hidden, labels)
+        returning_add(*dws)
+        return [loss, dx, *returning_buffers]
+
     taped_cell = LMChunk(config, 3, embedding=False, head=True)
     taped_cell.update_parameters_name("taped.")
     executor = create_executor("graph", {2: taped_cell}, loss_fn=lm_cross_entropy, loss_scale=0.25)
@@ -296,11 +331,77 @@ def last_stage_fused_vs_tape(rounds: int, warmup: int) -> dict[str, dict[str, fl
         return run
 
     cases = {
-        "fused jitted value_and_grad": timed(lambda: fused(hidden, labels)),
+        "fused jit, in-graph assign_add": timed(lambda: fused(hidden, labels)),
+        "fused, grads returned + jitted add": timed(fused_then_add),
         "taped loss + bprop (executor)": timed(lambda: executor.last_stage_step(2, 0, (hidden,), (labels,))),
     }
     samples = _interleaved(cases, rounds, warmup)
-    return _print_table("last stage, graph mode, one micro-batch", samples, "fused jitted value_and_grad")
+    return _print_table("last stage, graph mode, one micro-batch", samples, "fused jit, in-graph assign_add")
+
+
+def slow_mode_candidates(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """What makes the old compiled recompute-backward slow: one dense32 backward per sample.
+
+    The same jitted recompute ``value_and_grad`` returning the input gradient only; returning
+    the weight gradients too; adding them into accumulator Parameters inside the graph; and
+    the taped bprop for comparison (forward recorded just before, not timed).
+    """
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, Tensor, ops
+
+    from graph_exec.executors.tape import Tape
+    from graph_exec.kernels import make_stage_forward
+
+    cell, shape = build_chunk("dense32")
+    params = ParameterTuple(cell.trainable_params())
+    buffers = ParameterTuple(
+        [Parameter(ops.zeros_like(p), name="slow." + p.name, requires_grad=False) for p in params]
+    )
+
+    def objective(x: Any, c: Any) -> Any:
+        return (cell(x) * c).sum()
+
+    inputs_only = ms.value_and_grad(objective, grad_position=0)
+    with_weights = ms.value_and_grad(objective, grad_position=0, weights=params)
+
+    def input_grad(x: Any, c: Any) -> Any:
+        return inputs_only(x, c)[1]
+
+    def all_grads(x: Any, c: Any) -> Any:
+        return with_weights(x, c)[1]
+
+    def written(x: Any, c: Any) -> Any:
+        dx, dws = with_weights(x, c)[1]
+        for index in range(len(buffers)):
+            ops.assign_add(buffers[index], dws[index])
+        return dx
+
+    tape = Tape(ms.jit(make_stage_forward(cell)), params, grad_inputs=True)
+    rng = np.random.default_rng(4)
+    jitted = {
+        "jit: input grad only": ms.jit(input_grad),
+        "jit: + 16 weight grads returned": ms.jit(all_grads),
+        "jit: + in-graph assign_add": ms.jit(written),
+    }
+
+    def case(label: str) -> Callable[[], float]:
+        def run() -> float:
+            x = Tensor(rng.standard_normal(shape, dtype=np.float32))
+            c = Tensor(rng.standard_normal(shape, dtype=np.float32))
+            if label == "taped bprop":
+                tape(x)
+                start = time.perf_counter()
+                _sync(tape.backward((x,), (c,)))
+            else:
+                start = time.perf_counter()
+                _sync(jitted[label](x, c))
+            return time.perf_counter() - start
+
+        return run
+
+    labels = [*jitted, "taped bprop"]
+    samples = _interleaved({label: case(label) for label in labels}, rounds, warmup)
+    return _print_table("slow-mode candidates, one dense32 backward", samples, "jit: input grad only")
 
 
 def memory_probe(mode: str, recompute: bool, in_flight: int) -> float:
@@ -372,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=32, help="micro-batches held for the memory probe")
-    parser.add_argument("--only", choices=("chunks", "accumulation", "last", "memory"), default=None)
+    parser.add_argument("--only", choices=("chunks", "accumulation", "last", "slow", "memory"), default=None)
     parser.add_argument("--memory-probe", nargs=3, metavar=("MODE", "RECOMPUTE", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--chunk-run", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -396,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         accumulation_candidates(args.rounds * 2, args.warmup)
     if args.only in (None, "last"):
         last_stage_fused_vs_tape(args.rounds, args.warmup)
+    if args.only in (None, "slow"):
+        slow_mode_candidates(args.rounds * 4, args.warmup)
     if args.only in (None, "memory"):
         memory_per_micro(args.in_flight)
     return 0
