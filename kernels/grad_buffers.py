@@ -2,8 +2,8 @@
 
 MindSpore has no ``param.grad``; gradients are values returned by the autograd tape's backward.
 To sum them over micro-batches, every trainable parameter gets one accumulator ``Parameter`` (named ``gacc.<param name>``: graphs need unique names, and optimizer
-state such as momentum already uses other prefixes) that one accumulate kernel per owner
-updates with ``ops.assign_add`` (compiled in graph mode, eager in pynative mode). ``Tensor.add_`` is not in place on CPU, so the accumulators must only ever
+state such as momentum already uses other prefixes) that the executors update with eager
+``ops.assign_add`` (measured fastest; see ``graph_exec.executors.kernel_executor``). ``Tensor.add_`` is not in place on CPU, so the accumulators must only ever
 change through the functions here.
 
 A kernel whose only effect is on accumulators returns ``None``: under ``mindspore.jit`` in
@@ -44,10 +44,11 @@ class GradBuffers:
 
 
 def make_accumulate(buffers: ParameterTuple) -> Callable[..., None]:
-    """A kernel ``add(*grads)``: ``buffers[i] += grads[i]`` in place, for every ``i``.
+    """``add(*grads)``: ``buffers[i] += grads[i]`` in place, for every ``i``.
 
-    The gradients come flat (one positional tensor each): a compiled function taking a tuple of
-    tensors was measured to recompile on every call. The buffers are closed over, not passed.
+    Runs eagerly or under ``mindspore.jit``. The gradients come flat (one positional tensor
+    each): a compiled function taking a tuple of tensors was measured to recompile on every
+    call; the buffers are closed over, not passed.
     """
 
     def accumulate(*grads: Tensor) -> None:

@@ -207,15 +207,15 @@ def chunk_speed(name: str, rounds: int, warmup: int) -> dict[str, dict[str, floa
     return _print_table(title, samples, "eager tape (reference)")
 
 
-def accumulation_candidates(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
-    """Taped dense32 backwards whose weight gradients are added in different ways."""
+def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """Taped backwards of chunk ``name`` whose weight gradients are added in different ways."""
     import mindspore as ms
     from mindspore import Parameter, ParameterTuple, Tensor, ops
 
     from graph_exec.executors.tape import Tape
     from graph_exec.kernels import make_accumulate, make_stage_forward
 
-    cell, shape = build_chunk("dense32")
+    cell, shape = build_chunk(name)
     params = ParameterTuple(cell.trainable_params())
     tape = Tape(ms.jit(make_stage_forward(cell)), params, grad_inputs=True)
     buffers = ParameterTuple(
@@ -259,7 +259,7 @@ def accumulation_candidates(rounds: int, warmup: int) -> dict[str, dict[str, flo
 
     samples = _interleaved({label: case(add) for label, add in candidates.items()}, rounds, warmup)
     return _print_table(
-        "weight-gradient accumulation, dense32, 4 taped fwd + 4 bwd",
+        f"weight-gradient accumulation ({count} tensors), {name}, 4 taped fwd + 4 bwd",
         samples,
         "eager assign_add per parameter",
     )
@@ -494,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _chunk_runs(chunks, args)
     if args.only in (None, "accumulation"):
-        accumulation_candidates(args.rounds * 2, args.warmup)
+        for chunk in chunks:
+            accumulation_candidates(chunk, args.rounds * 2, args.warmup)
     if args.only in (None, "last"):
         last_stage_fused_vs_tape(args.rounds, args.warmup)
     if args.only in (None, "slow"):

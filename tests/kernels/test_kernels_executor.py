@@ -58,7 +58,7 @@ def test_signature_cache_compiles_once_per_new_shape_and_cotangent_set(recompute
         executor.stage_backward(0, micro, grads[cotangents])
 
     forward_backward(2, 0, "both")
-    assert stats.compilations == 3  # the forward, the backward and the gradient accumulation
+    assert stats.compilations == 2  # the forward and the backward
     compiled, seconds = stats.compilations, stats.compile_seconds
     assert seconds > 0
     forward_backward(2, 1, "both")
