@@ -506,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _chunk_runs(chunks: list[str], args: argparse.Namespace) -> None:
-    """:func:`chunk_speed` in ``args.runs`` fresh processes; p50 and p90/p50 of every run."""
+    """:func:`chunk_speed` in ``args.runs`` fresh processes: per run, p50, p90/p50 and the
+    speed-up over the eager tape reference (its p50 / the case's p50)."""
     flags = [
         "--chunk-run",
         "--chunks",
@@ -517,14 +518,17 @@ def _chunk_runs(chunks: list[str], args: argparse.Namespace) -> None:
         str(args.warmup),
     ]
     runs = [measure_in_fresh_process(*flags) for _ in range(args.runs)]
+    reference = "eager tape (reference)"
     for chunk in chunks:
-        print(f"\n== {chunk}: p50 ms (p90/p50) in each of {args.runs} separate processes ==")
+        print(f"\n== {chunk}: p50 ms (p90/p50) speed-up, in each of {args.runs} separate processes ==")
         for case in runs[0][chunk]:
-            cells = [
-                f"{r[chunk][case]['p50']:7.2f} ({r[chunk][case]['p90'] / r[chunk][case]['p50']:.2f})"
-                for r in runs
-            ]
-            print(f"{case:26s}" + "".join(f"{c:>16s}" for c in cells))
+            cells = []
+            for run in runs:
+                spread, ref_p50 = run[chunk][case], run[chunk][reference]["p50"]
+                cells.append(
+                    f"{spread['p50']:.1f} ({spread['p90'] / spread['p50']:.2f}) {ref_p50 / spread['p50']:.2f}x"
+                )
+            print(f"{case:24s}" + "".join(f"{c:>23s}" for c in cells))
 
 
 if __name__ == "__main__":
