@@ -309,7 +309,7 @@ class KernelExecutor(Executor):
         result: list[Tensor | None] = [None] * len(kept.args)
         if kept.tape is not None and (present or kept.recorded):
             # Without any cotangent every gradient is zero, but a recorded forward must still be
-            # consumed (an abandoned one stays in MindSpore's state until free_tapes()).
+            # consumed (an abandoned one would stay in MindSpore's state).
             sens = _sens(kept.outputs, cotangents)
             input_grads, weight_grads = self._backward(
                 ("stage_backward", stage, kept.outputs, present), kept, sens
@@ -355,8 +355,8 @@ class KernelExecutor(Executor):
             lambda: Tape(self._prepare(make_loss()), grads.params, bool(grad_inputs)),
             *args,
         )
-        _check_scalar_loss(where, loss, free=True)
         kept = KeptForward(args, (TensorSpec.of(loss),), tape, recorded=True)
+        _check_scalar_loss(where, loss, kept)
         sens = ops.full((), self._loss_scale, dtype=loss.dtype)
         input_grads, weight_grads = self._backward(("loss_backward", stage, specs, label_specs), kept, sens)
         self._accumulate(grads, weight_grads)
@@ -380,13 +380,17 @@ class KernelExecutor(Executor):
         return [*self._kept, *(("preprocess", key) for key in self._kept_preprocess)]
 
     def drop_kept(self) -> None:
-        recorded = any(k.recorded for k in (*self._kept.values(), *self._kept_preprocess.values()))
+        """Forget every kept forward; a recorded tape is consumed by a backward with zero
+        upstream gradients whose results are discarded (this frees it without touching other
+        executors' tapes, as :func:`free_tapes` would); if that fails, every tape is freed."""
+        recorded = [k for k in (*self._kept.values(), *self._kept_preprocess.values()) if k.recorded]
         self._kept.clear()
         self._backward_done.clear()
         self._kept_preprocess.clear()
         self._preprocess_done.clear()
-        if recorded:
-            free_tapes()
+        for kept in recorded:
+            if not _release(kept):
+                break
 
     # ------------------------------------------------------------------ helpers
 
@@ -417,10 +421,21 @@ def _sens(outputs: tuple[TensorSpec, ...], cotangents: MaybeTensors) -> tuple[An
     )
 
 
-def _check_scalar_loss(where: str, loss: Any, *, free: bool = False) -> None:
+def _release(kept: KeptForward) -> bool:
+    """Consume a recorded forward without using its gradients; on failure free every tape of
+    the process instead and return ``False``."""
+    try:
+        kept.tape.backward(kept.args, _sens(kept.outputs, (None,) * len(kept.outputs)))
+    except Exception:  # the step is being aborted already: never mask its error
+        free_tapes()
+        return False
+    return True
+
+
+def _check_scalar_loss(where: str, loss: Any, kept: KeptForward | None = None) -> None:
     if tuple(loss.shape) != ():
-        if free:
-            free_tapes()
+        if kept is not None:
+            kept.tape.backward(kept.args, ops.zeros(loss.shape, loss.dtype))  # consume the tape
         raise HookArgumentError(
             f"last_stage_step({where}): the loss must be a scalar, got shape {list(loss.shape)}"
         )
