@@ -66,13 +66,14 @@ def _interleaved(cases: dict[str, Callable[[], float]], rounds: int, warmup: int
 
 def _print_table(title: str, samples: dict[str, list[float]], reference: str) -> dict[str, dict[str, float]]:
     print(f"\n== {title} (ms; ratio = {reference} p50 / case p50) ==")
-    print(f"{'case':34s}{'p10':>9s}{'p50':>9s}{'p90':>9s}{'p90/p50':>9s}{'ratio':>8s}")
+    print(f"{'case':34s}{'p10':>9s}{'p50':>9s}{'p90':>9s}{'mean':>9s}{'p90/p50':>9s}{'ratio':>8s}")
     ref_p50 = _spread(samples[reference])[1]
     summary = {}
     for name, values in samples.items():
         p10, p50, p90 = _spread(values)
-        summary[name] = {"p10": p10, "p50": p50, "p90": p90}
-        print(f"{name:34s}{p10:9.2f}{p50:9.2f}{p90:9.2f}{p90 / p50:9.2f}{ref_p50 / p50:7.2f}x")
+        mean = float(np.mean(values)) * 1e3
+        summary[name] = {"p10": p10, "p50": p50, "p90": p90, "mean": mean}
+        print(f"{name:34s}{p10:9.2f}{p50:9.2f}{p90:9.2f}{mean:9.2f}{p90 / p50:9.2f}{ref_p50 / p50:7.2f}x")
     return summary
 
 
@@ -265,21 +266,42 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
     )
 
 
-def last_stage_fused_vs_tape(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
-    """The example LM's last chunk (3 blocks + head + cross-entropy), one micro-batch."""
-    import mindspore as ms
-    from mindspore import Parameter, ParameterTuple, Tensor, ops
+def _last_stage(name: str, prefix: str) -> tuple[Any, Callable[..., Any], Any, Any]:
+    """A last chunk, its loss function, an input and labels: ``"lm"`` is the example LM's last
+    chunk (3 blocks, head, cross-entropy; batch 2x32, width 64); ``"dense32"`` is 8x(Dense+Tanh)
+    32 wide on 4 rows with a 16-class head and cross-entropy."""
+    from mindspore import Tensor, nn, ops
 
     from graph_exec.examples.lm import LMChunk, LMConfig, lm_cross_entropy
+
+    rng = np.random.default_rng(2)
+    if name == "lm":
+        config = LMConfig(vocab=128, width=64, heads=4, layers=3, seq=32)
+        cell, loss_fn = LMChunk(config, 3, embedding=False, head=True), lm_cross_entropy
+        x = Tensor(rng.standard_normal((2, 32, 64), dtype=np.float32))
+        y = Tensor(rng.integers(0, config.vocab, (2, 32), dtype=np.int32))
+    else:
+        layers = [nn.SequentialCell([nn.Dense(32, 32), nn.Tanh()]) for _ in range(8)]
+        cell = nn.SequentialCell([*layers, nn.Dense(32, 16)])
+
+        def loss_fn(logits: Any, labels: Any) -> Any:
+            return ops.cross_entropy(logits, labels)
+
+        x = Tensor(rng.standard_normal((4, 32), dtype=np.float32))
+        y = Tensor(rng.integers(0, 16, (4,), dtype=np.int32))
+    cell.update_parameters_name(prefix)
+    return cell, loss_fn, x, y
+
+
+def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """One last-stage micro-batch (forward, loss scaled by 1/4, backward, accumulation)."""
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, ops
+
     from graph_exec.executors import create_executor
     from graph_exec.kernels import make_accumulate
 
-    config = LMConfig(vocab=128, width=64, heads=4, layers=3, seq=32)
-    rng = np.random.default_rng(2)
-    hidden = Tensor(rng.standard_normal((2, 32, 64), dtype=np.float32))
-    labels = Tensor(rng.integers(0, config.vocab, (2, 32), dtype=np.int32))
-    fused_cell = LMChunk(config, 3, embedding=False, head=True)
-    fused_cell.update_parameters_name("fused.")
+    fused_cell, loss_fn, hidden, labels = _last_stage(name, "fused.")
     fused_params = ParameterTuple(fused_cell.trainable_params())
     fused_buffers = ParameterTuple(
         [Parameter(ops.zeros_like(p), name="facc." + p.name, requires_grad=False) for p in fused_params]
@@ -287,7 +309,7 @@ def last_stage_fused_vs_tape(rounds: int, warmup: int) -> dict[str, dict[str, fl
 
     def fused_step(x: Any, y: Any) -> Any:
         def scaled(x: Any, y: Any) -> Any:
-            loss = lm_cross_entropy(fused_cell(x), y)
+            loss = loss_fn(fused_cell(x), y)
             return loss * 0.25, loss
 
         (_, loss), (dx, dws) = ms.value_and_grad(scaled, 0, fused_params, has_aux=True)(x, y)
@@ -296,31 +318,29 @@ def last_stage_fused_vs_tape(rounds: int, warmup: int) -> dict[str, dict[str, fl
         return loss, dx
 
     fused = ms.jit(fused_step)
-    returning_cell = LMChunk(config, 3, embedding=False, head=True)
-    returning_cell.update_parameters_name("returning.")
+    returning_cell = _last_stage(name, "returning.")[0]
     returning_params = ParameterTuple(returning_cell.trainable_params())
 
     def returning_step(x: Any, y: Any) -> Any:
         def scaled(x: Any, y: Any) -> Any:
-            return lm_cross_entropy(returning_cell(x), y) * 0.25
+            return loss_fn(returning_cell(x), y) * 0.25
 
         loss, (dx, dws) = ms.value_and_grad(scaled, grad_position=0, weights=returning_params)(x, y)
         return loss, dx, dws
 
     returning = ms.jit(returning_step)
-    returning_buffers = ParameterTuple(
-        [Parameter(ops.zeros_like(p), name="racc." + p.name, requires_grad=False) for p in returning_params]
-    )
-    returning_add = ms.jit(make_accumulate(returning_buffers))
+    returning_buffers = [
+        Parameter(ops.zeros_like(p), name="racc." + p.name, requires_grad=False) for p in returning_params
+    ]
+    returning_add = make_accumulate(ParameterTuple(returning_buffers))
 
     def fused_then_add() -> Any:
         loss, dx, dws = returning(hidden, labels)
         returning_add(*dws)
         return [loss, dx, *returning_buffers]
 
-    taped_cell = LMChunk(config, 3, embedding=False, head=True)
-    taped_cell.update_parameters_name("taped.")
-    executor = create_executor("graph", {2: taped_cell}, loss_fn=lm_cross_entropy, loss_scale=0.25)
+    taped_cell = _last_stage(name, "taped.")[0]
+    executor = create_executor("graph", {2: taped_cell}, loss_fn=loss_fn, loss_scale=0.25)
 
     def timed(step: Callable[[], Any]) -> Callable[[], float]:
         def run() -> float:
@@ -332,11 +352,13 @@ def last_stage_fused_vs_tape(rounds: int, warmup: int) -> dict[str, dict[str, fl
 
     cases = {
         "fused jit, in-graph assign_add": timed(lambda: fused(hidden, labels)),
-        "fused, grads returned + jitted add": timed(fused_then_add),
+        "fused jit returning grads, eager add": timed(fused_then_add),
         "taped loss + bprop (executor)": timed(lambda: executor.last_stage_step(2, 0, (hidden,), (labels,))),
     }
     samples = _interleaved(cases, rounds, warmup)
-    return _print_table("last stage, graph mode, one micro-batch", samples, "fused jit, in-graph assign_add")
+    return _print_table(
+        f"last stage {name}, graph mode, one micro-batch", samples, "fused jit, in-graph assign_add"
+    )
 
 
 def slow_mode_candidates(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
@@ -497,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         for chunk in chunks:
             accumulation_candidates(chunk, args.rounds * 2, args.warmup)
     if args.only in (None, "last"):
-        last_stage_fused_vs_tape(args.rounds, args.warmup)
+        for name in ("lm", "dense32"):
+            last_stage_fused_vs_tape(name, args.rounds, args.warmup)
     if args.only in (None, "slow"):
         slow_mode_candidates(args.rounds * 4, args.warmup)
     if args.only in (None, "memory"):

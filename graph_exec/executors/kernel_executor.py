@@ -32,6 +32,21 @@ every chunk and the best p50 on two of three; a compiled add costs one more grap
 its own compile, and passing the accumulators as arguments was slowest everywhere. A flat
 buffer per chunk was not tried: the accumulators must stay one live Parameter per parameter
 (optimizers, the broadcast and the gradient all-reduce read them by name).
+
+The last stage runs its loss forward under the tape and its bprop at once; a fused jitted
+forward+loss+backward was kept out because it did not beat that. Same script (``--only last``),
+one micro-batch, ms, p10 / p50 / p90 / mean, two runs under load:
+
+    last stage   fused jit, in-graph assign_add      taped loss + bprop (this executor)
+    LM, 3 blocks  6.4 / 7.9 / 76.2 / 24.5            13.0 / 14.7 / 17.5 / 15.4
+                  7.1 / 19.3 / 75.9 / 40.7           13.7 / 21.9 / 74.4 / 39.1
+    dense32      1.5 / 4.6 / 29.7 / 12.2             3.9 / 5.3 / 12.1 / 7.1
+                  1.9 / 2.9 / 30.4 / 12.2            4.1 / 6.7 / 14.4 / 7.7
+
+The fused graph is faster when it is fast but falls into a slow mode often enough that its mean
+is the same or worse; a fused graph that returns the weight gradients instead of writing them
+was slower still (p50 14-140 ms on the LM stage): returning weight gradients from a compiled
+graph is what is slow here (see the README's executor section).
 """
 
 from __future__ import annotations
