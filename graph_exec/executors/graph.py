@@ -50,12 +50,12 @@ class GraphExecutor(KernelExecutor):
     def _storage_addresses(self) -> tuple[int, ...]:
         return tuple(param.data_ptr() for param in self._watched)
 
-    def _call(self, key: Hashable, make: Callable[[], Callable[..., Any]], *args: Any) -> Any:
+    def _cached(self, key: Hashable) -> Any:
         storage = self._storage_addresses()
         if storage != self._storage:
             self._kernels.clear()  # kept forwards hold their own tapes and finish on them
             self._storage = storage
-        return super()._call(key, make, *args)
+        return super()._cached(key)
 
     def _prepare(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
         # The default "ast" capture: "trace" replays stale gradients (see shared design notes).

@@ -147,10 +147,22 @@ class KernelExecutor(Executor):
     def _on_new_kernel(self, first_call_seconds: float) -> None:
         """Called once per cached signature, after its first (possibly compiling) call."""
 
+    def _cached(self, key: Hashable) -> Any:
+        """The callable cached under ``key``, or ``None`` (the graph executor first drops every
+        cached kernel when a parameter's storage moved)."""
+        return self._kernels.get(key)
+
+    def _kernel(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The callable cached under ``key``, made (not called) on first use."""
+        kernel = self._cached(key)
+        if kernel is None:
+            kernel = self._kernels[key] = make()
+        return kernel
+
     def _call(self, key: Hashable, make: Callable[[], Callable[..., Any]], *args: Any) -> Any:
         """Run the callable cached under ``key``, making it on first use (``make`` prepares
         the kernels it wraps)."""
-        kernel = self._kernels.get(key)
+        kernel = self._cached(key)
         if kernel is not None:
             return kernel(*args)
         kernel = make()
@@ -272,10 +284,7 @@ class KernelExecutor(Executor):
     def _preprocess_tape(self, signature: Hashable, make: Callable[[], Callable[..., Any]]) -> Tape:
         """The (unrecorded) preprocess tape of ``signature``, cached like a kernel."""
         key = ("preprocess_tape", signature)
-        tape = self._kernels.get(key)
-        if tape is None:
-            tape = self._kernels[key] = self._preprocess_tape_for(make)
-        return tape
+        return self._kernel(key, lambda: self._preprocess_tape_for(make))
 
     # ------------------------------------------------------------------ stage hooks
 
@@ -302,7 +311,7 @@ class KernelExecutor(Executor):
                 outputs, tape = self._taped(tape_key, make_tape, *inputs)
                 recorded = True
             else:
-                tape = self._kernels.get(tape_key) or self._kernels.setdefault(tape_key, make_tape())
+                tape = self._kernel(tape_key, make_tape)
         if not recorded:
             outputs = self._call(
                 ("stage_forward", stage, specs), lambda: self._prepare(make_stage_forward(cell)), *inputs
