@@ -95,8 +95,8 @@ class Executor(ABC):
 
     @abstractmethod
     def kept(self) -> Sequence[Hashable]:
-        """The keys whose forward state is still held (for leak checks): ``(stage, micro)`` for
-        stages, ``("preprocess", key)`` for taped preprocess forwards."""
+        """The keys whose forward state is still held (for leak checks): ``(stage, micro)`` of
+        stage forwards, and the keys of taped preprocess forwards."""
 
     @abstractmethod
     def drop_kept(self) -> None:

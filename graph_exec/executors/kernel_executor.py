@@ -399,9 +399,9 @@ class KernelExecutor(Executor):
             self._call(("zero_grad",), lambda: self._prepare(make_zero_grads(self._all_buffers)))
 
     def kept(self) -> Sequence[Hashable]:
-        """Stage keys ``(stage, micro)``, then ``("preprocess", key)`` for each taped preprocess
-        forward whose backward has not run."""
-        return [*self._kept, *(("preprocess", key) for key in self._kept_preprocess)]
+        """Stage keys ``(stage, micro)``, then the key of each taped preprocess forward whose
+        backward has not run."""
+        return [*self._kept, *self._kept_preprocess]
 
     def drop_kept(self) -> None:
         """Forget every kept forward; a recorded tape is consumed by a backward with zero
