@@ -1,11 +1,10 @@
 """Per-parameter gradient accumulators and the graph-safe ways to touch them.
 
-MindSpore has no ``param.grad``; gradients are values returned by ``mindspore.grad``. To sum
-them over micro-batches without a round trip through Python, every trainable parameter gets one
-accumulator ``Parameter`` (named ``gacc.<param name>``: graphs need unique names, and optimizer
-state such as momentum already uses other prefixes) that kernels update with
-``ops.assign_add`` inside the compiled graph. ``Tensor.add_`` is not in place on CPU, so the
-accumulators must only ever change through the functions here.
+MindSpore has no ``param.grad``; gradients are values returned by the autograd tape's backward.
+To sum them over micro-batches, every trainable parameter gets one accumulator ``Parameter`` (named ``gacc.<param name>``: graphs need unique names, and optimizer
+state such as momentum already uses other prefixes) that the executors update with eager
+``ops.assign_add`` (measured fastest; see ``graph_exec.executors.kernel_executor``). ``Tensor.add_`` is not in place on CPU, so the accumulators must only ever
+change through the functions here.
 
 A kernel whose only effect is on accumulators returns ``None``: under ``mindspore.jit`` in
 MindSpore 2.10 a function that returns an empty tuple silently loses its side effects.
@@ -44,10 +43,19 @@ class GradBuffers:
         return len(self.params)
 
 
-def accumulate(buffers: ParameterTuple, grads: tuple[Tensor, ...]) -> None:
-    """``buffers[i] += grads[i]`` in place; callable inside ``mindspore.jit`` (loop unrolls)."""
-    for index in range(len(buffers)):
-        ops.assign_add(buffers[index], grads[index])
+def make_accumulate(buffers: ParameterTuple) -> Callable[..., None]:
+    """``add(*grads)``: ``buffers[i] += grads[i]`` in place, for every ``i``.
+
+    Runs eagerly or under ``mindspore.jit``. The gradients come flat (one positional tensor
+    each): a compiled function taking a tuple of tensors was measured to recompile on every
+    call; the buffers are closed over, not passed.
+    """
+
+    def accumulate(*grads: Tensor) -> None:
+        for index in range(len(buffers)):
+            ops.assign_add(buffers[index], grads[index])
+
+    return accumulate
 
 
 def make_zero_grads(buffers: ParameterTuple) -> Callable[[], None]:

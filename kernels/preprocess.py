@@ -1,68 +1,36 @@
-"""Kernels of the replicated preprocess block (an embedding, a frozen vision tower).
+"""The kernel of the replicated preprocess block (an embedding, a frozen vision tower).
 
 In MPipe Transpose a rank runs the preprocess forward for micro-batches it owns, ships the
-result away and only later receives that result's gradient. Nothing of the forward is kept:
-the forward returns detached outputs, and the backward recomputes the forward from the same
-inputs and accumulates the preprocess parameter gradients for the received cotangents.
+result away and only later receives that result's gradient. The executors therefore run this
+one kernel in two ways: plainly (the forward keeps nothing), or under the autograd tape
+immediately followed by its gradient (the backward is a recompute, as no forward was kept).
 
-The preprocess is called as ``cell(*inputs, **kwargs)``. Tensor keyword arguments are passed to
-the kernel as keyword arguments; every other keyword value is a constant fixed when the kernel
+The preprocess is called as ``cell(*inputs, **kwargs)``. The kernel takes every tensor as a
+positional argument (the inputs, then the tensor keyword arguments in the order of
+``tensor_names``): a tape differentiates positional arguments, and a compiled graph is then
+independent of keyword handling. Every other keyword value is a constant fixed when the kernel
 is made (it becomes part of the compiled graph, and of the executor's signature).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
-from .autodiff import as_tuple, grads_of
-from .grad_buffers import GradBuffers, accumulate
+from .autodiff import as_tuple
 
 
-def make_preprocess_forward(cell: nn.Cell, constants: Mapping[str, Any]) -> Callable[..., tuple[Tensor, ...]]:
-    """``forward(*inputs, **tensor_kwargs) -> outputs``, each cut from any autodiff graph."""
+def make_preprocess_forward(
+    cell: nn.Cell, num_inputs: int, tensor_names: Sequence[str], constants: Mapping[str, Any]
+) -> Callable[..., tuple[Tensor, ...]]:
+    """``forward(*inputs, *tensor_kwargs) -> outputs`` (always a tuple)."""
+    names = tuple(tensor_names)
     constants = dict(constants)
 
-    def preprocess_forward(*inputs: Tensor, **kwargs: Tensor) -> tuple[Tensor, ...]:
-        outputs = as_tuple(cell(*inputs, **kwargs, **constants))
-        return tuple([ops.stop_gradient(output) for output in outputs])
+    def preprocess_forward(*args: Tensor) -> tuple[Tensor, ...]:
+        kwargs = {name: args[num_inputs + k] for k, name in enumerate(names)}
+        return as_tuple(cell(*args[:num_inputs], **kwargs, **constants))
 
     return preprocess_forward
-
-
-def make_preprocess_backward(
-    cell: nn.Cell,
-    grads: GradBuffers,
-    constants: Mapping[str, Any],
-    num_inputs: int,
-    cotangent_outputs: tuple[int, ...],
-) -> Callable[..., None]:
-    """``backward(*inputs, *cotangents, **tensor_kwargs) -> None``: recompute and accumulate.
-
-    Only the outputs listed in ``cotangent_outputs`` contribute (the others count as zero
-    cotangents; with none at all there is nothing to do, and the caller must not build one).
-    Inputs never get gradients: nothing upstream of the preprocess trains.
-    """
-    if not len(grads):
-        raise ValueError("the preprocess has no trainable parameters: there is no backward to build")
-    if not cotangent_outputs:
-        raise ValueError("no output has a cotangent: every gradient is zero, there is nothing to build")
-    constants = dict(constants)
-
-    def objective(*args: Tensor, **kwargs: Tensor) -> Tensor:
-        outputs = as_tuple(cell(*args[:num_inputs], **kwargs, **constants))
-        total = 0.0
-        for k, index in enumerate(cotangent_outputs):
-            total = total + (outputs[index] * args[num_inputs + k]).sum()
-        return total
-
-    differentiate = grads_of(objective, (), grads.params)
-    buffers = grads.buffers
-
-    def preprocess_backward(*args: Tensor, **kwargs: Tensor) -> None:
-        _, _, weight_grads = differentiate(*args, **kwargs)
-        accumulate(buffers, weight_grads)
-
-    return preprocess_backward

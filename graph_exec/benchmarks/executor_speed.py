@@ -1,238 +1,557 @@
-"""Graph vs pynative executor speed on one stage of the example LM.
+"""Executor speed and memory on one stage chunk: tape, recompute, eager tape, the old path.
 
-Measures, in one process and side by side (the two executors alternate every repeat, so machine
-noise hits both alike):
+One function per measurement, each printing side-by-side ratios with p10/p50/p90 (the cases
+alternate round by round in one process, so machine noise hits them alike):
 
-* stage forward and stage backward time per call, graph vs pynative, and their ratio;
-* compile seconds of each graph kernel (first call of a signature);
-* on the last stage: the fused ``last_stage_step`` against a separate forward, loss gradient
-  and backward;
-* how the graph backward accumulates weight gradients: in the graph with ``ops.assign_add``
-  (what the kernels do) against returning the gradients and adding them in Python.
+* :func:`chunk_speed` — 4 micro-batches in flight (4 forwards, then 4 backwards in another
+  order) on a chunk, for: the graph executor (jitted chunk under the tape), the pynative
+  executor (eager chunk under the tape), the graph executor with ``recompute=True``, an eager
+  tape written here (``GradOperation`` on the bare cell, eager adds), and the previous compiled
+  path written here (a jitted recompute ``value_and_grad`` with in-graph ``assign_add``);
+* :func:`accumulation_candidates` — ways of adding returned weight gradients into accumulators;
+* :func:`last_stage_fused_vs_tape` — the fused jitted forward+loss+backward (with in-graph
+  accumulation, or returning the gradients to a jitted add) against the taped loss forward
+  followed by its bprop;
+* :func:`slow_mode_candidates` — what makes a jitted recompute backward slow;
+* :func:`memory_per_micro` — bytes held per in-flight micro-batch, tape against recompute
+  (each in a fresh process: MindSpore's allocator never returns memory, so growth only shows
+  in a process that has not needed it before).
 
-Run ``python -m graph_exec.benchmarks.executor_speed [--width 64 --blocks 3 ...]``.
+``--runs N`` repeats :func:`chunk_speed` in N separate processes (a slow mode, if any, lasts
+for a whole process). Run ``python -m graph_exec.benchmarks.executor_speed [--help]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+CHUNKS = ("dense32", "dense256", "lm_block")
+MICRO = 4
+BACKWARD_ORDER = (2, 0, 3, 1)
 
-def _median_ms(samples: list[float]) -> float:
-    return statistics.median(samples) * 1e3
+
+def _spread(samples: list[float]) -> tuple[float, float, float]:
+    """p10, p50, p90 in milliseconds."""
+    p10, p50, p90 = np.percentile(np.asarray(samples) * 1e3, [10, 50, 90])
+    return float(p10), float(p50), float(p90)
 
 
 def _sync(value: Any) -> None:
-    """Wait for every tensor in ``value`` (``asnumpy`` is the reliable barrier on CPU).
-
-    Last entries first: a jitted call returns before its graph has run, and waiting first on a
-    tensor the graph produces early (the loss of a fused step) was measured 3-5x slower per
-    call than waiting on the input gradients, which the graph produces last.
-    """
+    """Wait for every tensor in ``value`` (``asnumpy`` is the reliable wait on CPU)."""
     if isinstance(value, tuple | list):
         for item in reversed(value):
             _sync(item)
-    elif value is not None:
+    elif value is not None and hasattr(value, "asnumpy"):
         value.asnumpy()
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    _sync(fn())
-    return time.perf_counter() - start
-
-
-def _alternate(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Median milliseconds per case, the cases interleaved repeat by repeat."""
+def _interleaved(cases: dict[str, Callable[[], float]], rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per case, the cases alternating round by round after ``warmup`` rounds."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
+    for index in range(warmup + rounds):
         for name, case in cases.items():
-            samples[name].append(case())
-    return {name: _median_ms(values) for name, values in samples.items()}
+            elapsed = case()
+            if index >= warmup:
+                samples[name].append(elapsed)
+    return samples
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--blocks", type=int, default=3, help="transformer blocks in the stage")
-    parser.add_argument("--seq", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--micro", type=int, default=4, help="micro-batches per accumulation round")
-    args = parser.parse_args(argv)
+def _print_table(title: str, samples: dict[str, list[float]], reference: str) -> dict[str, dict[str, float]]:
+    print(f"\n== {title} (ms; ratio = {reference} p50 / case p50) ==")
+    print(f"{'case':34s}{'p10':>9s}{'p50':>9s}{'p90':>9s}{'mean':>9s}{'p90/p50':>9s}{'ratio':>8s}")
+    ref_p50 = _spread(samples[reference])[1]
+    summary = {}
+    for name, values in samples.items():
+        p10, p50, p90 = _spread(values)
+        mean = float(np.mean(values)) * 1e3
+        summary[name] = {"p10": p10, "p50": p50, "p90": p90, "mean": mean}
+        print(f"{name:34s}{p10:9.2f}{p50:9.2f}{p90:9.2f}{mean:9.2f}{p90 / p50:9.2f}{ref_p50 / p50:7.2f}x")
+    return summary
 
+
+def _setup() -> None:
     import mindspore as ms
-    from mindspore import Tensor, ops
 
-    from graph_exec.examples.lm import LMChunk, LMConfig, lm_cross_entropy
-    from graph_exec.executors import create_executor
-    from graph_exec.kernels import (
-        BackwardLayout,
-        GradBuffers,
-        make_buffer,
-        make_stage_backward,
-        value_and_grads,
-    )
     from graph_exec.msenv import prepare_mindspore
 
     prepare_mindspore("CPU")
     ms.set_seed(0)
-    config = LMConfig(vocab=args.vocab, width=args.width, heads=args.heads, layers=args.blocks, seq=args.seq)
-    rng = np.random.default_rng(0)
-    hidden = Tensor(rng.standard_normal((args.batch, args.seq, args.width), dtype=np.float32))
-    cotangent = Tensor(rng.standard_normal((args.batch, args.seq, args.width), dtype=np.float32))
-    labels = Tensor(rng.integers(0, args.vocab, (args.batch, args.seq), dtype=np.int32))
 
-    body = LMChunk(config, args.blocks, embedding=False, head=False)
-    body.update_parameters_name("body.")
-    n_params = sum(int(np.prod(p.shape)) for p in body.trainable_params())
-    print(
-        f"stage: {args.blocks} blocks, width {args.width}, heads {args.heads}, seq {args.seq}, "
-        f"batch {args.batch}, {n_params / 1e6:.2f} M parameters; medians of {args.repeats} "
-        f"repeats after {args.warmup} warm-up calls, graph and pynative interleaved"
+
+def build_chunk(name: str) -> tuple[Any, tuple[int, ...]]:
+    """The chunk cell and its input shape."""
+    from mindspore import nn
+
+    from graph_exec.examples.lm import Block, LMConfig
+
+    if name == "lm_block":
+        config = LMConfig(vocab=128, width=64, heads=4, layers=1, seq=32)
+        cell, shape = Block(config), (2, 32, 64)
+    else:
+        width, rows = {"dense32": (32, 4), "dense256": (256, 64)}[name]
+        cell = nn.SequentialCell([nn.SequentialCell([nn.Dense(width, width), nn.Tanh()]) for _ in range(8)])
+        shape = (rows, width)
+    cell.update_parameters_name(f"{name}.")
+    return cell, shape
+
+
+def _eager_tape(cell: Any) -> Callable[[list, list], list]:
+    """The reference: the bare cell under the eager tape, eager adds into accumulators."""
+    from mindspore import ParameterTuple, ops
+
+    params = ParameterTuple(cell.trainable_params())
+    acc = [ops.zeros_like(p) for p in params]
+    cell.set_grad(True)
+    grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(cell, params)
+
+    def step(xs: list, cs: list) -> list:
+        for x in xs:
+            cell(x)
+        dxs = []
+        for m in BACKWARD_ORDER:
+            (dx,), dws = grad(xs[m], cs[m])
+            for index, dw in enumerate(dws):
+                ops.assign_add(acc[index], dw)
+            dxs.append(dx)
+        return [*dxs, *acc]
+
+    return step
+
+
+def _old_compiled_path(cell: Any) -> Callable[[list, list], list]:
+    """The previous graph path: forward jitted, backward a jitted recompute ``value_and_grad``
+    with ``ops.assign_add`` into accumulator Parameters inside the graph."""
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, ops
+
+    params = ParameterTuple(cell.trainable_params())
+    buffers = ParameterTuple(
+        [Parameter(ops.zeros_like(p), name="old." + p.name, requires_grad=False) for p in params]
     )
 
-    executors = {mode: create_executor(mode, {1: body}) for mode in ("graph", "pynative")}
-    graph = executors["graph"]
+    def objective(x: Any, c: Any) -> Any:
+        return (cell(x) * c).sum()
 
-    def forward(mode: str) -> float:
-        executor = executors[mode]
-        elapsed = _timed(lambda: executor.stage_forward(1, 0, (hidden,)))
-        executor.drop_kept()
-        return elapsed
+    differentiate = ms.value_and_grad(objective, grad_position=0, weights=params)
 
-    def backward(mode: str) -> float:
-        executor = executors[mode]
-        executor.stage_forward(1, 0, (hidden,))
-        return _timed(lambda: executor.stage_backward(1, 0, (cotangent,)))
+    def backward(x: Any, c: Any) -> Any:
+        _, (dx, dws) = differentiate(x, c)
+        for index in range(len(buffers)):
+            ops.assign_add(buffers[index], dws[index])
+        return dx
 
-    compile_s = {}
-    for kind, run in (("forward", forward), ("backward", backward)):
-        before = graph.compile_stats.compile_seconds
-        run("graph")
-        compile_s[kind] = graph.compile_stats.compile_seconds - before
-    for _ in range(args.warmup):
-        for mode in executors:
-            forward(mode)
-            backward(mode)
-    fwd = _alternate({mode: lambda m=mode: forward(m) for mode in executors}, args.repeats)
-    bwd = _alternate({mode: lambda m=mode: backward(m) for mode in executors}, args.repeats)
+    def forward(x: Any) -> Any:
+        return cell(x)
 
-    print("\n== body stage, per call (ms) ==")
-    print(f"{'':10s}{'graph':>10s}{'pynative':>10s}{'pyn/graph':>11s}{'compile s':>11s}")
-    for name, times in (("forward", fwd), ("backward", bwd)):
-        ratio = times["pynative"] / times["graph"]
-        print(
-            f"{name:10s}{times['graph']:10.2f}{times['pynative']:10.2f}{ratio:10.2f}x{compile_s[name]:11.2f}"
-        )
+    jit_forward, jit_backward = ms.jit(forward), ms.jit(backward)
 
-    # -- weight-gradient accumulation: in the graph, or returned and added in Python ----------
-    # A step runs M micro-batch backwards, sends each one's input gradient on (so it is waited
-    # for every call) and reads the accumulated weight gradients once at the end.
-    params = body.trainable_params()
-    grads = GradBuffers(params, [make_buffer(p) for p in params])
-    in_graph = ms.jit(make_stage_backward(body, grads, BackwardLayout(1, (0,), (0,))))
+    def step(xs: list, cs: list) -> list:
+        outs = [jit_forward(x) for x in xs]
+        _sync(outs)
+        return [jit_backward(xs[m], cs[m]) for m in BACKWARD_ORDER] + list(buffers)
 
-    def objective(x: Tensor, c: Tensor) -> Tensor:
-        return (body(x) * c).sum()
+    return step
 
-    differentiate = value_and_grads(objective, (0,), grads.params)
 
-    def returns_grads(x: Tensor, c: Tensor) -> tuple:
-        _, input_grads, weight_grads = differentiate(x, c)
-        return input_grads, weight_grads
+def _executor_path(cell: Any, mode: str, recompute: bool) -> Callable[[list, list], list]:
+    from graph_exec.executors import create_executor
 
-    returning = ms.jit(returns_grads)
+    executor = create_executor(mode, {1: cell}, recompute=recompute)
 
-    def accumulate_in_graph() -> float:
-        def step() -> list:
-            for _ in range(args.micro):
-                _sync(in_graph(hidden, cotangent))
-            return list(grads.buffers)
+    def step(xs: list, cs: list) -> list:
+        for m, x in enumerate(xs):
+            _sync(executor.stage_forward(1, m, (x,)))
+        grads = []
+        for m in BACKWARD_ORDER:
+            grads.extend(executor.stage_backward(1, m, (cs[m],)))
+            _sync(grads[-1])
+        return [*grads, *executor.grads().values()]
 
-        return _timed(step) / args.micro
+    return step
 
-    def accumulate_in_python() -> float:
-        def step() -> list:
-            acc = [ops.zeros_like(p) for p in params]
-            for _ in range(args.micro):
-                input_grads, weight_grads = returning(hidden, cotangent)
-                _sync(input_grads)
-                acc = [a + g for a, g in zip(acc, weight_grads, strict=True)]
-            return acc
 
-        return _timed(step) / args.micro
+def chunk_speed(name: str, rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """4 forwards then 4 backwards per round, every path on its own copy of the chunk."""
+    from mindspore import Tensor
 
-    def no_accumulation() -> float:
-        def step() -> None:
-            for _ in range(args.micro):
-                _sync(returning(hidden, cotangent)[0])
+    _, shape = build_chunk(name)
+    rng = np.random.default_rng(0)
+    paths = {
+        "graph (tape)": lambda cell: _executor_path(cell, "graph", False),
+        "pynative (tape)": lambda cell: _executor_path(cell, "pynative", False),
+        "graph recompute=True": lambda cell: _executor_path(cell, "graph", True),
+        "eager tape (reference)": _eager_tape,
+        "old compiled path": _old_compiled_path,
+    }
+    steps = {label: make(build_chunk(name)[0]) for label, make in paths.items()}
 
-        return _timed(step) / args.micro
+    def case(step: Callable[[list, list], list]) -> Callable[[], float]:
+        def run() -> float:
+            xs = [Tensor(rng.standard_normal(shape, dtype=np.float32)) for _ in range(MICRO)]
+            cs = [Tensor(rng.standard_normal(shape, dtype=np.float32)) for _ in range(MICRO)]
+            start = time.perf_counter()
+            _sync(step(xs, cs))
+            return time.perf_counter() - start
+
+        return run
+
+    samples = _interleaved({label: case(step) for label, step in steps.items()}, rounds, warmup)
+    title = f"{name}: {MICRO} forwards then {MICRO} backwards, {rounds} rounds"
+    return _print_table(title, samples, "eager tape (reference)")
+
+
+def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """Taped backwards of chunk ``name`` whose weight gradients are added in different ways."""
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, Tensor, ops
+
+    from graph_exec.executors.tape import Tape
+    from graph_exec.kernels import make_accumulate, make_stage_forward
+
+    cell, shape = build_chunk(name)
+    params = ParameterTuple(cell.trainable_params())
+    tape = Tape(ms.jit(make_stage_forward(cell)), params, grad_inputs=True)
+    buffers = ParameterTuple(
+        [Parameter(ops.zeros_like(p), name="cand." + p.name, requires_grad=False) for p in params]
+    )
+    count = len(buffers)
+
+    def eager(grads: tuple) -> None:
+        for buffer, grad in zip(buffers, grads, strict=True):
+            ops.assign_add(buffer, grad)
+
+    def add_passed(*args: Any) -> None:
+        for index in range(count):
+            ops.assign_add(args[index], args[count + index])
+
+    jit_closed = ms.jit(make_accumulate(buffers))
+    jit_passed = ms.jit(add_passed)
+    candidates: dict[str, Callable[[tuple], Any]] = {
+        "eager assign_add per parameter": eager,
+        "one jitted add, buffers closed over": lambda grads: jit_closed(*grads),
+        "one jitted add, buffers as arguments": lambda grads: jit_passed(*buffers, *grads),
+        "no accumulation (floor)": lambda grads: None,
+    }
+    rng = np.random.default_rng(1)
+
+    def case(add: Callable[[tuple], Any]) -> Callable[[], float]:
+        def run() -> float:
+            xs = [Tensor(rng.standard_normal(shape, dtype=np.float32)) for _ in range(MICRO)]
+            c = Tensor(rng.standard_normal(shape, dtype=np.float32))
+            start = time.perf_counter()
+            for x in xs:
+                tape(x)
+            for x in xs:
+                (dx,), dws = tape.backward((x,), (c,))
+                add(dws)
+                dx.asnumpy()
+            _sync(list(buffers))
+            return time.perf_counter() - start
+
+        return run
+
+    samples = _interleaved({label: case(add) for label, add in candidates.items()}, rounds, warmup)
+    return _print_table(
+        f"weight-gradient accumulation ({count} tensors), {name}, 4 taped fwd + 4 bwd",
+        samples,
+        "eager assign_add per parameter",
+    )
+
+
+def _last_stage(name: str, prefix: str) -> tuple[Any, Callable[..., Any], Any, Any]:
+    """A last chunk, its loss function, an input and labels: ``"lm"`` is the example LM's last
+    chunk (3 blocks, head, cross-entropy; batch 2x32, width 64); ``"dense32"`` is 8x(Dense+Tanh)
+    32 wide on 4 rows with a 16-class head and cross-entropy."""
+    from mindspore import Tensor, nn, ops
+
+    from graph_exec.examples.lm import LMChunk, LMConfig, lm_cross_entropy
+
+    rng = np.random.default_rng(2)
+    if name == "lm":
+        config = LMConfig(vocab=128, width=64, heads=4, layers=3, seq=32)
+        cell, loss_fn = LMChunk(config, 3, embedding=False, head=True), lm_cross_entropy
+        x = Tensor(rng.standard_normal((2, 32, 64), dtype=np.float32))
+        y = Tensor(rng.integers(0, config.vocab, (2, 32), dtype=np.int32))
+    else:
+        layers = [nn.SequentialCell([nn.Dense(32, 32), nn.Tanh()]) for _ in range(8)]
+        cell = nn.SequentialCell([*layers, nn.Dense(32, 16)])
+
+        def loss_fn(logits: Any, labels: Any) -> Any:
+            return ops.cross_entropy(logits, labels)
+
+        x = Tensor(rng.standard_normal((4, 32), dtype=np.float32))
+        y = Tensor(rng.integers(0, 16, (4,), dtype=np.int32))
+    cell.update_parameters_name(prefix)
+    return cell, loss_fn, x, y
+
+
+def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """One last-stage micro-batch (forward, loss scaled by 1/4, backward, accumulation)."""
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, ops
+
+    from graph_exec.executors import create_executor
+    from graph_exec.kernels import make_accumulate
+
+    fused_cell, loss_fn, hidden, labels = _last_stage(name, "fused.")
+    fused_params = ParameterTuple(fused_cell.trainable_params())
+    fused_buffers = ParameterTuple(
+        [Parameter(ops.zeros_like(p), name="facc." + p.name, requires_grad=False) for p in fused_params]
+    )
+
+    def fused_step(x: Any, y: Any) -> Any:
+        def scaled(x: Any, y: Any) -> Any:
+            loss = loss_fn(fused_cell(x), y)
+            return loss * 0.25, loss
+
+        (_, loss), (dx, dws) = ms.value_and_grad(scaled, 0, fused_params, has_aux=True)(x, y)
+        for index in range(len(fused_buffers)):
+            ops.assign_add(fused_buffers[index], dws[index])
+        return loss, dx
+
+    fused = ms.jit(fused_step)
+    returning_cell = _last_stage(name, "returning.")[0]
+    returning_params = ParameterTuple(returning_cell.trainable_params())
+
+    def returning_step(x: Any, y: Any) -> Any:
+        def scaled(x: Any, y: Any) -> Any:
+            return loss_fn(returning_cell(x), y) * 0.25
+
+        loss, (dx, dws) = ms.value_and_grad(scaled, grad_position=0, weights=returning_params)(x, y)
+        return loss, dx, dws
+
+    returning = ms.jit(returning_step)
+    returning_buffers = [
+        Parameter(ops.zeros_like(p), name="racc." + p.name, requires_grad=False) for p in returning_params
+    ]
+    returning_add = make_accumulate(ParameterTuple(returning_buffers))
+
+    def fused_then_add() -> Any:
+        loss, dx, dws = returning(hidden, labels)
+        returning_add(*dws)
+        return [loss, dx, *returning_buffers]
+
+    taped_cell = _last_stage(name, "taped.")[0]
+    executor = create_executor("graph", {2: taped_cell}, loss_fn=loss_fn, loss_scale=0.25)
+
+    def timed(step: Callable[[], Any]) -> Callable[[], float]:
+        def run() -> float:
+            start = time.perf_counter()
+            _sync(step())
+            return time.perf_counter() - start
+
+        return run
 
     cases = {
-        "in-graph assign_add": accumulate_in_graph,
-        "returned + Python add": accumulate_in_python,
-        "returned, not added": no_accumulation,
+        "fused jit, in-graph assign_add": timed(lambda: fused(hidden, labels)),
+        "fused jit returning grads, eager add": timed(fused_then_add),
+        "taped loss + bprop (executor)": timed(lambda: executor.last_stage_step(2, 0, (hidden,), (labels,))),
     }
-    for _ in range(args.warmup):
-        for case in cases.values():
-            case()
-    acc = _alternate(cases, max(1, args.repeats // args.micro))
-    print(f"\n== graph backward, weight-gradient accumulation, per micro-batch of {args.micro} (ms) ==")
-    for name, value in acc.items():
-        print(f"{name:24s}{value:10.2f}")
-
-    # -- last stage: fused step vs forward + loss gradient + backward ------------------------
-    last = LMChunk(config, args.blocks, embedding=False, head=True)
-    last.update_parameters_name("last.")
-    last_graph = create_executor("graph", {2: last}, loss_fn=lm_cross_entropy)
-
-    def loss_and_cotangent(logits: Tensor, y: Tensor) -> tuple:
-        return ms.value_and_grad(lm_cross_entropy, grad_position=0)(logits, y)
-
-    loss_grad = ms.jit(loss_and_cotangent)
-
-    def fused() -> float:
-        return _timed(lambda: last_graph.last_stage_step(2, 0, (hidden,), (labels,)))
-
-    def separate() -> float:
-        def step() -> Any:
-            (logits,) = last_graph.stage_forward(2, 0, (hidden,))
-            loss, d_logits = loss_grad(logits, labels)
-            return loss, last_graph.stage_backward(2, 0, (d_logits,))
-
-        return _timed(step)
-
-    before = last_graph.compile_stats.compile_seconds
-    fused()
-    fused_compile = last_graph.compile_stats.compile_seconds - before
-    before = last_graph.compile_stats.compile_seconds
-    separate()
-    separate_compile = last_graph.compile_stats.compile_seconds - before
-    for _ in range(args.warmup):
-        fused()
-        separate()
-    steps = _alternate({"fused": fused, "separate": separate}, args.repeats)
-    print("\n== last stage (blocks + head + cross-entropy), graph mode (ms) ==")
-    print(f"fused last_stage_step     {steps['fused']:10.2f}   compile {fused_compile:.2f} s")
-    print(
-        f"forward + loss + backward {steps['separate']:10.2f}   compile {separate_compile:.2f} s "
-        "(2 graphs; the loss-gradient graph not counted)"
+    samples = _interleaved(cases, rounds, warmup)
+    return _print_table(
+        f"last stage {name}, graph mode, one micro-batch", samples, "fused jit, in-graph assign_add"
     )
-    print(f"fused speed-up            {steps['separate'] / steps['fused']:10.2f}x")
-    stats = graph.compile_stats
-    print(f"\nbody graph executor: {stats.compilations} compilations, {stats.compile_seconds:.2f} s in total")
+
+
+def slow_mode_candidates(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """What makes the old compiled recompute-backward slow: one dense32 backward per sample.
+
+    The same jitted recompute ``value_and_grad`` returning the input gradient only; returning
+    the weight gradients too; adding them into accumulator Parameters inside the graph; and
+    the taped bprop for comparison (forward recorded just before, not timed).
+    """
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, Tensor, ops
+
+    from graph_exec.executors.tape import Tape
+    from graph_exec.kernels import make_stage_forward
+
+    cell, shape = build_chunk("dense32")
+    params = ParameterTuple(cell.trainable_params())
+    buffers = ParameterTuple(
+        [Parameter(ops.zeros_like(p), name="slow." + p.name, requires_grad=False) for p in params]
+    )
+
+    def objective(x: Any, c: Any) -> Any:
+        return (cell(x) * c).sum()
+
+    inputs_only = ms.value_and_grad(objective, grad_position=0)
+    with_weights = ms.value_and_grad(objective, grad_position=0, weights=params)
+
+    def input_grad(x: Any, c: Any) -> Any:
+        return inputs_only(x, c)[1]
+
+    def all_grads(x: Any, c: Any) -> Any:
+        return with_weights(x, c)[1]
+
+    def written(x: Any, c: Any) -> Any:
+        dx, dws = with_weights(x, c)[1]
+        for index in range(len(buffers)):
+            ops.assign_add(buffers[index], dws[index])
+        return dx
+
+    tape = Tape(ms.jit(make_stage_forward(cell)), params, grad_inputs=True)
+    rng = np.random.default_rng(4)
+    jitted = {
+        "jit: input grad only": ms.jit(input_grad),
+        "jit: + 16 weight grads returned": ms.jit(all_grads),
+        "jit: + in-graph assign_add": ms.jit(written),
+    }
+
+    def case(label: str) -> Callable[[], float]:
+        def run() -> float:
+            x = Tensor(rng.standard_normal(shape, dtype=np.float32))
+            c = Tensor(rng.standard_normal(shape, dtype=np.float32))
+            if label == "taped bprop":
+                tape(x)
+                start = time.perf_counter()
+                _sync(tape.backward((x,), (c,)))
+            else:
+                start = time.perf_counter()
+                _sync(jitted[label](x, c))
+            return time.perf_counter() - start
+
+        return run
+
+    labels = [*jitted, "taped bprop"]
+    samples = _interleaved({label: case(label) for label in labels}, rounds, warmup)
+    return _print_table("slow-mode candidates, one dense32 backward", samples, "jit: input grad only")
+
+
+def memory_probe(mode: str, recompute: bool, in_flight: int) -> float:
+    """Resident bytes gained per in-flight LM-stage micro-batch (3 blocks, width 64, 2×32).
+
+    Call in a fresh process. One forward+backward first (compiles, and sizes the allocator for
+    one micro-batch); then ``in_flight`` forwards are held and the resident set measured.
+    """
+    from mindspore import Tensor
+
+    from graph_exec.examples.lm import LMChunk, LMConfig
+    from graph_exec.executors import create_executor
+
+    config = LMConfig(vocab=128, width=64, heads=4, layers=3, seq=32)
+    body = LMChunk(config, 3, embedding=False, head=False)
+    body.update_parameters_name("mem.")
+    executor = create_executor(mode, {1: body}, recompute=recompute)
+    rng = np.random.default_rng(3)
+    xs = [Tensor(rng.standard_normal((2, 32, 64), dtype=np.float32)) for _ in range(in_flight + 1)]
+    cotangent = Tensor(rng.standard_normal((2, 32, 64), dtype=np.float32))
+    executor.stage_forward(1, -1, (xs[-1],))
+    executor.stage_backward(1, -1, (cotangent,))
+    before = _resident_bytes()
+    outputs = [executor.stage_forward(1, m, (xs[m],)) for m in range(in_flight)]
+    _sync(outputs)
+    held = _resident_bytes() - before
+    del outputs
+    executor.drop_kept()
+    return held / in_flight
+
+
+def _resident_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure_in_fresh_process(flag: str, *values: str) -> Any:
+    """Run one measurement of this module in a new Python process; returns its JSON result."""
+    command = [sys.executable, "-m", "graph_exec.benchmarks.executor_speed", flag, *values]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def memory_per_micro(in_flight: int) -> dict[str, float]:
+    """Bytes held per in-flight micro-batch, each variant in its own fresh process."""
+    input_bytes = 2 * 32 * 64 * 4
+    print(
+        f"\n== LM stage (3 blocks, width 64, batch 2x32): resident KiB per in-flight micro-batch, "
+        f"{in_flight} in flight (its input alone: {input_bytes / 1024:.0f} KiB) =="
+    )
+    result = {}
+    for mode in ("graph", "pynative"):
+        for recompute in (False, True):
+            held = measure_in_fresh_process("--memory-probe", mode, str(recompute), str(in_flight))
+            label = f"{mode} {'recompute=True' if recompute else 'tape (default)'}"
+            result[label] = held
+            print(f"{label:34s}{held / 1024:10.1f}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--chunks", default=",".join(CHUNKS), help=f"comma-separated, from {','.join(CHUNKS)}"
+    )
+    parser.add_argument("--runs", type=int, default=1, help="separate processes for the chunk measurements")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--in-flight", type=int, default=32, help="micro-batches held for the memory probe")
+    parser.add_argument("--only", choices=("chunks", "accumulation", "last", "slow", "memory"), default=None)
+    parser.add_argument("--memory-probe", nargs=3, metavar=("MODE", "RECOMPUTE", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--chunk-run", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    chunks = [c for c in args.chunks.split(",") if c]
+    _setup()
+    if args.memory_probe:
+        mode, recompute, count = args.memory_probe
+        print(json.dumps(memory_probe(mode, recompute == "True", int(count))))
+        return 0
+    if args.chunk_run:
+        print(json.dumps({c: chunk_speed(c, args.rounds, args.warmup) for c in chunks}))
+        return 0
+    print(f"executor speed: {args.rounds} rounds after {args.warmup} warm-up rounds, cases interleaved")
+    if args.only in (None, "chunks"):
+        if args.runs == 1:
+            for chunk in chunks:
+                chunk_speed(chunk, args.rounds, args.warmup)
+        else:
+            _chunk_runs(chunks, args)
+    if args.only in (None, "accumulation"):
+        for chunk in chunks:
+            accumulation_candidates(chunk, args.rounds * 2, args.warmup)
+    if args.only in (None, "last"):
+        for name in ("lm", "dense32"):
+            last_stage_fused_vs_tape(name, args.rounds, args.warmup)
+    if args.only in (None, "slow"):
+        slow_mode_candidates(args.rounds * 4, args.warmup)
+    if args.only in (None, "memory"):
+        memory_per_micro(args.in_flight)
     return 0
+
+
+def _chunk_runs(chunks: list[str], args: argparse.Namespace) -> None:
+    """:func:`chunk_speed` in ``args.runs`` fresh processes: per run, p50, p90/p50 and the
+    speed-up over the eager tape reference (its p50 / the case's p50)."""
+    flags = [
+        "--chunk-run",
+        "--chunks",
+        ",".join(chunks),
+        "--rounds",
+        str(args.rounds),
+        "--warmup",
+        str(args.warmup),
+    ]
+    runs = [measure_in_fresh_process(*flags) for _ in range(args.runs)]
+    reference = "eager tape (reference)"
+    for chunk in chunks:
+        print(f"\n== {chunk}: p50 ms (p90/p50) speed-up, in each of {args.runs} separate processes ==")
+        for case in runs[0][chunk]:
+            cells = []
+            for run in runs:
+                spread, ref_p50 = run[chunk][case], run[chunk][reference]["p50"]
+                cells.append(
+                    f"{spread['p50']:.1f} ({spread['p90'] / spread['p50']:.2f}) {ref_p50 / spread['p50']:.2f}x"
+                )
+            print(f"{case:24s}" + "".join(f"{c:>23s}" for c in cells))
 
 
 if __name__ == "__main__":

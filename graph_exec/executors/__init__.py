@@ -35,6 +35,7 @@ def create_executor(
     last_stage: int | None = None,
     loss_scale: float = 1.0,
     first_stage_input_grads: bool = True,
+    recompute: bool = False,
 ) -> Executor:
     """The executor for one rank.
 
@@ -45,12 +46,17 @@ def create_executor(
     (default: the highest index in ``stages``); gradients are those of ``loss_scale * loss``.
     ``first_stage_input_grads=False`` skips the gradient of stage 0's inputs (they are raw
     data, or the output of a frozen preprocess: nobody reads it), saving that work in every
-    stage-0 backward.
+    stage-0 backward. ``recompute=True`` keeps only a stage's inputs between its forward and
+    its backward, which records the forward again (less memory per in-flight micro-batch, about
+    one more forward of time); the default keeps what MindSpore's tape records and recomputes
+    nothing. A ``recompute`` that is not a bool is refused.
 
     Shape bucketing (padding shapes up to buckets to bound recompiles) is deliberately not
     offered: padding is only loss- and gradient-neutral for models whose rows and positions
     are independent, which an executor cannot check.
     """
+    if not isinstance(recompute, bool):
+        raise ExecutorConfigError(f"recompute must be a bool (True or False), got {recompute!r}")
     if mode not in MODES:
         raise ExecutorConfigError(f"unknown executor mode {mode!r}; expected one of {', '.join(MODES)}")
     if mode == "graph":
@@ -64,6 +70,7 @@ def create_executor(
         last_stage=last_stage,
         loss_scale=loss_scale,
         first_stage_input_grads=first_stage_input_grads,
+        recompute=recompute,
     )
 
 

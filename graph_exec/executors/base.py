@@ -56,25 +56,23 @@ class Executor(ABC):
     ) -> None:
         """Recompute the preprocess from ``inputs`` and accumulate its parameter gradients."""
 
-    # --- TEMPORARY (issue #10, fair baseline): the two taped preprocess hooks ----------------
-    # Helper B (issue #9) implements them for real on the tape; this branch only declares them
-    # so the fair baseline runs. At merge, take #9's version of this block.
-
     @abstractmethod
     def preprocess_forward_taped(self, key: Hashable, inputs: Tensors, kwargs: Mapping[str, Any]) -> Tensors:
-        """Run the preprocess on one micro-batch keeping what its backward needs under ``key``
-        (counted by :meth:`kept`, freed by :meth:`drop_kept`); the outputs are detached."""
+        """Run the preprocess on one micro-batch under the autograd tape and keep its state under
+        ``key`` (any hashable; counted by :meth:`kept`, freed by :meth:`drop_kept`) for
+        :meth:`preprocess_backward_taped`. For a caller that runs the preprocess where its
+        backward will also run (a non-transposed baseline), so the backward need not recompute.
+        With ``recompute=True`` only the inputs are kept and the backward recomputes."""
 
     @abstractmethod
     def preprocess_backward_taped(self, key: Hashable, cotangents: MaybeTensors) -> None:
-        """Accumulate the preprocess parameter gradients of the forward kept under ``key``
-        (a missing cotangent counts as zeros), then free it."""
-
-    # --- end TEMPORARY -------------------------------------------------------------------------
+        """Accumulate the preprocess parameter gradients of the forward kept under ``key`` for
+        the output ``cotangents`` (``None`` entries count as zeros), then free its state."""
 
     @abstractmethod
     def stage_forward(self, stage: int, micro: int, inputs: Tensors) -> Tensors:
-        """Run a stage chunk; keep what its backward needs (its inputs) under ``(stage, micro)``."""
+        """Run a stage chunk; keep what its backward needs under ``(stage, micro)`` (the taped
+        forward by default, only the inputs with ``recompute=True``)."""
 
     @abstractmethod
     def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
@@ -97,8 +95,8 @@ class Executor(ABC):
 
     @abstractmethod
     def kept(self) -> Sequence[Hashable]:
-        """The keys whose forward state is still held (for leak checks): ``(stage, micro)``
-        of stage forwards, and the keys of taped preprocess forwards."""
+        """The keys whose forward state is still held (for leak checks): ``(stage, micro)`` of
+        stage forwards, and the keys of taped preprocess forwards."""
 
     @abstractmethod
     def drop_kept(self) -> None:

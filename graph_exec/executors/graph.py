@@ -1,5 +1,9 @@
 """The graph executor: every kernel compiled with ``mindspore.jit``, one graph per signature.
 
+A stage forward is the compiled chunk called under MindSpore's autograd tape: MindSpore then
+compiles a forward graph that also returns what the backward needs and a bprop graph that
+consumes it, so the backward recomputes nothing (see ``tape``).
+
 A kernel is made and compiled the first time its hook sees a new signature (input shapes and
 dtypes, which outputs carry a cotangent, constant keyword values) and the compiled callable is
 reused for every later call with that signature. Compiling costs far more than a call
@@ -50,12 +54,12 @@ class GraphExecutor(KernelExecutor):
     def _storage_addresses(self) -> tuple[int, ...]:
         return tuple(param.data_ptr() for param in self._watched)
 
-    def _call(self, key: Hashable, make: Callable[[], Callable[..., Any]], *args: Any, **kwargs: Any) -> Any:
+    def _cached(self, key: Hashable) -> Any:
         storage = self._storage_addresses()
         if storage != self._storage:
-            self._kernels.clear()
+            self._kernels.clear()  # kept forwards hold their own tapes and finish on them
             self._storage = storage
-        return super()._call(key, make, *args, **kwargs)
+        return super()._cached(key)
 
     def _prepare(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
         # Each made kernel is its own closure (per cell and signature) and compiles once. jit

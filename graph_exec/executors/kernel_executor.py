@@ -1,10 +1,52 @@
-"""The hook logic both executors share: bookkeeping, validation, kernel selection.
+"""The hook logic both executors share: bookkeeping, validation, kernel selection, the tape.
 
 Everything that decides *what* runs lives here and in ``graph_exec.kernels``: which kernel a
 hook needs, its cache key, what the forward keeps, and every check on the caller's arguments.
 A subclass only decides *how* a freshly made kernel is turned into something callable
 (compiled with ``mindspore.jit``, or left as the eager Python function), which is why graph and
 pynative give the same numbers.
+
+Differentiation goes through MindSpore's autograd tape (:class:`~graph_exec.executors.tape.Tape`)
+around the kernel. By default a stage forward is recorded and its backward runs the recorded
+bprop: no recompute. With ``recompute=True`` the forward runs plainly and keeps only its inputs;
+the backward records the forward again and takes its gradient at once. The preprocess backward
+is always that recompute (its forward ran elsewhere, or long before), unless the caller used the
+taped preprocess hooks.
+
+Weight gradients come back from the tape as tensors and are added into the accumulators by
+eager ``ops.assign_add``, one per parameter, in both modes. Candidates, measured side by side
+under heavy load (2 shared cores, load average 11) with ``python -m
+graph_exec.benchmarks.executor_speed --only accumulation``: 4 taped forwards then 4 backwards,
+ms for the whole round, p10 / p50 (no accumulation at all: the floor):
+
+    candidate                             dense32, 16   dense256, 16   LM block, 12
+    eager assign_add per parameter          7.7 / 31.1    34.8 / 92.3    21.0 / 26.9
+    one jitted add, buffers closed over    15.3 / 38.4    35.8 / 73.5    21.3 / 28.9
+    one jitted add, buffers as arguments   17.5 / 43.9    37.3 / 108     22.9 / 34.5
+    no accumulation (floor)                15.6 / 30.4    29.8 / 63.7    19.0 / 31.2
+
+(chunk, number of gradient tensors).
+
+All candidates are exact (the same float32 additions). The eager adds had the best p10 on
+every chunk and the best p50 on two of three; a compiled add costs one more graph launch and
+its own compile, and passing the accumulators as arguments was slowest everywhere. A flat
+buffer per chunk was not tried: the accumulators must stay one live Parameter per parameter
+(optimizers, the broadcast and the gradient all-reduce read them by name).
+
+The last stage runs its loss forward under the tape and its bprop at once; a fused jitted
+forward+loss+backward was kept out because it did not beat that. Same script (``--only last``),
+one micro-batch, ms, p10 / p50 / p90 / mean, two runs under load:
+
+    last stage   fused jit, in-graph assign_add      taped loss + bprop (this executor)
+    LM, 3 blocks  6.4 / 7.9 / 76.2 / 24.5            13.0 / 14.7 / 17.5 / 15.4
+                  7.1 / 19.3 / 75.9 / 40.7           13.7 / 21.9 / 74.4 / 39.1
+    dense32      1.5 / 4.6 / 29.7 / 12.2             3.9 / 5.3 / 12.1 / 7.1
+                  1.9 / 2.9 / 30.4 / 12.2            4.1 / 6.7 / 14.4 / 7.7
+
+The fused graph is faster when it is fast but falls into a slow mode often enough that its mean
+is the same or worse; a fused graph that returns the weight gradients instead of writing them
+was slower still (p50 14-140 ms on the LM stage): returning weight gradients from a compiled
+graph is what is slow here (see the README's executor section).
 """
 
 from __future__ import annotations
@@ -15,18 +57,16 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mindspore import Parameter, ParameterTuple, Tensor, nn
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from graph_exec.kernels import (
-    BackwardLayout,
     GradBuffers,
     is_float,
+    make_accumulate,
     make_buffer,
-    make_last_stage_step,
-    make_preprocess_backward,
     make_preprocess_forward,
-    make_stage_backward,
     make_stage_forward,
+    make_stage_loss,
     make_zero_grads,
 )
 from graph_exec.msenv import prepare_mindspore
@@ -34,15 +74,29 @@ from graph_exec.msenv import prepare_mindspore
 from .base import Executor, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
 from .signature import TensorSpec, kwargs_key, split_kwargs, tensor_specs
+from .tape import Tape, free_tapes
 
 
 @dataclass(frozen=True)
 class KeptForward:
-    """What a stage forward leaves for its backward: the inputs, and the output specs used to
-    check the cotangents the backward receives."""
+    """What a forward leaves for its backward.
 
-    inputs: Tensors
+    ``args``: the kernel's positional tensors (the backward hands these very objects to the
+    tape, which finds its recorded forward by them); ``outputs``: the output specs the
+    cotangents are checked against; ``tape``: ``None`` when nothing is differentiated;
+    ``recorded``: whether the forward ran under the tape (``False``: recompute at backward);
+    ``grad_inputs``: positions of the inputs whose gradient the backward returns.
+    """
+
+    args: Tensors
     outputs: tuple[TensorSpec, ...]
+    tape: Tape | None
+    recorded: bool
+    grad_inputs: tuple[int, ...] = ()
+
+
+def _run_backward(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    return tape.backward(args, sens)
 
 
 class KernelExecutor(Executor):
@@ -57,8 +111,12 @@ class KernelExecutor(Executor):
         last_stage: int | None = None,
         loss_scale: float = 1.0,
         first_stage_input_grads: bool = True,
+        recompute: bool = False,
     ) -> None:
+        if not isinstance(recompute, bool):
+            raise ExecutorConfigError(f"recompute must be a bool (True or False), got {recompute!r}")
         prepare_mindspore()
+        self.recompute = recompute
         self._stages = dict(sorted(stages.items()))
         self._preprocess = preprocess
         self._loss_fn = loss_fn
@@ -76,29 +134,60 @@ class KernelExecutor(Executor):
         self._kernels: dict[Hashable, Callable[..., Any]] = {}
         self._kept: dict[tuple[int, int], KeptForward] = {}
         self._backward_done: set[tuple[int, int]] = set()
+        self._kept_preprocess: dict[Hashable, KeptForward] = {}
+        self._preprocess_done: set[Hashable] = set()
         self._preprocess_outputs: dict[Hashable, tuple[TensorSpec, ...]] = {}
-        self._preprocess_kept: dict[Hashable, tuple[Tensors, dict[str, Any]]] = {}  # TEMPORARY (#10)
 
     # ------------------------------------------------------------------ how kernels run
 
     @abstractmethod
     def _prepare(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
-        """Turn a freshly made kernel into the callable cached for its signature."""
+        """Turn a freshly made kernel into what runs it (compiled, or the function itself)."""
 
     def _on_new_kernel(self, first_call_seconds: float) -> None:
         """Called once per cached signature, after its first (possibly compiling) call."""
 
-    def _call(self, key: Hashable, make: Callable[[], Callable[..., Any]], *args: Any, **kwargs: Any) -> Any:
-        """Run the kernel cached under ``key``, making and preparing it on first use."""
-        kernel = self._kernels.get(key)
+    def _cached(self, key: Hashable) -> Any:
+        """The callable cached under ``key``, or ``None`` (the graph executor first drops every
+        cached kernel when a parameter's storage moved)."""
+        return self._kernels.get(key)
+
+    def _kernel(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The callable cached under ``key``, made (not called) on first use."""
+        kernel = self._cached(key)
+        if kernel is None:
+            kernel = self._kernels[key] = make()
+        return kernel
+
+    def _call(self, key: Hashable, make: Callable[[], Callable[..., Any]], *args: Any) -> Any:
+        """Run the callable cached under ``key``, making it on first use (``make`` prepares
+        the kernels it wraps)."""
+        kernel = self._cached(key)
         if kernel is not None:
-            return kernel(*args, **kwargs)
-        kernel = self._prepare(make())
+            return kernel(*args)
+        kernel = make()
         start = time.perf_counter()
-        result = kernel(*args, **kwargs)
+        result = kernel(*args)
         self._on_new_kernel(time.perf_counter() - start)
         self._kernels[key] = kernel
         return result
+
+    def _taped(self, key: Hashable, make: Callable[[], Tape], *args: Any) -> tuple[Any, Tape]:
+        """Run (and record) the tape cached under ``key``; return its outputs and the tape."""
+        outputs = self._call(key, make, *args)
+        return outputs, self._kernels[key]
+
+    def _backward(self, key: Hashable, kept: KeptForward, sens: Any) -> tuple[tuple, tuple]:
+        """Input and weight gradients of a kept forward for upstream gradient ``sens``;
+        records the forward first when it was not (recompute)."""
+        if not kept.recorded:
+            kept.tape(*kept.args)
+        return self._call(key, lambda: _run_backward, kept.tape, kept.args, sens)
+
+    def _accumulate(self, grads: GradBuffers, weight_grads: tuple) -> None:
+        """Eager adds in both modes: the fastest exact candidate (module docstring)."""
+        if weight_grads:
+            make_accumulate(grads.buffers)(*weight_grads)
 
     # ------------------------------------------------------------------ preprocess hooks
 
@@ -106,67 +195,96 @@ class KernelExecutor(Executor):
         return list(self._preprocess_grads.params) if self._preprocess_grads is not None else []
 
     def preprocess_forward(self, inputs: Tensors, kwargs: Mapping[str, Any]) -> Tensors:
-        cell = self._require_preprocess("preprocess_forward")
-        specs = tensor_specs(inputs, "preprocess inputs")
-        tensors, constants = split_kwargs(kwargs)
-        signature = (specs, kwargs_key(tensors, constants))
-        outputs = self._call(
-            ("preprocess_forward", signature),
-            lambda: make_preprocess_forward(cell, constants),
-            *inputs,
-            **tensors,
-        )
+        signature, args, make = self._preprocess_kernel("preprocess_forward", inputs, kwargs)
+        outputs = tuple(self._call(("preprocess_forward", signature), lambda: self._prepare(make()), *args))
         self._preprocess_outputs[signature] = tensor_specs(outputs, "preprocess outputs")
-        return tuple(outputs)
+        return outputs
 
     def preprocess_backward(
         self, inputs: Tensors, kwargs: Mapping[str, Any], cotangents: MaybeTensors
     ) -> None:
-        """Recompute the preprocess and accumulate its parameter gradients.
+        """Recompute the preprocess under the tape and accumulate its parameter gradients.
 
         The cotangents are checked against the output specs recorded by ``preprocess_forward``
         for the same input signature; a signature never seen runs the forward once to learn
         them. A frozen preprocess returns at once.
         """
-        cell = self._require_preprocess("preprocess_backward")
+        signature, args, make = self._preprocess_kernel("preprocess_backward", inputs, kwargs)
         grads = self._preprocess_grads
         if grads is None or not len(grads):
             return  # frozen preprocess: no gradient work at all, not even a compile
-        specs = tensor_specs(inputs, "preprocess inputs")
-        tensors, constants = split_kwargs(kwargs)
-        signature = (specs, kwargs_key(tensors, constants))
         if signature not in self._preprocess_outputs:
             self.preprocess_forward(inputs, kwargs)  # learns the output specs to check against
-        present = _check_cotangents("preprocess", self._preprocess_outputs[signature], cotangents)
+        specs = self._preprocess_outputs[signature]
+        present = _check_cotangents("preprocess", specs, cotangents)
         if not present:
             return
-        self._call(
-            ("preprocess_backward", signature, present),
-            lambda: make_preprocess_backward(cell, grads, constants, len(inputs), present),
-            *inputs,
-            *[cotangents[i] for i in present],
-            **tensors,
-        )
-
-    # --- TEMPORARY (issue #10, fair baseline): keep the inputs, recompute at the backward -----
-    # Stand-in for issue #9's taped version (same hooks, same results); replaced at merge.
+        tape = self._preprocess_tape(signature, make)
+        kept = KeptForward(args, specs, tape, recorded=False)
+        _, weight_grads = self._backward(("preprocess_backward", signature), kept, _sens(specs, cotangents))
+        self._accumulate(grads, weight_grads)
 
     def preprocess_forward_taped(self, key: Hashable, inputs: Tensors, kwargs: Mapping[str, Any]) -> Tensors:
-        if key in self._preprocess_kept:
+        where = f"preprocess_forward_taped(key {key!r})"
+        signature, args, make = self._preprocess_kernel(where, inputs, kwargs)
+        hash(key)
+        if key in self._kept_preprocess:
             raise HookOrderError(
-                f"preprocess_forward_taped({key!r}): a forward is already kept under this key"
+                f"{where}: a forward is already kept under this key and its backward has not run"
             )
-        outputs = self.preprocess_forward(inputs, kwargs)
-        self._preprocess_kept[key] = (tuple(inputs), dict(kwargs))
+        grads = self._preprocess_grads
+        trains = grads is not None and len(grads) > 0
+        if trains and not self.recompute:
+            outputs, tape = self._taped(
+                ("preprocess_tape", signature), lambda: self._preprocess_tape_for(make), *args
+            )
+            recorded = True
+        else:
+            outputs = self._call(("preprocess_forward", signature), lambda: self._prepare(make()), *args)
+            tape = self._preprocess_tape(signature, make) if trains else None
+            recorded = False
+        outputs = tuple(outputs)
+        specs = tensor_specs(outputs, "preprocess outputs")
+        self._preprocess_outputs[signature] = specs
+        self._kept_preprocess[key] = KeptForward(args, specs, tape, recorded)
+        self._preprocess_done.discard(key)
         return outputs
 
     def preprocess_backward_taped(self, key: Hashable, cotangents: MaybeTensors) -> None:
-        kept = self._preprocess_kept.pop(key, None)
+        where = f"preprocess_backward_taped(key {key!r})"
+        kept = self._kept_preprocess.get(key)
         if kept is None:
-            raise HookOrderError(f"preprocess_backward_taped({key!r}) has no kept forward")
-        self.preprocess_backward(*kept, cotangents)
+            why = "was already called for its forward" if key in self._preprocess_done else "has no forward"
+            raise HookOrderError(f"{where} {why}")
+        present = _check_cotangents(where, kept.outputs, cotangents)
+        if kept.tape is not None and (present or kept.recorded):
+            # Without any cotangent the gradient is zero; a recorded forward is still consumed.
+            sens = _sens(kept.outputs, cotangents)
+            _, weight_grads = self._backward(("preprocess_backward_taped", kept.outputs, present), kept, sens)
+            if present:
+                self._accumulate(self._preprocess_grads, weight_grads)
+        del self._kept_preprocess[key]
+        self._preprocess_done.add(key)
 
-    # --- end TEMPORARY -------------------------------------------------------------------------
+    def _preprocess_kernel(
+        self, where: str, inputs: Tensors, kwargs: Mapping[str, Any]
+    ) -> tuple[Hashable, Tensors, Callable[[], Callable[..., Any]]]:
+        """The signature, the kernel's positional arguments and a maker of the raw kernel."""
+        cell = self._require_preprocess(where)
+        specs = tensor_specs(inputs, "preprocess inputs")
+        tensors, constants = split_kwargs(kwargs)
+        signature = (specs, kwargs_key(tensors, constants))
+        names = sorted(tensors)
+        args = (*inputs, *(tensors[name] for name in names))
+        return signature, args, lambda: make_preprocess_forward(cell, len(inputs), names, constants)
+
+    def _preprocess_tape_for(self, make: Callable[[], Callable[..., Any]]) -> Tape:
+        return Tape(self._prepare(make()), self._preprocess_grads.params, grad_inputs=False)
+
+    def _preprocess_tape(self, signature: Hashable, make: Callable[[], Callable[..., Any]]) -> Tape:
+        """The (unrecorded) preprocess tape of ``signature``, cached like a kernel."""
+        key = ("preprocess_tape", signature)
+        return self._kernel(key, lambda: self._preprocess_tape_for(make))
 
     # ------------------------------------------------------------------ stage hooks
 
@@ -179,34 +297,54 @@ class KernelExecutor(Executor):
                 "micro-batch and its backward has not run"
             )
         specs = tensor_specs(inputs, f"stage {stage}, micro {micro} inputs")
-        outputs = self._call(("stage_forward", stage, specs), lambda: make_stage_forward(cell), *inputs)
+        grad_inputs = self._grad_inputs(stage, inputs)
+        weights = self._stage_grads[stage].params
+        tape: Tape | None = None
+        recorded = False
+        if grad_inputs or len(weights):
+            tape_key = ("stage_tape", stage, specs, bool(grad_inputs))
+
+            def make_tape() -> Tape:
+                return Tape(self._prepare(make_stage_forward(cell)), weights, bool(grad_inputs))
+
+            if not self.recompute:
+                outputs, tape = self._taped(tape_key, make_tape, *inputs)
+                recorded = True
+            else:
+                tape = self._kernel(tape_key, make_tape)
+        if not recorded:
+            outputs = self._call(
+                ("stage_forward", stage, specs), lambda: self._prepare(make_stage_forward(cell)), *inputs
+            )
         outputs = tuple(outputs)
-        self._kept[key] = KeptForward(tuple(inputs), tensor_specs(outputs, f"stage {stage} outputs"))
+        out_specs = tensor_specs(outputs, f"stage {stage} outputs")
+        self._kept[key] = KeptForward(tuple(inputs), out_specs, tape, recorded, grad_inputs)
         self._backward_done.discard(key)
         return outputs
 
     def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
-        cell = self._stage(stage)
+        self._stage(stage)
         key = (stage, micro)
         kept = self._kept.get(key)
         if kept is None:
             why = "was already called for its forward" if key in self._backward_done else "has no forward"
             raise HookOrderError(f"stage_backward(stage {stage}, micro {micro}) {why}")
         present = _check_cotangents(f"stage {stage}, micro {micro}", kept.outputs, cotangents)
-        grads = self._stage_grads[stage]
-        grad_inputs = self._grad_inputs(stage, kept.inputs)
-        result: list[Tensor | None] = [None] * len(kept.inputs)
-        if grad_inputs or (present and len(grads)):
-            layout = BackwardLayout(len(kept.inputs), grad_inputs, present)
-            input_specs = tuple(TensorSpec.of(t) for t in kept.inputs)
-            input_grads = self._call(
-                ("stage_backward", stage, input_specs, present),
-                lambda: make_stage_backward(cell, grads, layout),
-                *kept.inputs,
-                *[cotangents[i] for i in present],
+        result: list[Tensor | None] = [None] * len(kept.args)
+        if kept.tape is not None and (present or kept.recorded):
+            # Without any cotangent every gradient is zero, but a recorded forward must still be
+            # consumed (an abandoned one would stay in MindSpore's state).
+            sens = _sens(kept.outputs, cotangents)
+            input_grads, weight_grads = self._backward(
+                ("stage_backward", stage, kept.outputs, present), kept, sens
             )
-            for position, grad in zip(grad_inputs, input_grads or (), strict=True):
-                result[position] = grad
+            if present:
+                self._accumulate(self._stage_grads[stage], weight_grads)
+                for position in kept.grad_inputs:
+                    result[position] = input_grads[position]
+        if not present:
+            for position in kept.grad_inputs:
+                result[position] = ops.zeros_like(kept.args[position])
         del self._kept[key]
         self._backward_done.add(key)
         return tuple(result)
@@ -224,21 +362,30 @@ class KernelExecutor(Executor):
         label_specs = tensor_specs(labels, f"{where} labels")
         grads = self._stage_grads[stage]
         grad_inputs = self._grad_inputs(stage, inputs)
-        loss, input_grads = self._call(
-            ("last_stage_step", stage, specs, label_specs),
-            lambda: make_last_stage_step(
-                cell, grads, len(inputs), grad_inputs, self._loss_fn, self._loss_scale
-            ),
-            *inputs,
-            *labels,
-        )
-        if tuple(loss.shape) != ():
-            raise HookArgumentError(
-                f"last_stage_step({where}): the loss must be a scalar, got shape {list(loss.shape)}"
-            )
+        args = (*inputs, *labels)
+
+        def make_loss() -> Callable[..., Any]:
+            return make_stage_loss(cell, len(inputs), self._loss_fn)
+
         result: list[Tensor | None] = [None] * len(inputs)
-        for position, grad in zip(grad_inputs, input_grads, strict=True):
-            result[position] = grad
+        if not grad_inputs and not len(grads):
+            loss = self._call(
+                ("stage_loss", stage, specs, label_specs), lambda: self._prepare(make_loss()), *args
+            )
+            _check_scalar_loss(where, loss)
+            return loss, tuple(result)
+        loss, tape = self._taped(
+            ("loss_tape", stage, specs, label_specs, bool(grad_inputs)),
+            lambda: Tape(self._prepare(make_loss()), grads.params, bool(grad_inputs)),
+            *args,
+        )
+        kept = KeptForward(args, (TensorSpec.of(loss),), tape, recorded=True)
+        _check_scalar_loss(where, loss, kept)
+        sens = ops.full((), self._loss_scale, dtype=loss.dtype)
+        input_grads, weight_grads = self._backward(("loss_backward", stage, specs, label_specs), kept, sens)
+        self._accumulate(grads, weight_grads)
+        for position in grad_inputs:
+            result[position] = input_grads[position]
         return loss, tuple(result)
 
     # ------------------------------------------------------------------ gradients and state
@@ -249,15 +396,25 @@ class KernelExecutor(Executor):
 
     def zero_grad(self) -> None:
         if self._buffers:
-            self._call(("zero_grad",), lambda: make_zero_grads(self._all_buffers))
+            self._call(("zero_grad",), lambda: self._prepare(make_zero_grads(self._all_buffers)))
 
     def kept(self) -> Sequence[Hashable]:
-        return [*self._kept, *self._preprocess_kept]
+        """Stage keys ``(stage, micro)``, then the key of each taped preprocess forward whose
+        backward has not run."""
+        return [*self._kept, *self._kept_preprocess]
 
     def drop_kept(self) -> None:
+        """Forget every kept forward; a recorded tape is consumed by a backward with zero
+        upstream gradients whose results are discarded (this frees it without touching other
+        executors' tapes, as :func:`free_tapes` would); if that fails, every tape is freed."""
+        recorded = [k for k in (*self._kept.values(), *self._kept_preprocess.values()) if k.recorded]
         self._kept.clear()
-        self._preprocess_kept.clear()
         self._backward_done.clear()
+        self._kept_preprocess.clear()
+        self._preprocess_done.clear()
+        for kept in recorded:
+            if not _release(kept):
+                break
 
     # ------------------------------------------------------------------ helpers
 
@@ -278,6 +435,34 @@ class KernelExecutor(Executor):
         if self._preprocess is None:
             raise HookOrderError(f"{hook}: this executor was created without a preprocess cell")
         return self._preprocess
+
+
+def _sens(outputs: tuple[TensorSpec, ...], cotangents: MaybeTensors) -> tuple[Any, ...]:
+    """The upstream gradient of a tuple-output kernel: the cotangents, zeros where missing."""
+    return tuple(
+        ops.zeros(spec.shape, spec.dtype) if cotangent is None else cotangent
+        for cotangent, spec in zip(cotangents, outputs, strict=True)
+    )
+
+
+def _release(kept: KeptForward) -> bool:
+    """Consume a recorded forward without using its gradients; on failure free every tape of
+    the process instead and return ``False``."""
+    try:
+        kept.tape.backward(kept.args, _sens(kept.outputs, (None,) * len(kept.outputs)))
+    except Exception:  # the step is being aborted already: never mask its error
+        free_tapes()
+        return False
+    return True
+
+
+def _check_scalar_loss(where: str, loss: Any, kept: KeptForward | None = None) -> None:
+    if tuple(loss.shape) != ():
+        if kept is not None:
+            kept.tape.backward(kept.args, ops.zeros(loss.shape, loss.dtype))  # consume the tape
+        raise HookArgumentError(
+            f"last_stage_step({where}): the loss must be a scalar, got shape {list(loss.shape)}"
+        )
 
 
 def _build_grad_buffers(

@@ -1,7 +1,8 @@
 """The pynative executor: the very same kernels, called eagerly.
 
 Nothing is compiled, so a breakpoint inside a kernel or inside the user's ``construct`` stops
-on every call and every intermediate tensor can be inspected. Numbers match the graph
+on every call and every intermediate tensor can be inspected. The forward runs eagerly under
+the same autograd tape as in graph mode, and the backward replays the recorded ops. Numbers match the graph
 executor because both call the kernels made by ``graph_exec.kernels`` with the same arguments.
 """
 

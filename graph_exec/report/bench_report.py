@@ -312,10 +312,22 @@ def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return f"{value * scale:{spec}}"
 
 
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (linear interpolation), ``None`` without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
 def table(doc: dict) -> str:
-    """The bench results as text: the main table, the MPipe savings, the simulator's inputs."""
+    """The bench results as text: the main table (step time as the median with its p10 and p90
+    over the measured steps), the MPipe savings, the simulator's inputs."""
     head = (
-        f"{'run':30s}{'step ms':>9s}{'/base':>7s}{'pyn/gr':>7s}{'bubble':>7s}{'ovhd':>7s}"
+        f"{'run':30s}{'step ms':>9s}{'p10':>7s}{'p90':>7s}{'/base':>7s}{'pyn/gr':>7s}{'bubble':>7s}{'ovhd':>7s}"
         f"{'pred ms':>9s}{'err':>8s}{'comp':>6s}{'comp s':>8s}{'alloc':>6s}"
     )
     lines = [head, "-" * len(head)]
@@ -323,6 +335,8 @@ def table(doc: dict) -> str:
         pred = run["prediction"]
         lines.append(
             f"{run['name']:30s}{_fmt(run['step_time_s'], '9.1f', 1e3)}"
+            f"{_fmt(_percentile(run['step_times_s'], 10), '7.1f', 1e3)}"
+            f"{_fmt(_percentile(run['step_times_s'], 90), '7.1f', 1e3)}"
             f"{_fmt(run['ratio_to_baseline'], '7.2f')}{_fmt(run['pynative_over_graph'], '7.2f')}"
             f"{_fmt(run['bubble_fraction'], '7.0%')}{_fmt(run['overhead_fraction'], '7.1%')}"
             f"{_fmt(pred['step_time_s'], '9.1f', 1e3)}{_fmt(pred['error'], '+8.1%')}"

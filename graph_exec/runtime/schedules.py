@@ -90,7 +90,9 @@ class ScheduleMPipeTranspose:
     measured 2-3x faster, off elsewhere; see ``RankRuntime``), ``mesh`` (a
     :class:`~graph_exec.DeviceMesh`: this rank is pipeline rank ``mesh.pp_rank`` of replica
     ``mesh.dp_rank``; ``None``: one pipeline over the whole world), ``dp_bucket_bytes`` (size of
-    the flat buckets in which gradients are averaged over the data-parallel group).
+    the flat buckets in which gradients are averaged over the data-parallel group), ``recompute`` (``False``: a
+    stage's backward runs the bprop of its taped forward; ``True``: keep only its inputs and
+    record the forward again in the backward, for runs short of activation memory).
     """
 
     #: Whether the preprocess is transposed onto the owners (``False``: the fair baseline).
@@ -113,8 +115,11 @@ class ScheduleMPipeTranspose:
         sync_steps: bool | None = None,
         mesh: Any = None,
         dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        recompute: bool = False,
     ) -> None:
         self.stages = _check_stages(stages)
+        if not isinstance(recompute, bool):
+            raise ValueError(f"recompute must be a bool (True or False), got {recompute!r}")
         if isinstance(micro_batch_num, bool) or not isinstance(micro_batch_num, int) or micro_batch_num < 1:
             raise ValueError(f"micro_batch_num must be a positive int, got {micro_batch_num!r}")
         layers = num_transpose_layers
@@ -160,6 +165,7 @@ class ScheduleMPipeTranspose:
         self.scale_grads = bool(scale_grads)
         self.timeout_s = float(timeout_s)
         self.sync_steps = sync_steps
+        self.recompute = recompute
         self._setup: _Setup | None = None
         self._failed: str | None = None
 
@@ -374,6 +380,7 @@ class ScheduleMPipeTranspose:
             loss_scale=1.0 / self.micro_batch_num if self.scale_grads else 1.0,
             # Only a trainable preprocess reads dL/d(stage 0 input); otherwise it is wasted work.
             first_stage_input_grads=config.trainable,
+            recompute=self.recompute,
         )
         return build_plan(config), executor
 
@@ -449,6 +456,7 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         sync_steps: bool | None = None,
         mesh: Any = None,
         dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        recompute: bool = False,
     ) -> None:
         layers = num_transpose_layers
         # A rank other than 0 may pass None with the real layer count; the base class's rule
@@ -466,5 +474,6 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
             sync_steps=sync_steps,
             mesh=mesh,
             dp_bucket_bytes=dp_bucket_bytes,
+            recompute=recompute,
         )
         self.num_transpose_layers = layers

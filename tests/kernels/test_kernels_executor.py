@@ -75,8 +75,9 @@ def test_frozen_duplicates_are_allowed() -> None:
     assert sorted(create_executor("pynative", {0: first, 1: second}).grads()) == ["a.bias", "a.weight"]
 
 
-def test_signature_cache_compiles_once_per_new_shape_and_cotangent_set() -> None:
-    executor = create_executor("graph", {0: named(Mixer(), "sig.")})
+@pytest.mark.parametrize("recompute", [False, True])
+def test_signature_cache_compiles_once_per_new_shape_and_cotangent_set(recompute: bool) -> None:
+    executor = create_executor("graph", {0: named(Mixer(), f"sig{recompute}.")}, recompute=recompute)
     stats = executor.compile_stats
 
     def forward_backward(batch: int, micro: int, cotangents: str) -> None:

@@ -3,7 +3,8 @@
 Tolerance everywhere: ``|actual - expected| <= 1e-5 + 1e-4 * |expected|`` (see kernel_models).
 The model is a preprocess with two outputs and three stages (tuple in, tuple out, loss), the
 micro-batches run GPipe-style (all forwards, then all backwards in reverse) so several
-forwards are kept at once, and the loss is scaled by 1/M as a runtime averaging would.
+forwards are kept at once, and the loss is scaled by 1/M as a runtime averaging would. Every
+check runs in both modes, with the default taped forward and with ``recompute=True``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,20 @@ from mindspore import Tensor, nn
 from graph_exec.executors import create_executor
 
 MICRO = 3
+VARIANTS = [(mode, recompute) for mode in MODES for recompute in (False, True)]
 
 
-def run_pipeline(mode: str, preprocess: nn.Cell, stages: dict[int, nn.Cell], batches: list) -> dict:
+def run_pipeline(
+    mode: str, recompute: bool, preprocess: nn.Cell, stages: dict[int, nn.Cell], batches: list
+) -> dict:
     """Losses, gradients and the kept-state trace of one pipelined step."""
     executor = create_executor(
-        mode, stages, preprocess=preprocess, loss_fn=classification_loss, loss_scale=1.0 / len(batches)
+        mode,
+        stages,
+        preprocess=preprocess,
+        loss_fn=classification_loss,
+        loss_scale=1.0 / len(batches),
+        recompute=recompute,
     )
     executor.zero_grad()
     losses, stage0_inputs = [], []
@@ -75,65 +84,68 @@ def results() -> dict:
 
     params = preprocess.trainable_params() + [p for k in sorted(stages) for p in stages[k].trainable_params()]
     ref_losses, ref_grads = reference(whole_model, params, batches)
-    out = {mode: run_pipeline(mode, preprocess, stages, batches) for mode in MODES}
+    out = {variant: run_pipeline(*variant, preprocess, stages, batches) for variant in VARIANTS}
     out["reference"] = {"losses": ref_losses, "grads": {k: v / MICRO for k, v in ref_grads.items()}}
     out["preprocess_params"] = [p.name for p in preprocess.trainable_params()]
     return out
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_losses_match_reference(results: dict, mode: str) -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_losses_match_reference(results: dict, variant: tuple) -> None:
     for micro, (got, want) in enumerate(
-        zip(results[mode]["losses"], results["reference"]["losses"], strict=True)
+        zip(results[variant]["losses"], results["reference"]["losses"], strict=True)
     ):
-        assert_close(got, want, f"{mode} loss of micro-batch {micro}")
+        assert_close(got, want, f"{variant} loss of micro-batch {micro}")
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_body_and_preprocess_gradients_match_reference(results: dict, mode: str) -> None:
-    got, want = results[mode]["grads"], results["reference"]["grads"]
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_body_and_preprocess_gradients_match_reference(results: dict, variant: tuple) -> None:
+    got, want = results[variant]["grads"], results["reference"]["grads"]
     assert sorted(got) == sorted(want)
     assert any(name.startswith("pre.") for name in got)
     for name in want:
         assert np.abs(want[name]).max() > 0, (
             f"reference gradient of {name} is zero: the test would be vacuous"
         )
-        assert_close(got[name], want[name], f"{mode} gradient of {name}")
+        assert_close(got[name], want[name], f"{variant} gradient of {name}")
 
 
-def test_graph_equals_pynative(results: dict) -> None:
-    graph, pynative = results["graph"], results["pynative"]
+@pytest.mark.parametrize("recompute", [False, True])
+def test_graph_equals_pynative(results: dict, recompute: bool) -> None:
+    graph, pynative = results[("graph", recompute)], results[("pynative", recompute)]
     for micro, (a, b) in enumerate(zip(graph["losses"], pynative["losses"], strict=True)):
         assert_close(a, b, f"loss of micro-batch {micro}, graph vs pynative")
     for name in graph["grads"]:
         assert_close(graph["grads"][name], pynative["grads"][name], f"gradient of {name}, graph vs pynative")
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_forwards_are_kept_until_their_backward(results: dict, mode: str) -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_forwards_are_kept_until_their_backward(results: dict, variant: tuple) -> None:
     expected = sorted((stage, micro) for stage in (0, 1) for micro in range(MICRO))
-    assert results[mode]["kept_after_forwards"] == expected
-    assert results[mode]["kept_at_end"] == []
+    assert results[variant]["kept_after_forwards"] == expected
+    assert results[variant]["kept_at_end"] == []
 
 
 def test_broadcast_tensors_are_the_trainable_preprocess_parameters(results: dict) -> None:
-    for mode in MODES:
-        assert results[mode]["broadcast"] == results["preprocess_params"]
+    for variant in VARIANTS:
+        assert results[variant]["broadcast"] == results["preprocess_params"]
 
 
-def test_only_graph_mode_compiles(results: dict) -> None:
-    # zero_grad, preprocess fwd/bwd, two stage fwd/bwd pairs and the last step: one each.
-    assert results["graph"]["stats"].compilations == 8
-    assert results["graph"]["stats"].compile_seconds > 0
-    assert results["pynative"]["stats"].compilations == 0
+@pytest.mark.parametrize("recompute", [False, True])
+def test_only_graph_mode_compiles(results: dict, recompute: bool) -> None:
+    # zero_grad; preprocess forward and backward; for stages 0 and 1 and the last stage's loss:
+    # forward and backward. One each.
+    assert results[("graph", recompute)]["stats"].compilations == 9
+    assert results[("graph", recompute)]["stats"].compile_seconds > 0
+    assert results[("pynative", recompute)]["stats"].compilations == 0
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_embedding_lm_with_integer_token_ids(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "recompute"), VARIANTS)
+def test_embedding_lm_with_integer_token_ids(mode: str, recompute: bool) -> None:
     """Stage 0 embeds int32 token ids: its input gradient is None and the ids stay untouched."""
     ms.set_seed(11)
     config = LMConfig(vocab=16, width=8, heads=2, layers=2, seq=4)
-    stages = dict(enumerate(build_lm_stages(config, 2, prefix=f"lm_{mode}")))
+    stages = dict(enumerate(build_lm_stages(config, 2, prefix=f"lm_{mode}{recompute}")))
     rng = np.random.default_rng(5)
     batches = [
         (
@@ -149,7 +161,7 @@ def test_embedding_lm_with_integer_token_ids(mode: str) -> None:
     params = stages[0].trainable_params() + stages[1].trainable_params()
     ref_losses, ref_grads = reference(whole_model, params, batches)
 
-    executor = create_executor(mode, stages, loss_fn=lm_cross_entropy)
+    executor = create_executor(mode, stages, loss_fn=lm_cross_entropy, recompute=recompute)
     for micro, (ids, labels) in enumerate(batches):
         before = ids.asnumpy().copy()
         hidden = executor.stage_forward(0, micro, (ids,))

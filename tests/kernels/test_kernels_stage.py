@@ -1,5 +1,7 @@
 """Stage hooks one at a time: missing cotangents, integer inputs, accumulation and zeroing.
 
+Every test runs in both modes, with the taped forward (default) and with ``recompute=True``.
+
 Each expected value comes from ``mindspore.value_and_grad`` on the bare cell, without the
 executor; tolerance ``|actual - expected| <= 1e-5 + 1e-4 * |expected|``.
 """
@@ -33,8 +35,9 @@ def vjp_reference(cell: nn.Cell, inputs: tuple, cotangents: tuple, grad_inputs: 
     return input_grads, {p.name: g.asnumpy() for p, g in zip(weights, weight_grads, strict=True)}
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_missing_cotangent_counts_as_zero(mode: str) -> None:
+def test_missing_cotangent_counts_as_zero(mode: str, recompute: bool) -> None:
     """A tuple-output stage where only the first output received a gradient."""
     ms.set_seed(1)
     cell = named(Mixer(), f"mix_{mode}.")
@@ -42,7 +45,7 @@ def test_missing_cotangent_counts_as_zero(mode: str) -> None:
     cotangents = (random(3, WIDTH, seed=3), None)
     want_inputs, want_weights = vjp_reference(cell, inputs, cotangents, (0, 1))
 
-    executor = create_executor(mode, {0: cell})
+    executor = create_executor(mode, {0: cell}, recompute=recompute)
     executor.stage_forward(0, 0, inputs)
     got = executor.stage_backward(0, 0, cotangents)
     assert len(got) == 2
@@ -51,8 +54,9 @@ def test_missing_cotangent_counts_as_zero(mode: str) -> None:
     assert_grads_close(snapshot(executor.grads()), want_weights)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_first_stage_input_grads_can_be_skipped(mode: str) -> None:
+def test_first_stage_input_grads_can_be_skipped(mode: str, recompute: bool) -> None:
     """Stage 0's inputs are raw data or a frozen preprocess's output: no gradient, same weights."""
     ms.set_seed(1)
     cells = {0: named(Mixer(), f"mix_skip_{mode}."), 1: named(Mixer(), f"mix_skip1_{mode}.")}
@@ -61,7 +65,7 @@ def test_first_stage_input_grads_can_be_skipped(mode: str) -> None:
     references = {stage: vjp_reference(cell, inputs, cotangents, (0, 1)) for stage, cell in cells.items()}
     want_weights = {**references[0][1], **references[1][1]}
 
-    executor = create_executor(mode, cells, first_stage_input_grads=False)
+    executor = create_executor(mode, cells, first_stage_input_grads=False, recompute=recompute)
     for stage in (0, 1):
         executor.stage_forward(stage, 0, inputs)
     assert executor.stage_backward(0, 0, cotangents) == (None, None)
@@ -71,11 +75,12 @@ def test_first_stage_input_grads_can_be_skipped(mode: str) -> None:
     assert_grads_close(snapshot(executor.grads()), want_weights)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_no_cotangent_at_all_gives_zero_input_grads_and_no_weight_grads(mode: str) -> None:
+def test_no_cotangent_at_all_gives_zero_input_grads_and_no_weight_grads(mode: str, recompute: bool) -> None:
     cell = named(Mixer(), f"mix0_{mode}.")
     inputs = (random(2, WIDTH, seed=4), random(2, WIDTH, seed=5))
-    executor = create_executor(mode, {0: cell})
+    executor = create_executor(mode, {0: cell}, recompute=recompute)
     executor.stage_forward(0, 0, inputs)
     got = executor.stage_backward(0, 0, (None, None))
     for grad, tensor in zip(got, inputs, strict=True):
@@ -84,8 +89,9 @@ def test_no_cotangent_at_all_gives_zero_input_grads_and_no_weight_grads(mode: st
     assert not any(g.any() for g in snapshot(executor.grads()).values())
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_integer_input_passes_through_without_gradient(mode: str) -> None:
+def test_integer_input_passes_through_without_gradient(mode: str, recompute: bool) -> None:
     ms.set_seed(2)
     cell = named(Gate(), f"gate_{mode}.")
     ids = Tensor(np.array([0, 3, 1], dtype=np.int32))
@@ -93,7 +99,7 @@ def test_integer_input_passes_through_without_gradient(mode: str) -> None:
     cotangent = random(3, WIDTH, seed=7)
     want_inputs, want_weights = vjp_reference(cell, (hidden, ids), (cotangent,), (0,))
 
-    executor = create_executor(mode, {0: cell})
+    executor = create_executor(mode, {0: cell}, recompute=recompute)
     (out,) = executor.stage_forward(0, 0, (hidden, ids))
     assert_close(out, cell(hidden, ids), "forward output")
     d_hidden, d_ids = executor.stage_backward(0, 0, (cotangent,))
@@ -103,13 +109,14 @@ def test_integer_input_passes_through_without_gradient(mode: str) -> None:
     assert_grads_close(snapshot(executor.grads()), want_weights)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_gradients_accumulate_over_calls_until_zero_grad(mode: str) -> None:
+def test_gradients_accumulate_over_calls_until_zero_grad(mode: str, recompute: bool) -> None:
     ms.set_seed(3)
     cell = named(Gate(), f"acc_{mode}.")
     ids = Tensor(np.array([1, 2], dtype=np.int32))
     hidden, cotangent = random(2, WIDTH, seed=8), random(2, WIDTH, seed=9)
-    executor = create_executor(mode, {0: cell})
+    executor = create_executor(mode, {0: cell}, recompute=recompute)
     for micro in range(2):
         executor.stage_forward(0, micro, (hidden, ids))
         executor.stage_backward(0, micro, (cotangent,))
@@ -120,18 +127,20 @@ def test_gradients_accumulate_over_calls_until_zero_grad(mode: str) -> None:
     assert not any(g.any() for g in snapshot(executor.grads()).values())
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_frozen_stage_parameters_get_no_buffers(mode: str) -> None:
+def test_frozen_stage_parameters_get_no_buffers(mode: str, recompute: bool) -> None:
     cell = named(Mixer(), f"frozen_{mode}.")
     for param in cell.a.trainable_params():
         param.requires_grad = False
-    executor = create_executor(mode, {0: cell})
+    executor = create_executor(mode, {0: cell}, recompute=recompute)
     assert sorted(executor.grads()) == sorted(p.name for p in cell.b.trainable_params())
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_drop_kept_forgets_every_forward(mode: str) -> None:
-    executor = create_executor(mode, {0: named(Mixer(), f"drop_{mode}.")})
+def test_drop_kept_forgets_every_forward(mode: str, recompute: bool) -> None:
+    executor = create_executor(mode, {0: named(Mixer(), f"drop_{mode}.")}, recompute=recompute)
     inputs = (random(2, WIDTH, seed=10), random(2, WIDTH, seed=11))
     executor.stage_forward(0, 0, inputs)
     executor.stage_forward(0, 1, inputs)
@@ -142,14 +151,15 @@ def test_drop_kept_forgets_every_forward(mode: str) -> None:
         executor.stage_backward(0, 1, (None, None))
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_parameter_updates_are_seen_by_cached_kernels(mode: str) -> None:
+def test_parameter_updates_are_seen_by_cached_kernels(mode: str, recompute: bool) -> None:
     """An optimizer step or a broadcast writes parameters between calls; a cached (compiled)
     kernel must read the new values. In-place writes need nothing; ``set_data`` swaps the
     storage, which a compiled graph would not see, so the graph executor recompiles once."""
     cell = named(Mixer(), f"upd_{mode}.")
     inputs = (random(2, WIDTH, seed=12), random(2, WIDTH, seed=13))
-    executor = create_executor(mode, {0: cell})
+    executor = create_executor(mode, {0: cell}, recompute=recompute)
     executor.stage_forward(0, 0, inputs)
     compiled = executor.compile_stats.compilations
 
