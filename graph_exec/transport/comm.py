@@ -21,6 +21,7 @@ import numpy as np
 from graph_exec.errors import (
     CommunicationError,
     CommunicationNotInitializedError,
+    PeerTimeoutError,
     ProtocolError,
     RemoteRankError,
 )
@@ -218,6 +219,9 @@ def _host_copy(slot: np.ndarray, tensor: Any) -> None:
     np.copyto(slot, values if values.dtype == slot.dtype else values.view(slot.dtype))
 
 
+#: MindSpore's CPU back end fails a receive that got no message for 30 s (measured, 2.10): a
+#: "Recv failed." after that long is a silent peer, not a message larger than the buffer.
+BACKEND_RECV_TIMEOUT_S = 29.0
 #: Stale messages a restarting transport skips per peer before it gives up.
 MAX_STALE_MESSAGES = 10_000
 #: Transports created per pipeline group in this process: the next one's epoch.
@@ -402,12 +406,20 @@ class Transport:
 
         size = max(nbytes, CONTROL_BYTES)
         frame = alloc(size)[:size]
+        start = time.monotonic()
         try:
             self._dist.recv(ms.from_numpy(frame), src=self.ranks[src], group=self.group)
-        except RuntimeError as exc:  # the backend's "Recv failed": the message was larger, or the link broke
+        except RuntimeError as exc:  # the back end's "Recv failed."
+            waited = time.monotonic() - start
+            if waited >= BACKEND_RECV_TIMEOUT_S:
+                raise PeerTimeoutError(
+                    f"rank {self.rank} got no message from rank {src} while waiting for {expect}: MindSpore "
+                    f"gave up after {waited:.0f} s ({str(exc).strip()})"
+                ) from exc
             raise ProtocolError(
-                f"rank {self.rank} could not receive {expect} from rank {src} into {size} bytes ({exc}): "
-                "either a larger message arrived (the ranks' plans disagree) or the connection broke"
+                f"rank {self.rank} could not receive {expect} from rank {src} into {size} bytes "
+                f"({str(exc).strip()}): either a larger message arrived (the ranks' plans disagree) or "
+                "the connection broke"
             ) from exc
         head = frame[:PREFIX_BYTES].view(np.int64)
         kind, _ = split_first_word(head[0])
@@ -471,10 +483,13 @@ class Transport:
             skipped = 0
             for rank in peers:
                 while True:
+                    start = time.monotonic()
                     try:
                         self._dist.recv(tensor, src=self.ranks[rank], group=self.group)
                         kind, epoch = split_first_word(buffer[:8].view(np.int64)[0])
-                    except RuntimeError:  # a stale message larger than a control message
+                    except RuntimeError as exc:  # a stale message larger than a control message
+                        if time.monotonic() - start >= BACKEND_RECV_TIMEOUT_S:
+                            raise PeerTimeoutError(f"rank {rank} sent no hello ({str(exc).strip()})") from exc
                         kind, epoch = 0, 0
                     if kind == HELLO and epoch == self.epoch:
                         break
