@@ -224,10 +224,26 @@ def _host_copy(slot: np.ndarray, tensor: Any) -> None:
 BACKEND_RECV_TIMEOUT_S = 29.0
 #: Stale messages a restarting transport skips per peer before it gives up.
 MAX_STALE_MESSAGES = 10_000
-#: Transports created per pipeline group in this process: the next one's epoch.
-_epochs: dict[tuple[int, ...], int] = {}
+#: Transports created per group (name, global ranks) in this process: the next one's epoch.
+_epochs: dict[tuple[str, tuple[int, ...]], int] = {}
 #: Every transport's worker per group: a timed-out one may still sit in a receive.
-_workers: dict[tuple[int, ...], list[CommWorker]] = {}
+_workers: dict[tuple[str, tuple[int, ...]], list[CommWorker]] = {}
+
+
+def _register(group: str, ranks: tuple[int, ...], worker: CommWorker) -> int:
+    """The epoch of a new transport on ``group``; refuses while an earlier one's receive may
+    still be pending (it timed out), since that receive would take a later message."""
+    key = (str(group), tuple(ranks))
+    stuck = [w.broken for w in _workers.get(key, ()) if w.broken is not None]
+    if stuck:
+        raise CommunicationError(
+            f"an earlier transport on ranks {list(ranks)} {stuck[0]}; its receive may still be waiting "
+            "and would take a later message: restart the processes"
+        )
+    _workers.setdefault(key, []).append(worker)
+    epoch = _epochs.get(key, 0)
+    _epochs[key] = epoch + 1
+    return epoch
 
 
 class Transport:
@@ -260,12 +276,6 @@ class Transport:
             raise ValueError(f"ranks {list(self.ranks)} must be distinct global ranks in [0, {world})")
         if global_rank not in self.ranks:
             raise ValueError(f"global rank {global_rank} is not in the pipeline group {list(self.ranks)}")
-        stuck = [w.broken for w in _workers.get(self.ranks, ()) if w.broken is not None]
-        if stuck:
-            raise CommunicationError(
-                f"an earlier transport on ranks {list(self.ranks)} {stuck[0]}; its receive may still be "
-                "waiting and would take a later message: restart the processes"
-            )
         self.rank = self.ranks.index(global_rank)
         self.size = len(self.ranks)
         self.group = (
@@ -275,10 +285,8 @@ class Transport:
         )
         self.timeout_s = float(timeout_s)
         self.stats = TransportStats()
-        self.epoch = _epochs.get(self.ranks, 0)
-        _epochs[self.ranks] = self.epoch + 1
         self._worker = CommWorker()
-        _workers.setdefault(self.ranks, []).append(self._worker)
+        self.epoch = _register(self.group, self.ranks, self._worker)
         self._sends_complete_on_post = sends_complete_on_post()
         self._pending: list[tuple[Any, Any, _Staging | None]] = []  # (handle, tensor, staging)
         self._outbound = [_Outbound() for _ in self.ranks]
