@@ -71,7 +71,7 @@ def pair(monkeypatch):
     for rank in (0, 1):  # each rank's process counts its own transports: both are epoch 0
         monkeypatch.setattr(comm, "_epochs", {})
         monkeypatch.setattr(dist, "get_rank", lambda *a, rank=rank, **k: rank)
-        transport = comm.Transport(timeout_s=10.0, ranks=(0, 1))
+        transport = comm.Transport(timeout_s=10.0)
         transport._dist = link.endpoint(rank)
         transports.append(transport)
     return transports[0], transports[1], link
