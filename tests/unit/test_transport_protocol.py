@@ -9,6 +9,8 @@ message is consumed. So these tests check the protocol logic in seconds; the mul
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict, deque
 
 import mindspore as ms
@@ -32,6 +34,7 @@ class FakeLink:
 
     def __init__(self) -> None:
         self.queues: dict[tuple[int, int], deque[bytes]] = defaultdict(deque)
+        self.block_s = 0.0  # how long a receive waits for a message from another thread
 
     def endpoint(self, rank: int) -> FakeDist:
         return FakeDist(self, rank)
@@ -47,8 +50,11 @@ class FakeDist:
 
     def recv(self, tensor, src, group=None):
         queue = self.link.queues[(src, self.rank)]
-        if not queue:
-            raise AssertionError(f"rank {self.rank} would block: nothing from rank {src}")
+        deadline = time.monotonic() + self.link.block_s
+        while not queue:  # a peer on another thread may still send
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rank {self.rank} would block: nothing from rank {src}")
+            time.sleep(0.001)
         message = queue.popleft()
         target = tensor.asnumpy().reshape(-1).view(np.uint8)
         if len(message) > target.nbytes:
@@ -198,3 +204,23 @@ def test_bad_input_fails_before_any_message(pair):
     with pytest.raises(ValueError, match="cannot be sent"):
         a.send((tensor([1.0], np.complex64),), 1, "Fsend0.0")
     assert not link.queues[(0, 1)]
+
+
+def test_a_restart_skips_what_the_failed_step_left_then_exchanges_cleanly(pair):
+    a, b, link = pair
+    a.send((tensor(np.ones((64, 64))),), 1, "Fsend0.0")  # rank 1 never reads header and frame,
+    a.abort("step B0.0 failed", grace_s=0)  # nor this notice (rank 0 read rank 1's)
+    for transport in (a, b):  # both ranks build their next transport on the same group
+        transport.epoch, transport._data_word = 1, comm.first_word(comm.DATA, 1)
+        transport._outbound = [comm._Outbound() for _ in range(2)]
+        transport._inbound = [comm._Inbound() for _ in range(2)]
+    link.block_s = 5.0
+    threads = [threading.Thread(target=t._resync) for t in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert (a.stats.stale_skipped, b.stats.stale_skipped) == (0, 3)  # one of them larger than a hello
+    link.block_s = 0.0
+    a.send((tensor([7.0]),), 1, "Fsend0.0")
+    assert float(b.recv(0, "Fsend0.0")[0].asnumpy()[0]) == 7.0
