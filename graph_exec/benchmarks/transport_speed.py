@@ -1,21 +1,29 @@
 """Cost of the transport over raw MindSpore messages, measured side by side on 2 ranks.
 
 ``python -m graph_exec.benchmarks.transport_speed`` launches itself under msrun (2 local
-ranks) and times ping-pong round trips of a one-tensor group, per payload size: once through
-:class:`graph_exec.transport.Transport` (header + payload, label check, deadline) and once
-with bare ``mindspore.mint.distributed`` ``isend``/``recv`` of the payload alone, in
-alternating rounds. It prints both medians and their ratio.
+ranks) and times ping-pong round trips of a one-tensor group, per payload size: through
+:class:`graph_exec.transport.Transport` in steady state (one data frame per transfer, label and
+sequence checked in band, receive on the deadline-bound communication thread, receive memory
+from a buffer pool as in a pipeline step) and with bare ``mindspore.mint.distributed``
+``isend``/``recv`` of the payload into a preallocated tensor, in alternating rounds so that
+machine noise hits both alike. It prints p10/p50/p90 of the per-round means and the ratio of
+the medians, plus how many messages and headers the transport sent per round trip.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 import time
 
 SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20)
-ROUNDS, REPEATS = 5, 20
+ROUNDS, REPEATS = 15, 20
+
+
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
+    return pick(0.1), pick(0.5), pick(0.9)
 
 
 def _worker() -> None:
@@ -24,6 +32,7 @@ def _worker() -> None:
     import numpy as np
     from mindspore.communication import init
 
+    from graph_exec.bufpool import BufferPool
     from graph_exec.msenv import prepare_mindspore
     from graph_exec.transport import Transport
 
@@ -31,27 +40,40 @@ def _worker() -> None:
     init()
     tp = Transport(timeout_s=60)
     rank, peer = tp.rank, 1 - tp.rank
+    pool = BufferPool()
 
-    def via_transport(tensor):
+    def alloc(nbytes: int) -> np.ndarray:
+        block = pool.acquire(nbytes)
+        held.append(block)
+        return block.view(np.uint8, (nbytes,))
+
+    held: list = []
+
+    def via_transport(tensor) -> None:
         if rank == 0:
             tp.send((tensor,), 1, "Fsend0.0")
-            tp.recv(1, "Bsend1.0")
+            tp.recv(1, "Bsend1.0", alloc)
         else:
-            got = tp.recv(0, "Fsend0.0")
+            got = tp.recv(0, "Fsend0.0", alloc)
             tp.send(got, 0, "Bsend1.0")
         tp.drain()
-
-    def raw(tensor):
-        buf = ms.from_numpy(np.empty(tensor.shape, np.float32))
-        if rank == 0:
-            dist.isend(tensor, dst=peer).wait()
-            dist.recv(buf, src=peer)
-        else:
-            dist.recv(buf, src=peer)
-            dist.isend(buf, dst=peer).wait()
+        while held:
+            pool.release(held.pop())
 
     for nbytes in SIZES:
         tensor = ms.from_numpy(np.ones(nbytes // 4, np.float32))
+        buffer = ms.from_numpy(np.empty(nbytes // 4, np.float32))
+
+        def raw(tensor=tensor, buffer=buffer) -> None:
+            if rank == 0:
+                dist.isend(tensor, dst=peer).wait()
+                dist.recv(buffer, src=peer)
+            else:
+                dist.recv(buffer, src=peer)
+                dist.isend(buffer, dst=peer).wait()
+
+        via_transport(tensor)  # the first transfer of a label carries its header
+        sent, headers = tp.stats.messages_sent, tp.stats.headers_sent
         times: dict[str, list[float]] = {"transport": [], "raw": []}
         for _ in range(ROUNDS):
             for name, fn in (("transport", via_transport), ("raw", raw)):
@@ -60,11 +82,14 @@ def _worker() -> None:
                 for _ in range(REPEATS):
                     fn(tensor)
                 times[name].append((time.perf_counter() - start) / REPEATS)
+        per_trip = (tp.stats.messages_sent - sent) / (ROUNDS * REPEATS)
+        header_trips = tp.stats.headers_sent - headers
         if rank == 0:
-            ours, bare = statistics.median(times["transport"]), statistics.median(times["raw"])
+            ours, bare = _quantiles(times["transport"]), _quantiles(times["raw"])
             print(
-                f"RESULT {nbytes >> 10:>6} KiB  transport {ours * 1e3:7.3f} ms  raw {bare * 1e3:7.3f} ms  "
-                f"ratio {ours / bare:5.2f}  (round trip, median of {ROUNDS} rounds x {REPEATS})",
+                f"RESULT {nbytes >> 10:>6} KiB  transport {'/'.join(f'{t * 1e3:.3f}' for t in ours)} ms  "
+                f"raw {'/'.join(f'{t * 1e3:.3f}' for t in bare)} ms  ratio(p50) {ours[1] / bare[1]:5.2f}  "
+                f"messages sent/round trip {per_trip:.1f}, headers {header_trips}",
                 flush=True,
             )
     dist.barrier()  # a rank must not exit while its peer still waits for a message's acknowledgement
@@ -78,7 +103,10 @@ def main() -> int:
         if not result.ok:
             print(result.describe(), file=sys.stderr)
             return 1
-        print("transport vs raw mindspore.mint.distributed, 2 ranks on loopback:")
+        print(
+            "transport vs raw mindspore.mint.distributed, 2 ranks on loopback; round trip p10/p50/p90 "
+            f"of {ROUNDS} rounds x {REPEATS} (rank 0's view, steady state):"
+        )
         for line in result.worker_logs[0].splitlines():
             if line.startswith("RESULT "):
                 print(line[len("RESULT ") :])

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from graph_exec.bufpool import Block, BufferPool
-from graph_exec.transport import TensorMeta, numpy_allocator
 
 
 class ReceiveBuffers:
@@ -29,17 +27,14 @@ class ReceiveBuffers:
             self._release_after[last_index].append(recv_index)
         self._held: dict[int, list[Block]] = defaultdict(list)
 
-    def allocator(self, recv_index: int) -> Callable[[TensorMeta], Any]:
-        """The allocator for the receive at ``recv_index``: its blocks are tracked under it."""
-        import mindspore as ms
+    def allocator(self, recv_index: int) -> Callable[[int], np.ndarray]:
+        """The allocator for the receive at ``recv_index`` (message memory for the transport,
+        see :data:`graph_exec.transport.comm.Allocator`): its blocks are tracked under it."""
 
-        def allocate(meta: TensorMeta) -> Any:
-            if meta.numel == 0 or meta.dtype == "bfloat16":  # nothing to pool / no numpy dtype
-                return numpy_allocator(meta)
-            dtype = np.dtype(meta.dtype)
-            block = self.pool.acquire(meta.numel * dtype.itemsize)
+        def allocate(nbytes: int) -> np.ndarray:
+            block = self.pool.acquire(nbytes)
             self._held[recv_index].append(block)
-            return ms.from_numpy(block.view(dtype, meta.shape))
+            return block.view(np.uint8, (nbytes,))
 
         return allocate
 

@@ -1,10 +1,11 @@
 """Pipeline messaging over MindSpore communication: the only module that talks to it.
 
 A :class:`Transport` speaks for one rank of one pipeline-parallel group. Point-to-point
-transfers are *tensor groups*: one header (:mod:`graph_exec.transport.meta`) then one message
-per tensor. Sends are asynchronous (``isend``) and are drained at the end of a step; receives
-block, on the communication worker, with a deadline. Collectives (broadcast of the trainable
-preprocess weights, SUM all-reduce of preprocess gradients) act in place.
+transfers are *tensor groups*, sent as one data frame each (:mod:`graph_exec.transport.frames`)
+with a header (:mod:`graph_exec.transport.meta`) in front only when the layout changed. Sends
+are posted from the caller; receives block, on the communication worker, with a deadline.
+Collectives (broadcast of the trainable preprocess weights, SUM all-reduce of preprocess
+gradients) act in place.
 """
 
 from __future__ import annotations
@@ -12,27 +13,49 @@ from __future__ import annotations
 import atexit
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from graph_exec.errors import CommunicationNotInitializedError, ProtocolError, RemoteRankError
+from graph_exec.errors import (
+    CommunicationError,
+    CommunicationNotInitializedError,
+    PeerTimeoutError,
+    ProtocolError,
+    RemoteRankError,
+)
 from graph_exec.transport.comm_thread import CommWorker
-from graph_exec.transport.cpu_workarounds import rebind_default_groups, world_barrier
+from graph_exec.transport.cpu_workarounds import rebind_default_groups, sends_complete_on_post, world_barrier
+from graph_exec.transport.frames import (
+    DATA,
+    PREFIX_BYTES,
+    FrameLayout,
+    layout_of,
+    read_prefix,
+    write_prefix,
+)
 from graph_exec.transport.mesh import CommGroup
 from graph_exec.transport.meta import (
-    META_WORDS,
-    AbortNotice,
+    ABORT,
+    CONTROL_BYTES,
+    HEADER,
+    HELLO,
     GroupMeta,
     TensorMeta,
     decode,
     encode_abort,
-    encode_group,
+    encode_header,
+    encode_hello,
+    first_word,
+    pack_label,
+    split_first_word,
 )
 
-#: Builds the receive tensor for one incoming payload (the runtime passes a pool-backed one).
-Allocator = Callable[[TensorMeta], Any]
+#: Gives the memory of one incoming message: a writable, C-contiguous uint8 array of at least
+#: ``nbytes`` bytes, 64-byte aligned, that stays reserved while the received tensors are in
+#: use (the runtime passes a pool-backed one). The received tensors are views into it.
+Allocator = Callable[[int], np.ndarray]
 
 LAUNCH_HINT = (
     "call mindspore.communication.init() at the start of the script and launch one process per "
@@ -46,21 +69,25 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).lower()
 
 
-def mindspore_dtype(name: str) -> Any:
-    """The MindSpore dtype for one of our dtype names."""
+def numpy_allocator(nbytes: int) -> np.ndarray:
+    """Fresh 64-byte aligned memory for one message (used where no buffer pool is wired in)."""
+    raw = np.empty(nbytes + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + nbytes]
+
+
+def _tensors(layout: FrameLayout, frame: np.ndarray) -> tuple[Any | None, ...]:
+    """The MindSpore tensors of a received frame: views of its memory, no copy."""
     import mindspore as ms
 
-    return getattr(ms, "bool_" if name == "bool" else name)
-
-
-def numpy_allocator(meta: TensorMeta) -> Any:
-    """A fresh host tensor for ``meta`` (used where no buffer pool is wired in)."""
-    import mindspore as ms
-    from mindspore import ops
-
-    if meta.dtype == "bfloat16":  # numpy has no bfloat16
-        return ops.zeros(meta.shape, ms.bfloat16)
-    return ms.from_numpy(np.empty(meta.shape, dtype=np.dtype(meta.dtype)))
+    out: list[Any | None] = []
+    for entry, view in zip(layout.entries, layout.views(frame), strict=True):
+        if entry is None:
+            out.append(None)
+            continue
+        tensor = ms.from_numpy(view)
+        out.append(tensor.view(ms.bfloat16) if entry.dtype == "bfloat16" else tensor)
+    return tuple(out)
 
 
 def is_initialized() -> bool:
@@ -181,16 +208,88 @@ _exit_barrier = _ExitBarrier()
 
 @dataclass
 class TransportStats:
-    """Message counters for one rank (headers included)."""
+    """Message counters for one rank (control messages included).
+
+    ``headers_sent``/``headers_received`` count layout announcements: in steady state (same
+    shapes every step) they stop growing and every transfer is one data frame.
+    """
 
     messages_sent: int = 0
     bytes_sent: int = 0
     messages_received: int = 0
     bytes_received: int = 0
+    headers_sent: int = 0
+    headers_received: int = 0
+    stale_skipped: int = 0
+    """Messages a restarted transport found left over from an earlier failed step and skipped."""
 
 
-def _nbytes(tensor: Any) -> int:
-    return int(tensor.nbytes)
+#: A tensor's identity for the layout cache: its MindSpore dtype and shape (``None`` stays).
+_Signature = tuple[tuple[Any, tuple[int, ...]] | None, ...]
+
+
+@dataclass
+class _Outbound:
+    """What this rank told one peer: the next sequence number, the layout announced per label."""
+
+    seq: int = 0
+    known: dict[str, tuple[_Signature, FrameLayout]] = field(default_factory=dict)
+
+
+@dataclass
+class _Inbound:
+    """What one peer told this rank: the next sequence number due, the layout per label."""
+
+    seq: int = 0
+    known: dict[str, FrameLayout] = field(default_factory=dict)
+
+
+class _Staging:
+    """A reusable send frame of one layout: its memory, tensor, prefix words and tensor slots."""
+
+    __slots__ = ("frame", "layout", "prefix", "slots", "tensor")
+
+    def __init__(self, layout: FrameLayout) -> None:
+        import mindspore as ms
+
+        self.layout = layout
+        self.frame = numpy_allocator(layout.nbytes)
+        self.prefix = self.frame[:PREFIX_BYTES].view(np.int64)
+        self.slots = tuple(v if v is None or v.size else None for v in layout.views(self.frame))
+        self.tensor = ms.from_numpy(self.frame)
+
+
+def _host_copy(slot: np.ndarray, tensor: Any) -> None:
+    """Copy ``tensor``'s values into its frame slot (bfloat16 bits travel as uint16)."""
+    values = tensor.asnumpy()
+    np.copyto(slot, values if values.dtype == slot.dtype else values.view(slot.dtype))
+
+
+#: MindSpore's CPU back end fails a receive that got no message for 30 s (measured, 2.10): a
+#: "Recv failed." after that long is a silent peer, not a message larger than the buffer.
+BACKEND_RECV_TIMEOUT_S = 29.0
+#: Stale messages a restarting transport skips per peer before it gives up.
+MAX_STALE_MESSAGES = 10_000
+#: Transports created per group (name, global ranks) in this process: the next one's epoch.
+_epochs: dict[tuple[str, tuple[int, ...]], int] = {}
+#: Every transport's worker per group: a timed-out one may still sit in a receive.
+_workers: dict[tuple[str, tuple[int, ...]], list[CommWorker]] = {}
+
+
+def _register(group: str, ranks: tuple[int, ...], worker: CommWorker) -> int:
+    """The epoch of a new transport on ``group``; refuses while an earlier one's receive may
+    still be pending (it timed out), since that receive would take a later message."""
+    key = (str(group), tuple(ranks))
+    stuck = [w.broken for w in _workers.get(key, ()) if w.broken is not None]
+    if stuck:
+        raise CommunicationError(
+            f"an earlier transport on ranks {list(ranks)} {stuck[0]}; its receive may still be waiting "
+            "and would take a later message: restart the processes"
+        )
+    _workers.setdefault(key, []).append(worker)
+    epoch = _epochs.get(key, 0)
+    _epochs[key] = epoch + 1
+    return epoch
 
 
 class Transport:
@@ -200,6 +299,12 @@ class Transport:
     group for the pipeline's messages, its data-parallel group for gradient averaging); the
     default is the whole world, group rank = global rank. Peers are named by group rank; the
     messages go to their global ranks. ``timeout_s`` bounds every blocking call.
+    Point-to-point transfers (see :mod:`graph_exec.transport.frames`): a transfer is one data
+    frame; a 1 KiB header goes in front only when the pair's transfer under that label changes
+    layout (first time, new shapes). Every message carries the transport's *epoch*: the number
+    of transports this process made for the same ranks before. A transport of epoch > 0 (a
+    restart after a failed step) first exchanges hellos with every peer, skipping what the
+    failed step left in the channel, so collectives and transfers start clean.
     """
 
     def __init__(self, *, timeout_s: float = 300.0, group: CommGroup | None = None) -> None:
@@ -223,77 +328,248 @@ class Transport:
         self.timeout_s = float(timeout_s)
         self.stats = TransportStats()
         self._worker = CommWorker()
-        self._pending: list[tuple[Any, tuple[Any, ...]]] = []  # (handle, tensors kept alive until sent)
-        self._header = np.zeros(META_WORDS, dtype=np.int64)
-        import mindspore as ms
-
-        self._header_tensor = ms.from_numpy(self._header)
+        self.epoch = _register(self.group, self.ranks, self._worker)
+        self._sends_complete_on_post = sends_complete_on_post()
+        self._pending: list[tuple[Any, Any, _Staging | None]] = []  # (handle, tensor, staging)
+        self._outbound = [_Outbound() for _ in self.ranks]
+        self._inbound = [_Inbound() for _ in self.ranks]
+        self._staging: dict[FrameLayout, list[_Staging]] = {}
+        self._label_words: dict[str, list[int]] = {}
+        self._data_word = first_word(DATA, self.epoch)
         _exit_barrier.track(self)
+        if self.epoch > 0:
+            self._resync()
 
     # -- point to point -------------------------------------------------------------------
 
     def send(self, tensors: Sequence[Any | None], dst: int, label: str) -> None:
         """Queue a tensor group for pipeline rank ``dst`` (``None`` entries stay ``None``)."""
+        self._worker.require_usable()
+        out = self._outbound[dst]
+        signature = tuple(None if t is None else (t.dtype, tuple(t.shape)) for t in tensors)
+        known = out.known.get(label)
+        header = None
+        if known is None or known[0] != signature:
+            meta = GroupMeta(
+                label,
+                tuple(
+                    None if t is None else TensorMeta(dtype_name(t.dtype), tuple(t.shape)) for t in tensors
+                ),
+            )
+            known = (signature, layout_of(meta.entries))  # both raise ValueError before any message
+            header = encode_header(meta, self.epoch, out.seq)
+        layout = known[1]
+        staging = self._take_staging(layout)
+        write_prefix(staging.prefix, layout, self._label(label), self.epoch, out.seq)
+        for slot, tensor in zip(staging.slots, tensors, strict=True):
+            if slot is not None:
+                _host_copy(slot, tensor)
+        peer = self.ranks[dst]
         import mindspore as ms
 
-        entries = tuple(
-            None if t is None else TensorMeta(dtype_name(t.dtype), tuple(t.shape)) for t in tensors
-        )
-        header = ms.from_numpy(encode_group(GroupMeta(label, entries)))
-        payload = tuple(t for t in tensors if t is not None and t.size > 0)
-        peer = self.ranks[dst]
+        header_tensor = None if header is None else ms.from_numpy(header)
 
         # Posted by the worker, with the deadline: isend usually returns at once, but to a peer
         # that has died it blocks (measured: well past 16 s), which must end in a time-out.
         def post() -> None:
-            for tensor in (header, *payload):
-                handle = self._dist.isend(tensor, dst=peer, group=self.group)
-                self._pending.append((handle, (tensor,)))
-                self.stats.messages_sent += 1
-                self.stats.bytes_sent += _nbytes(tensor)
+            if header_tensor is not None:
+                self._post(header_tensor, peer, None)
+            self._post(staging.tensor, peer, staging)
 
         self._worker.run(post, self.timeout_s, f"sending {label} to rank {dst}")
+        if header is not None:
+            self.stats.headers_sent += 1
+            out.known[label] = known
+        out.seq += 1
 
     def recv(self, src: int, expect: str, alloc: Allocator = numpy_allocator) -> tuple[Any | None, ...]:
-        """Receive the tensor group that pipeline rank ``src`` sent with label ``expect``."""
-        peer = self.ranks[src]
+        """Receive the tensor group that pipeline rank ``src`` sent with label ``expect``.
+
+        ``alloc(nbytes)`` gives the frame's memory; the tensors returned are views into it.
+        """
+        inbound = self._inbound[src]
 
         def fetch() -> tuple[Any | None, ...]:
-            self._dist.recv(self._header_tensor, src=peer, group=self.group)
-            notice = decode(self._header.copy())
-            self.stats.messages_received += 1
-            self.stats.bytes_received += META_WORDS * 8
-            if isinstance(notice, AbortNotice):
-                raise RemoteRankError(f"rank {src} failed: {notice.text}")
-            if notice.label != expect:
-                raise ProtocolError(
-                    f"rank {self.rank} expected {expect} from rank {src} but received {notice.label}: "
-                    "the ranks' plans disagree"
-                )
-            out: list[Any | None] = []
-            for meta in notice.entries:
-                if meta is None:
-                    out.append(None)
-                    continue
-                tensor = alloc(meta)
-                if meta.numel > 0:
-                    self._dist.recv(tensor, src=peer, group=self.group)
-                    self.stats.messages_received += 1
-                    self.stats.bytes_received += _nbytes(tensor)
-                out.append(tensor)
-            return tuple(out)
+            layout = inbound.known.get(expect)
+            frame, kind = self._receive(
+                src, expect, alloc, CONTROL_BYTES if layout is None else layout.nbytes
+            )
+            if kind == HEADER:
+                header = decode(frame[:CONTROL_BYTES].view(np.int64))
+                layout = layout_of(header.meta.entries)
+                if header.meta.label != expect:  # take its frame too: the channel stays in order
+                    self._receive(src, expect, numpy_allocator, layout.nbytes)
+                self._check(src, expect, header.epoch, header.seq, header.meta.label, inbound.seq)
+                inbound.known[expect] = layout
+                self.stats.headers_received += 1
+                frame, kind = self._receive(src, expect, alloc, layout.nbytes)
+            words = frame[:PREFIX_BYTES].view(np.int64).tolist()
+            if layout is None or words != [
+                self._data_word,
+                inbound.seq,
+                layout.nbytes,
+                layout.digest,
+                *self._label(expect),
+            ]:
+                self._refuse_frame(src, expect, kind, frame, layout, inbound.seq)
+            inbound.seq += 1
+            return _tensors(layout, frame)
 
         return self._worker.run(fetch, self.timeout_s, f"waiting for {expect} from rank {src}")
 
     def drain(self) -> None:
         """Wait until every queued send has left (end of a step, or before reusing buffers)."""
+        if not self._pending:
+            return
 
         def wait_all() -> None:
             while self._pending:
-                handle, _ = self._pending.pop(0)
+                handle, _, staging = self._pending.pop(0)
                 handle.wait()
+                if staging is not None:
+                    self._give_staging(staging)
 
         self._worker.run(wait_all, self.timeout_s, "draining pending sends")
+
+    def _post(self, tensor: Any, peer: int, staging: _Staging | None) -> None:
+        """Send one message; on a backend whose sends complete when posted, wait at once."""
+        handle = self._dist.isend(tensor, dst=peer, group=self.group)
+        self.stats.messages_sent += 1
+        self.stats.bytes_sent += int(tensor.nbytes)
+        if self._sends_complete_on_post:
+            handle.wait()
+            if staging is not None:
+                self._give_staging(staging)
+        else:
+            self._pending.append((handle, tensor, staging))
+
+    def _take_staging(self, layout: FrameLayout) -> _Staging:
+        free = self._staging.get(layout)
+        return free.pop() if free else _Staging(layout)
+
+    def _give_staging(self, staging: _Staging) -> None:
+        self._staging.setdefault(staging.layout, []).append(staging)
+
+    def _label(self, label: str) -> list[int]:
+        """The prefix words of ``label`` (cached: labels repeat every step)."""
+        words = self._label_words.get(label)
+        if words is None:
+            words = self._label_words[label] = pack_label(label).tolist()
+        return words
+
+    def _receive(self, src: int, expect: str, alloc: Allocator, nbytes: int) -> tuple[np.ndarray, int]:
+        """One message from ``src`` and its kind, into fresh memory of at least ``nbytes`` (and of
+        a control message's size, so that an abort notice fits); raises for an abort notice."""
+        import mindspore as ms
+
+        size = max(nbytes, CONTROL_BYTES)
+        frame = alloc(size)[:size]
+        start = time.monotonic()
+        try:
+            self._dist.recv(ms.from_numpy(frame), src=self.ranks[src], group=self.group)
+        except RuntimeError as exc:  # the back end's "Recv failed."
+            waited = time.monotonic() - start
+            if waited >= BACKEND_RECV_TIMEOUT_S:
+                raise PeerTimeoutError(
+                    f"rank {self.rank} got no message from rank {src} while waiting for {expect}: MindSpore "
+                    f"gave up after {waited:.0f} s ({str(exc).strip()})"
+                ) from exc
+            raise ProtocolError(
+                f"rank {self.rank} could not receive {expect} from rank {src} into {size} bytes "
+                f"({str(exc).strip()}): either a larger message arrived (the ranks' plans disagree) or "
+                "the connection broke"
+            ) from exc
+        head = frame[:PREFIX_BYTES].view(np.int64)
+        kind, _ = split_first_word(head[0])
+        self.stats.messages_received += 1
+        self.stats.bytes_received += int(head[2]) if kind == DATA else CONTROL_BYTES
+        if kind == ABORT:
+            notice = decode(frame[:CONTROL_BYTES].view(np.int64).copy())
+            raise RemoteRankError(f"rank {src} failed: {notice.text}")
+        return frame, kind
+
+    def _refuse_frame(
+        self, src: int, expect: str, kind: int, frame: np.ndarray, layout: FrameLayout | None, due: int
+    ) -> None:
+        """Raise the :class:`ProtocolError` that says why ``frame`` is not the expected transfer."""
+        if kind != DATA:
+            raise ProtocolError(
+                f"rank {self.rank} expected {expect} from rank {src} but received a message of kind "
+                f"{kind:#x}: the message order is broken"
+            )
+        prefix = read_prefix(frame)
+        self._check(src, expect, prefix.epoch, prefix.seq, prefix.label, due)
+        if layout is None:
+            raise ProtocolError(
+                f"rank {self.rank} received {expect} data from rank {src} without the header that "
+                "announces its shapes: the ranks' transfer histories disagree"
+            )
+        raise ProtocolError(
+            f"rank {self.rank} received {expect} from rank {src} with layout {prefix.digest:#x} "
+            f"({prefix.nbytes} bytes) but its header announced {layout.digest:#x} "
+            f"({layout.nbytes} bytes): the ranks' layout caches disagree"
+        )
+
+    def _check(self, src: int, expect: str, epoch: int, seq: int, label: str, due: int) -> None:
+        """Raise :class:`ProtocolError` unless a message is the transfer this rank expects."""
+        where = f"rank {self.rank} expected {expect} from rank {src}"
+        if epoch != self.epoch:
+            raise ProtocolError(
+                f"{where} but received a message of transport epoch {epoch} (this transport's is "
+                f"{self.epoch}): the ranks created their transports in different orders"
+            )
+        if label != expect:
+            raise ProtocolError(f"{where} but received {label}: the ranks' plans disagree")
+        if seq != due:
+            raise ProtocolError(
+                f"{where} but received transfer #{seq} of the pair where #{due} was due: a message was "
+                "lost or duplicated"
+            )
+
+    def _resync(self) -> None:
+        """Exchange hellos with every peer, skipping messages an earlier transport left behind."""
+        import mindspore as ms
+
+        hello = ms.from_numpy(encode_hello(self.epoch))
+        peers = [r for r in range(self.size) if r != self.rank]
+
+        def run() -> int:
+            for rank in peers:
+                self._dist.isend(hello, dst=self.ranks[rank], group=self.group).wait()
+            buffer = np.empty(CONTROL_BYTES, np.uint8)
+            tensor = ms.from_numpy(buffer)
+            skipped = 0
+            for rank in peers:
+                while True:
+                    start = time.monotonic()
+                    try:
+                        self._dist.recv(tensor, src=self.ranks[rank], group=self.group)
+                        kind, epoch = split_first_word(buffer[:8].view(np.int64)[0])
+                    except RuntimeError as exc:  # a stale message larger than a control message
+                        if time.monotonic() - start >= BACKEND_RECV_TIMEOUT_S:
+                            raise PeerTimeoutError(f"rank {rank} sent no hello ({str(exc).strip()})") from exc
+                        kind, epoch = 0, 0
+                    if kind == HELLO and epoch == self.epoch:
+                        break
+                    if kind == HELLO and epoch > self.epoch:
+                        raise ProtocolError(
+                            f"rank {rank} restarted its transport {epoch} times, rank {self.rank} "
+                            f"{self.epoch} times: the ranks created their transports in different orders"
+                        )
+                    skipped += 1
+                    if skipped > MAX_STALE_MESSAGES:
+                        raise ProtocolError(
+                            f"rank {self.rank} found no hello from rank {rank} in {skipped} messages"
+                        )
+            return skipped
+
+        skipped = self._worker.run(run, self.timeout_s, "exchanging hellos after a restart")
+        self.stats.stale_skipped = skipped
+        if skipped:
+            print(
+                f"graph_exec: rank {self.rank} skipped {skipped} message(s) left by an earlier failed step",
+                flush=True,
+            )
 
     # -- collectives ----------------------------------------------------------------------
 
@@ -332,7 +608,7 @@ class Transport:
             return
         import mindspore as ms
 
-        notice = ms.from_numpy(encode_abort(f"rank {self.rank}: {reason}"))
+        notice = ms.from_numpy(encode_abort(f"rank {self.rank}: {reason}", self.epoch))
 
         def post() -> None:
             for rank in range(self.size):

@@ -1,4 +1,4 @@
-"""Work-arounds for MindSpore 2.10 communication traps, kept in one place.
+"""MindSpore 2.10 communication traps and backend facts the transport relies on, in one place.
 
 ``mindspore.mint.distributed`` binds ``"hccl_world_group"`` as the default group of its
 rank/size cache helpers when it is imported. On the CPU backend that group does not exist,
@@ -44,3 +44,18 @@ def world_barrier(dist: Any, group: str) -> None:
     token = ms.Tensor(np.zeros(1, dtype=np.int32))
     dist.all_reduce(token, group=group)
     token.asnumpy()
+
+
+def sends_complete_on_post() -> bool:
+    """Whether an ``isend`` has taken its data by the time it returns, so its buffer is free.
+
+    True on the CPU backend (MCCL): measured with MindSpore 2.10, a 1 KiB and a 1 MiB ``isend``
+    overwritten right after the call still arrived intact while the receiver slept, a 4 MiB one
+    returned only once the data was handed over, and the handle's ``wait()`` returned at once.
+    The transport then waits each send right away, in the caller, and reuses its staging memory,
+    instead of keeping handles for a drain on the communication thread. Elsewhere sends really
+    are asynchronous and are drained with a deadline.
+    """
+    import mindspore as ms
+
+    return ms.get_context("device_target") == "CPU"

@@ -1,0 +1,128 @@
+"""Where one rank's training step goes: compute, communication, and the runtime's own Python.
+
+``python -m graph_exec.benchmarks.runtime_overhead [example] [size] [steps]`` (default
+``vl_tower small 20``, graph mode, 2 ranks, MPipe with the example's default preprocess)
+launches itself under msrun. After two warm-up steps every rank times each ``run()`` and,
+by wrapping this rank's executor hooks, the runtime's result waits and its transport calls,
+splits it into
+
+- ``compute``: executor hooks (compiled kernels) and waiting for their results;
+- ``send``: posting messages (the transport's ``send``: packing and handing them to MindSpore,
+  which on CPU sends before it returns; never waits for the peer);
+- ``wait``: the other transport calls (receives, including waiting for the peer and the
+  hand-off to the communication thread; drains; collectives);
+- ``runtime``: the rest of ``run()``, i.e. the driver's own work per step (walking the plan,
+  caches, receive buffers, timeline, batch splitting).
+
+It prints p10/p50/p90 over the measured steps, per rank, in milliseconds, and the share of the
+step that is ``runtime + send`` (what ``graph-exec bench`` counts as runtime overhead, less the
+executor's per-call dispatch cost, which it calibrates separately). The wrappers add a few
+microseconds per call, billed to ``runtime``.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+HOOKS = ("stage_forward", "stage_backward", "last_stage_step", "preprocess_forward", "preprocess_backward")
+TRANSPORT = ("send", "recv", "drain", "broadcast", "all_reduce_sum")
+WARMUP = 2
+
+
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
+    return pick(0.1), pick(0.5), pick(0.9)
+
+
+def _timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - start
+
+    return wrapper
+
+
+def _worker(example: str, size: str, steps: int) -> None:
+    from mindspore.communication import get_group_size, get_rank, init
+
+    import graph_exec as ge
+    from graph_exec.examples import load
+    from graph_exec.msenv import prepare_mindspore
+
+    prepare_mindspore("CPU")
+    init()
+    rank, ranks = get_rank(), get_group_size()
+    num_stages = 2 * ranks
+    micro = 2 * ranks
+    model = load(example).build(
+        num_stages, trainable_preprocess=load(example).trainable_by_default, size=size
+    )
+    stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in range(rank, num_stages, ranks)]
+    schedule = ge.ScheduleMPipeTranspose(
+        stages, micro, model.preprocess, model.num_transpose_layers, loss_fn=model.loss_fn, mode="graph"
+    )
+    totals: dict[str, float] = defaultdict(float)
+    samples: dict[str, list[float]] = defaultdict(list)
+    for index in range(WARMUP + steps):
+        inputs, labels = model.batch(index, 2 * micro)
+        if index == WARMUP:  # set up by now: wrap this rank's executor, waits and transport
+            runtime = schedule._setup.runtime
+            for name in HOOKS:
+                setattr(runtime.executor, name, _timed(totals, "compute", getattr(runtime.executor, name)))
+            runtime._settle = _timed(totals, "compute", runtime._settle)
+            for name in TRANSPORT:
+                key = "send" if name == "send" else "wait"
+                setattr(runtime.transport, name, _timed(totals, key, getattr(runtime.transport, name)))
+        totals.clear()
+        start = time.perf_counter()
+        schedule.run(*inputs, labels=labels)
+        wall = time.perf_counter() - start
+        if index >= WARMUP:
+            samples["step"].append(wall)
+            own = wall - totals["compute"] - totals["send"] - totals["wait"]
+            for key in ("compute", "send", "wait"):
+                samples[key].append(totals[key])
+            samples["runtime"].append(own)
+            samples["share"].append((own + totals["send"]) / wall)
+        schedule.zero_grad()
+    parts = []
+    for key in ("step", "compute", "send", "wait", "runtime"):
+        parts.append(f"{key} {'/'.join(f'{v * 1e3:.2f}' for v in _quantiles(samples[key]))}")
+    share = "/".join(f"{v * 100:.1f}" for v in _quantiles(samples["share"]))
+    print(f"RESULT rank {rank}: {'  '.join(parts)} ms  (runtime+send)/step {share} %", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    from graph_exec.launch import launch
+
+    example, size, steps = (argv + ["vl_tower", "small", "20"][len(argv) :])[:3]
+    with tempfile.TemporaryDirectory() as logs:
+        result = launch(__file__, ["worker", example, size, steps], nproc=2, log_dir=logs, timeout_s=900)
+        if not result.ok:
+            print(result.describe(), file=sys.stderr)
+            return 1
+        print(
+            f"{example} {size}, 2 ranks, graph mode, MPipe: one run() split per rank, p10/p50/p90 over "
+            f"{steps} steps after {WARMUP} warm-up steps:"
+        )
+        for rank in sorted(result.worker_logs):
+            for line in result.worker_logs[rank].splitlines():
+                if line.startswith("RESULT "):
+                    print(line[len("RESULT ") :])
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["worker"]:
+        _worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,226 @@
+"""The transfer protocol of :class:`Transport`, on two transports in one process.
+
+A fake message layer stands in for ``mindspore.mint.distributed`` and behaves as MindSpore 2.10's
+CPU back end was measured to: per-pair FIFO order, message boundaries kept, a message delivered
+into a larger buffer (the rest untouched), a too-small buffer fails with "Recv failed." and the
+message is consumed. So these tests check the protocol logic in seconds; the multi-rank test
+``tests/multirank/test_transport_steady.py`` checks the same behaviour over real messages.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+import graph_exec.transport.comm as comm
+from graph_exec.errors import ProtocolError, RemoteRankError
+from graph_exec.msenv import prepare_mindspore
+
+prepare_mindspore("CPU")
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class FakeLink:
+    """Two ranks' ordered channels, with the CPU back end's observed receive semantics."""
+
+    def __init__(self) -> None:
+        self.queues: dict[tuple[int, int], deque[bytes]] = defaultdict(deque)
+        self.block_s = 0.0  # how long a receive waits for a message from another thread
+
+    def endpoint(self, rank: int) -> FakeDist:
+        return FakeDist(self, rank)
+
+
+class FakeDist:
+    def __init__(self, link: FakeLink, rank: int) -> None:
+        self.link, self.rank = link, rank
+
+    def isend(self, tensor, dst, group=None):
+        self.link.queues[(self.rank, dst)].append(tensor.asnumpy().tobytes())
+        return _Done()
+
+    def recv(self, tensor, src, group=None):
+        queue = self.link.queues[(src, self.rank)]
+        deadline = time.monotonic() + self.link.block_s
+        while not queue:  # a peer on another thread may still send
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rank {self.rank} would block: nothing from rank {src}")
+            time.sleep(0.001)
+        message = queue.popleft()
+        target = tensor.asnumpy().reshape(-1).view(np.uint8)
+        if len(message) > target.nbytes:
+            raise RuntimeError("Recv failed.")
+        target[: len(message)] = np.frombuffer(message, np.uint8)
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    """Transports for ranks 0 and 1 of a 2-rank world, joined by a :class:`FakeLink`."""
+    import mindspore.mint.distributed as dist
+
+    monkeypatch.setattr(comm, "require_initialized", lambda: None)
+    monkeypatch.setattr(comm, "rebind_default_groups", lambda: None)
+    monkeypatch.setattr(comm, "_workers", {})
+    monkeypatch.setattr(comm._exit_barrier, "track", lambda transport: None)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    link = FakeLink()
+    transports = []
+    for rank in (0, 1):  # each rank's process counts its own transports: both are epoch 0
+        monkeypatch.setattr(comm, "_epochs", {})
+        monkeypatch.setattr(dist, "get_rank", lambda *a, rank=rank, **k: rank)
+        transport = comm.Transport(timeout_s=10.0)
+        transport._dist = link.endpoint(rank)
+        transports.append(transport)
+    return transports[0], transports[1], link
+
+
+def tensor(values, dtype=np.float32):
+    return ms.from_numpy(np.array(values, dtype=dtype))
+
+
+def test_a_layout_is_announced_once_then_frames_travel_alone(pair):
+    a, b, _ = pair
+    for step in range(4):
+        group = (tensor(np.arange(12).reshape(3, 4) + step), None, tensor([step, 1], np.int32))
+        a.send(group, 1, "Fsend0.0")
+        got = b.recv(0, "Fsend0.0")
+        assert got[1] is None and got[0].shape == (3, 4)
+        assert np.array_equal(got[0].asnumpy(), np.arange(12).reshape(3, 4) + step)
+        assert np.array_equal(got[2].asnumpy(), [step, 1])
+    assert (a.stats.headers_sent, b.stats.headers_received) == (1, 1)
+    assert (a.stats.messages_sent, b.stats.messages_received) == (5, 5)  # 1 header + 4 frames
+
+
+def test_shape_changes_are_announced_and_delivered(pair):
+    a, b, _ = pair
+    for rows, cols in [(2, 8), (4, 8), (8, 4), (1, 2), (1, 2)]:  # larger, same bytes transposed, smaller
+        values = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+        a.send((tensor(values),), 1, "Bsend1.0")
+        assert np.array_equal(b.recv(0, "Bsend1.0")[0].asnumpy(), values)
+    assert b.stats.headers_received == 4
+
+
+def test_bfloat16_scalars_and_empty_tensors_keep_dtype_and_shape(pair):
+    a, b, _ = pair
+    group = (tensor([1.5, -2.0]).astype(ms.bfloat16), tensor(3.25), tensor(np.zeros((0, 3))))
+    for _ in range(2):
+        a.send(group, 1, "OUTsend2")
+        got = b.recv(0, "OUTsend2")
+        assert got[0].dtype == ms.bfloat16 and np.array_equal(got[0].float().asnumpy(), [1.5, -2.0])
+        assert got[1].shape == () and float(got[1].asnumpy()) == 3.25
+        assert got[2].shape == (0, 3)
+
+
+def test_received_tensors_are_views_of_the_allocated_memory(pair):
+    a, b, _ = pair
+    given = []
+
+    def alloc(nbytes):
+        given.append(comm.numpy_allocator(nbytes))
+        return given[-1]
+
+    for _ in range(2):
+        a.send((tensor(np.ones(64)),), 1, "Fsend0.1")
+        got = b.recv(0, "Fsend0.1", alloc)
+        assert np.shares_memory(got[0].asnumpy(), given[-1])
+
+
+def test_mislabelled_header_names_both_labels_and_keeps_the_channel_in_order(pair):
+    a, b, link = pair
+    a.send((tensor([1.0]),), 1, "Fsend0.3")
+    with pytest.raises(ProtocolError, match=r"expected Fsend0.2 from rank 0 but received Fsend0.3"):
+        b.recv(0, "Fsend0.2")
+    assert not link.queues[(0, 1)]  # its frame was taken too
+
+
+def test_mislabelled_frame_in_steady_state_names_both_labels(pair):
+    a, b, _ = pair
+    for label in ("Fsend0.0", "Fsend0.1"):
+        a.send((tensor([1.0, 2.0]),), 1, label)
+        b.recv(0, label)
+    a.send((tensor([1.0, 2.0]),), 1, "Fsend0.1")  # frame only: the layout is known on both sides
+    with pytest.raises(ProtocolError, match=r"expected Fsend0.0 from rank 0 but received Fsend0.1"):
+        b.recv(0, "Fsend0.0")
+
+
+def test_a_frame_larger_than_the_posted_buffer_is_a_clear_error(pair):
+    a, b, _ = pair
+    for label, size in (("Fsend0.0", 4), ("Fsend0.1", 4096)):
+        a.send((tensor(np.ones(size)),), 1, label)
+        b.recv(0, label)
+    a.send((tensor(np.ones(4096)),), 1, "Fsend0.1")
+    with pytest.raises(ProtocolError, match=r"could not receive Fsend0.0 .* larger message"):
+        b.recv(0, "Fsend0.0")
+
+
+def test_a_lost_message_is_caught_by_the_sequence_number(pair):
+    a, b, link = pair
+    for step in range(3):
+        a.send((tensor([float(step)]),), 1, "Fsend0.0")
+    b.recv(0, "Fsend0.0")
+    link.queues[(0, 1)].popleft()  # the second transfer is lost
+    with pytest.raises(ProtocolError, match=r"transfer #2 of the pair where #1 was due"):
+        b.recv(0, "Fsend0.0")
+
+
+def test_a_layout_the_receiver_never_heard_of_is_refused(pair):
+    a, b, link = pair
+    a.send((tensor([1.0]),), 1, "Fsend0.0")
+    link.queues[(0, 1)].popleft()  # the header is lost: the frame arrives alone
+    with pytest.raises(ProtocolError, match="without the header"):
+        b.recv(0, "Fsend0.0")
+
+
+def test_an_abort_notice_reaches_a_rank_expecting_a_large_frame(pair):
+    a, b, _ = pair
+    a.send((tensor(np.ones((64, 64))),), 1, "Fsend0.0")
+    b.recv(0, "Fsend0.0")
+    a.abort("step F0.1 raised ValueError: boom", grace_s=0)
+    with pytest.raises(RemoteRankError, match=r"rank 0 failed: rank 0: step F0.1 raised ValueError: boom"):
+        b.recv(0, "Fsend0.0")
+
+
+def test_a_message_from_another_transport_epoch_is_refused(pair):
+    a, b, _ = pair
+    b.epoch, b._data_word = 1, comm.first_word(comm.DATA, 1)  # rank 1 restarted, rank 0 did not
+    a.send((tensor([1.0]),), 1, "Fsend0.0")
+    with pytest.raises(ProtocolError, match=r"epoch 0 \(this transport's is 1\)"):
+        b.recv(0, "Fsend0.0")
+
+
+def test_bad_input_fails_before_any_message(pair):
+    a, _, link = pair
+    with pytest.raises(ValueError, match="longer than 32 bytes"):
+        a.send((tensor([1.0]),), 1, "L" * 40)
+    with pytest.raises(ValueError, match="cannot be sent"):
+        a.send((tensor([1.0], np.complex64),), 1, "Fsend0.0")
+    assert not link.queues[(0, 1)]
+
+
+def test_a_restart_skips_what_the_failed_step_left_then_exchanges_cleanly(pair):
+    a, b, link = pair
+    a.send((tensor(np.ones((64, 64))),), 1, "Fsend0.0")  # rank 1 never reads header and frame,
+    a.abort("step B0.0 failed", grace_s=0)  # nor this notice (rank 0 read rank 1's)
+    for transport in (a, b):  # both ranks build their next transport on the same group
+        transport.epoch, transport._data_word = 1, comm.first_word(comm.DATA, 1)
+        transport._outbound = [comm._Outbound() for _ in range(2)]
+        transport._inbound = [comm._Inbound() for _ in range(2)]
+    link.block_s = 5.0
+    threads = [threading.Thread(target=t._resync) for t in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert (a.stats.stale_skipped, b.stats.stale_skipped) == (0, 3)  # one of them larger than a hello
+    link.block_s = 0.0
+    a.send((tensor([7.0]),), 1, "Fsend0.0")
+    assert float(b.recv(0, "Fsend0.0")[0].asnumpy()[0]) == 7.0
