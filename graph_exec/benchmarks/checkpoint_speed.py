@@ -18,24 +18,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from graph_exec.benchmarks.common import launch_and_report, p10_p50_p90
+
 MODELS = (("vl_tower", "small"), ("embed_lm", "tiny"))
 ROUNDS, EVERY, WARMUP = 6, 10, 2
 
 
-def percentiles(values: list[float]) -> tuple[float, float, float]:
-    if len(values) < 2:
-        return (values[0],) * 3
-    cuts = statistics.quantiles(values, n=10, method="inclusive")
-    return cuts[0], statistics.median(values), cuts[-1]
-
-
 def ms3(values: list[float]) -> str:
-    p10, p50, p90 = percentiles(values)
+    p10, p50, p90 = p10_p50_p90(values)
     return f"{p10 * 1e3:7.1f} / {p50 * 1e3:7.1f} / {p90 * 1e3:7.1f} ms"
 
 
 def _worker(root: Path) -> None:
-    from mindspore.communication import get_group_size, get_rank, init
+    from mindspore.communication import get_rank, init
 
     from graph_exec.msenv import prepare_mindspore
 
@@ -45,14 +40,16 @@ def _worker(root: Path) -> None:
     from graph_exec.cli.training import Trainer
     from graph_exec.examples import load
     from graph_exec.report.job import JobSpec, RunSpec
-    from graph_exec.transport import barrier
+    from graph_exec.transport import DeviceMesh, barrier
 
-    rank, ranks = get_rank(), get_group_size()
+    rank = get_rank()
+    mesh = DeviceMesh()
+    ranks = mesh.pp_size
     for example, size in MODELS:
         folder = root / f"{example}-{size}"
         spec = RunSpec("bench", trainable=load(example).trainable_by_default)
         job = JobSpec(example, size, ranks, vpp=2, micro=4, batch=8, steps=0, warmup=0, runs=(spec,))
-        trainer = Trainer(job, spec, rank, ranks)
+        trainer = Trainer(job, spec, mesh)
         index = 0
         for _ in range(WARMUP):
             trainer.step(index)
@@ -81,22 +78,17 @@ def _worker(root: Path) -> None:
 
 
 def main() -> int:
-    from graph_exec.launch import launch
-
-    with tempfile.TemporaryDirectory() as tmp:
-        result = launch(__file__, ["worker", tmp], nproc=2, log_dir=Path(tmp) / "logs", timeout_s=900)
-        if not result.ok:
-            print(result.describe(), file=sys.stderr)
-            return 1
-        print(
-            f"checkpoint save/load, 2 ranks, MPipe graph mode V=2 M=4 batch 8, Adam; {ROUNDS} rounds of "
-            f"{EVERY} steps + save + load; times p10 / p50 / p90 (a save waits for both ranks):"
+    with tempfile.TemporaryDirectory() as root:
+        return launch_and_report(
+            __file__,
+            ["worker", root],
+            nproc=2,
+            timeout_s=900,
+            heading=(
+                f"checkpoint save/load, 2 ranks, MPipe graph mode V=2 M=4 batch 8, Adam; {ROUNDS} rounds of "
+                f"{EVERY} steps + save + load; times p10 / p50 / p90 (a save waits for both ranks):"
+            ),
         )
-        for rank in sorted(result.worker_logs):
-            for line in result.worker_logs[rank].splitlines():
-                if line.startswith("RESULT "):
-                    print(line[len("RESULT ") :])
-    return 0
 
 
 if __name__ == "__main__":

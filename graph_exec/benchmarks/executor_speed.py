@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from graph_exec.benchmarks.common import p10_p50_p90
+
 CHUNKS = ("dense32", "dense256", "lm_block")
 MICRO = 4
 BACKWARD_ORDER = (2, 0, 3, 1)
@@ -40,8 +42,8 @@ BACKWARD_ORDER = (2, 0, 3, 1)
 
 def _spread(samples: list[float]) -> tuple[float, float, float]:
     """p10, p50, p90 in milliseconds."""
-    p10, p50, p90 = np.percentile(np.asarray(samples) * 1e3, [10, 50, 90])
-    return float(p10), float(p50), float(p90)
+    p10, p50, p90 = p10_p50_p90(samples)
+    return p10 * 1e3, p50 * 1e3, p90 * 1e3
 
 
 def _sync(value: Any) -> None:

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import replace
+
+from graph_exec.benchmarks.common import launch_and_report, p10_p50_p90
 
 LAYOUTS = ((1, 4), (2, 2), (4, 1))  # (dp, pp)
 STAGES, GLOBAL_BATCH, MICRO_ROWS = 8, 32, 4
@@ -30,12 +31,6 @@ WARMUP, STEPS = 2, 8
 BUCKETS = (("per tensor", 1), ("64 KiB", 64 << 10), ("256 KiB", 256 << 10), ("1 MiB", 1 << 20))
 BUCKETS += (("4 MiB", 4 << 20), ("16 MiB", 16 << 20))
 ROUNDS = 15
-
-
-def percentiles(values: list[float]) -> tuple[float, float, float]:
-    ordered = sorted(values)
-    deciles = statistics.quantiles(ordered, n=10, method="inclusive")
-    return deciles[0], statistics.median(ordered), deciles[-1]
 
 
 def _layouts(rank: int) -> None:
@@ -75,7 +70,7 @@ def _layouts(rank: int) -> None:
         rows.append((f"dp={dp} x pp={pp} (V={STAGES // pp}, M={GLOBAL_BATCH // (dp * MICRO_ROWS)})", steps))
     first = statistics.median(rows[0][1])
     for (name, steps), stats in zip(rows, dp_bytes, strict=True):
-        p10, p50, p90 = percentiles(steps)
+        p10, p50, p90 = p10_p50_p90(steps)
         extra = (
             "" if stats is None else f"  dp grads {stats.bytes / 1024:.0f} KiB in {stats.buckets} bucket(s)"
         )
@@ -117,7 +112,7 @@ def _buckets(rank: int) -> None:
         return
     first = statistics.median(times[BUCKETS[0][0]])
     for name, average in averages:
-        p10, p50, p90 = percentiles(times[name])
+        p10, p50, p90 = p10_p50_p90(times[name])
         print(
             f"RESULT allreduce  bucket {name:<10} ({len(average.buckets):>2} calls for {total / 2**20:.1f} MiB)  "
             f"p10 {p10 * 1e3:7.2f}  p50 {p50 * 1e3:7.2f}  p90 {p90 * 1e3:7.2f} ms  ratio {p50 / first:5.2f}",
@@ -141,21 +136,17 @@ def _worker() -> None:
 
 
 def main() -> int:
-    from graph_exec.launch import launch
-
-    with tempfile.TemporaryDirectory() as logs:
-        result = launch(__file__, ["worker"], nproc=4, log_dir=logs, timeout_s=1500)
-        if not result.ok:
-            print(result.describe(), file=sys.stderr)
-            return 1
-        print(
+    return launch_and_report(
+        __file__,
+        ["worker"],
+        nproc=4,
+        timeout_s=1500,
+        ranks=[0],
+        heading=(
             f"4 ranks on this machine, loopback; p10/p50/p90 over {ROUNDS} rounds (all-reduce) and "
             f"{STEPS} measured steps after {WARMUP} warm-up (layouts); ratio = p50 / first row's p50"
-        )
-        for line in result.worker_logs[0].splitlines():
-            if line.startswith("RESULT "):
-                print(line[len("RESULT ") :])
-    return 0
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -23,21 +23,16 @@ microseconds per call, billed to ``runtime``.
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from graph_exec.benchmarks.common import launch_and_report, p10_p50_p90
+
 HOOKS = ("stage_forward", "stage_backward", "last_stage_step", "preprocess_forward", "preprocess_backward")
 TRANSPORT = ("send", "recv", "drain", "broadcast", "all_reduce_sum")
 WARMUP = 2
-
-
-def _quantiles(values: list[float]) -> tuple[float, float, float]:
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
-    return pick(0.1), pick(0.5), pick(0.9)
 
 
 def _timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -96,29 +91,23 @@ def _worker(example: str, size: str, steps: int) -> None:
         schedule.zero_grad()
     parts = []
     for key in ("step", "compute", "send", "wait", "runtime"):
-        parts.append(f"{key} {'/'.join(f'{v * 1e3:.2f}' for v in _quantiles(samples[key]))}")
-    share = "/".join(f"{v * 100:.1f}" for v in _quantiles(samples["share"]))
+        parts.append(f"{key} {'/'.join(f'{v * 1e3:.2f}' for v in p10_p50_p90(samples[key]))}")
+    share = "/".join(f"{v * 100:.1f}" for v in p10_p50_p90(samples["share"]))
     print(f"RESULT rank {rank}: {'  '.join(parts)} ms  (runtime+send)/step {share} %", flush=True)
 
 
 def main(argv: list[str]) -> int:
-    from graph_exec.launch import launch
-
     example, size, steps = (argv + ["vl_tower", "small", "20"][len(argv) :])[:3]
-    with tempfile.TemporaryDirectory() as logs:
-        result = launch(__file__, ["worker", example, size, steps], nproc=2, log_dir=logs, timeout_s=900)
-        if not result.ok:
-            print(result.describe(), file=sys.stderr)
-            return 1
-        print(
+    return launch_and_report(
+        __file__,
+        ["worker", example, size, steps],
+        nproc=2,
+        timeout_s=900,
+        heading=(
             f"{example} {size}, 2 ranks, graph mode, MPipe: one run() split per rank, p10/p50/p90 over "
             f"{steps} steps after {WARMUP} warm-up steps:"
-        )
-        for rank in sorted(result.worker_logs):
-            for line in result.worker_logs[rank].splitlines():
-                if line.startswith("RESULT "):
-                    print(line[len("RESULT ") :])
-    return 0
+        ),
+    )
 
 
 if __name__ == "__main__":

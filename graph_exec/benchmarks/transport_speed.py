@@ -13,17 +13,12 @@ the medians, plus how many messages and headers the transport sent per round tri
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
+
+from graph_exec.benchmarks.common import launch_and_report, p10_p50_p90
 
 SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20)
 ROUNDS, REPEATS = 15, 20
-
-
-def _quantiles(values: list[float]) -> tuple[float, float, float]:
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
-    return pick(0.1), pick(0.5), pick(0.9)
 
 
 def _worker() -> None:
@@ -85,7 +80,7 @@ def _worker() -> None:
         per_trip = (tp.stats.messages_sent - sent) / (ROUNDS * REPEATS)
         header_trips = tp.stats.headers_sent - headers
         if rank == 0:
-            ours, bare = _quantiles(times["transport"]), _quantiles(times["raw"])
+            ours, bare = p10_p50_p90(times["transport"]), p10_p50_p90(times["raw"])
             print(
                 f"RESULT {nbytes >> 10:>6} KiB  transport {'/'.join(f'{t * 1e3:.3f}' for t in ours)} ms  "
                 f"raw {'/'.join(f'{t * 1e3:.3f}' for t in bare)} ms  ratio(p50) {ours[1] / bare[1]:5.2f}  "
@@ -96,21 +91,17 @@ def _worker() -> None:
 
 
 def main() -> int:
-    from graph_exec.launch import launch
-
-    with tempfile.TemporaryDirectory() as logs:
-        result = launch(__file__, ["worker"], nproc=2, log_dir=logs, timeout_s=600)
-        if not result.ok:
-            print(result.describe(), file=sys.stderr)
-            return 1
-        print(
+    return launch_and_report(
+        __file__,
+        ["worker"],
+        nproc=2,
+        timeout_s=600,
+        ranks=[0],
+        heading=(
             "transport vs raw mindspore.mint.distributed, 2 ranks on loopback; round trip p10/p50/p90 "
             f"of {ROUNDS} rounds x {REPEATS} (rank 0's view, steady state):"
-        )
-        for line in result.worker_logs[0].splitlines():
-            if line.startswith("RESULT "):
-                print(line[len("RESULT ") :])
-    return 0
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""What every benchmark script shares: the spread it reports, and launching itself on ranks.
+
+Timings on these machines are noisy and sometimes bimodal, so every script reports p10/p50/p90
+rather than a single median; one definition keeps the scripts' figures comparable.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+#: Prefix of the lines a benchmark worker prints for the launcher to collect.
+RESULT = "RESULT "
+
+
+def p10_p50_p90(values: Sequence[float]) -> tuple[float, float, float]:
+    """The 10th, 50th and 90th percentiles (inclusive interpolation); one value is all three."""
+    if len(values) < 2:
+        return (values[0],) * 3
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return deciles[0], statistics.median(values), deciles[-1]
+
+
+def launch_and_report(
+    script: str | Path,
+    args: Sequence[str],
+    *,
+    nproc: int,
+    timeout_s: float,
+    heading: str,
+    ranks: Sequence[int] | None = None,
+) -> int:
+    """Run ``script`` under msrun on ``nproc`` local ranks, then print ``heading`` and the
+    ``RESULT`` lines of ``ranks`` (default: every rank); on failure print msrun's report to
+    stderr. Returns the process exit status."""
+    from graph_exec.launch import launch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = launch(script, list(args), nproc=nproc, log_dir=Path(tmp) / "logs", timeout_s=timeout_s)
+        if not result.ok:
+            print(result.describe(), file=sys.stderr)
+            return 1
+        print(heading)
+        for rank in sorted(result.worker_logs) if ranks is None else ranks:
+            for line in result.worker_logs[rank].splitlines():
+                if line.startswith(RESULT):
+                    print(line[len(RESULT) :])
+    return 0
