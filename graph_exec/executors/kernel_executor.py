@@ -59,6 +59,7 @@ from typing import Any
 
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from graph_exec import checks
 from graph_exec.kernels import (
     GradBuffers,
     is_float,
@@ -113,8 +114,7 @@ class KernelExecutor(Executor):
         first_stage_input_grads: bool = True,
         recompute: bool = False,
     ) -> None:
-        if not isinstance(recompute, bool):
-            raise ExecutorConfigError(f"recompute must be a bool (True or False), got {recompute!r}")
+        checks.boolean("recompute", recompute, ExecutorConfigError)
         prepare_mindspore()
         self.recompute = recompute
         self._stages = dict(sorted(stages.items()))
