@@ -322,6 +322,9 @@ class KernelExecutor(Executor):
         self._backward_done.discard(key)
         return outputs
 
+    def bare_stage_forward(self, stage: int) -> Callable[..., Any]:
+        return self._prepare(make_stage_forward(self._stage(stage)))
+
     def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
         self._stage(stage)
         key = (stage, micro)

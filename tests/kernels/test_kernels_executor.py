@@ -241,3 +241,21 @@ def test_every_executor_error_is_a_graph_exec_error(mixer_executor) -> None:
         mixer_executor.stage_backward(0, 0, ("not a tensor", None))
     with pytest.raises(GraphExecError):
         create_executor("eager", {})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bare_stage_forward_computes_what_the_hook_computes_and_keeps_nothing(mode: str) -> None:
+    """The harness times the hook against this kernel: it must be the same computation."""
+    executor = create_executor(mode, {0: named(Combiner(), f"bare_{mode}.")})
+    inputs = (random(2, WIDTH, seed=3), random(2, WIDTH, seed=4))
+    bare = executor.bare_stage_forward(0)
+    direct = bare(*inputs)
+    direct = direct if isinstance(direct, tuple) else (direct,)
+    assert list(executor.kept()) == []
+    hooked = executor.stage_forward(0, 0, inputs)
+    assert len(hooked) == len(direct)
+    for got, want in zip(direct, hooked, strict=True):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+    executor.drop_kept()
+    with pytest.raises(GraphExecError, match="stage 7"):
+        executor.bare_stage_forward(7)
