@@ -46,12 +46,13 @@ class Check:
         return self.convert(value)
 
 
+integer = Check("an int", _is_int)
 positive_int = Check("a positive int", lambda v: _is_int(v) and v >= 1)
 non_negative_int = Check("an int >= 0", lambda v: _is_int(v) and v >= 0)
 finite_non_negative = Check("a finite number >= 0", lambda v: _is_real(v) and 0 <= v < math.inf, float)
 positive_number = Check("a number > 0 (or inf)", lambda v: _is_real(v) and v > 0, float)
 positive_seconds = Check("a number of seconds > 0", lambda v: _is_real(v) and 0 < v < math.inf, float)
-boolean = Check("True or False", lambda v: isinstance(v, bool))
+boolean = Check("a bool (True or False)", lambda v: isinstance(v, bool))
 
 
 def choice(name: str, value: Any, allowed: Sequence[str], error: type[Exception] = ValueError) -> str:

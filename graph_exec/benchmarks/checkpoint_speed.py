@@ -37,8 +37,8 @@ def _worker(root: Path) -> None:
     prepare_mindspore("CPU")
     init()
     import graph_exec as ge
-    from graph_exec.cli.training import Trainer
     from graph_exec.examples import load
+    from graph_exec.harness.training import Trainer
     from graph_exec.report.job import JobSpec, RunSpec
     from graph_exec.transport import DeviceMesh, barrier
 

@@ -34,7 +34,7 @@ ROUNDS = 15
 
 
 def _layouts(rank: int) -> None:
-    from graph_exec.cli.training import Trainer
+    from graph_exec.harness.training import Trainer
     from graph_exec.report.job import JobSpec, RunSpec
     from graph_exec.transport import DeviceMesh, all_gather_objects
 
@@ -121,7 +121,7 @@ def _buckets(rank: int) -> None:
 
 
 def _worker() -> None:
-    from graph_exec.cli.worker import pin_cores
+    from graph_exec.harness.worker import pin_cores
 
     pin_cores(4)
     from mindspore.communication import get_rank, init

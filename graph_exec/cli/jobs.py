@@ -25,7 +25,8 @@ from graph_exec.launch import DEFAULT_MASTER_PORT, LaunchResult, Nodes, launch
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.schedule import PlanConfigError
 
-WORKER = Path(__file__).with_name("worker.py")
+#: The script msrun starts on every rank (the harness lives apart from the command line).
+WORKER = Path(__file__).parents[1] / "harness" / "worker.py"
 
 
 def output_file(text: str) -> Path:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from graph_exec import checks
+
 from .base import CompileStats, Executor
 from .errors import (
     ExecutorConfigError,
@@ -55,8 +57,7 @@ def create_executor(
     offered: padding is only loss- and gradient-neutral for models whose rows and positions
     are independent, which an executor cannot check.
     """
-    if not isinstance(recompute, bool):
-        raise ExecutorConfigError(f"recompute must be a bool (True or False), got {recompute!r}")
+    checks.boolean("recompute", recompute, ExecutorConfigError)
     if mode not in MODES:
         raise ExecutorConfigError(f"unknown executor mode {mode!r}; expected one of {', '.join(MODES)}")
     if mode == "graph":

@@ -19,7 +19,7 @@ Conventions shared by every hook:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,13 @@ class Executor(ABC):
     def stage_forward(self, stage: int, micro: int, inputs: Tensors) -> Tensors:
         """Run a stage chunk; keep what its backward needs under ``(stage, micro)`` (the taped
         forward by default, only the inputs with ``recompute=True``)."""
+
+    @abstractmethod
+    def bare_stage_forward(self, stage: int) -> Callable[..., Any]:
+        """Stage ``stage``'s forward kernel, prepared as this executor prepares it (compiled in
+        graph mode), to be called without the hook path: no signature, cache, tape or kept
+        state. What a hook call costs beyond it is the executor's dispatch cost (the harness
+        measures it so the cost model can charge it per step)."""
 
     @abstractmethod
     def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:

@@ -59,6 +59,7 @@ from typing import Any
 
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from graph_exec import checks
 from graph_exec.kernels import (
     GradBuffers,
     is_float,
@@ -113,8 +114,7 @@ class KernelExecutor(Executor):
         first_stage_input_grads: bool = True,
         recompute: bool = False,
     ) -> None:
-        if not isinstance(recompute, bool):
-            raise ExecutorConfigError(f"recompute must be a bool (True or False), got {recompute!r}")
+        checks.boolean("recompute", recompute, ExecutorConfigError)
         prepare_mindspore()
         self.recompute = recompute
         self._stages = dict(sorted(stages.items()))
@@ -321,6 +321,9 @@ class KernelExecutor(Executor):
         self._kept[key] = KeptForward(tuple(inputs), out_specs, tape, recorded, grad_inputs)
         self._backward_done.discard(key)
         return outputs
+
+    def bare_stage_forward(self, stage: int) -> Callable[..., Any]:
+        return self._prepare(make_stage_forward(self._stage(stage)))
 
     def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
         self._stage(stage)

@@ -56,7 +56,7 @@ class JobSpec:
     lr: float = 1e-3
     timeout_s: float = 120.0  #: bound on every wait for a peer inside a step
     calibrate: bool = False  #: also measure transfer sizes and the executor's per-call dispatch cost
-    pin_cores: bool = False  #: bind each rank to its share of the cores (see graph_exec.cli.worker)
+    pin_cores: bool = False  #: bind each rank to its share of the cores (see graph_exec.harness.worker)
     seed: int = 0
     #: Checkpoints (single-run jobs): the first step index (> 0: load that checkpoint first),
     #: save every ``save_every`` steps (0: never) and after the last step, into ``checkpoint_dir``.

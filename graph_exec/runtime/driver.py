@@ -78,18 +78,18 @@ class RankRuntime:
         self._handlers: dict[StepKind, Callable[[Step], None]] = {
             StepKind.F: self._forward,
             StepKind.B: self._backward,
-            StepKind.FSEND: lambda s: self._send(s, self.caches.outputs.pop((s.stage, s.micro))),
-            StepKind.BSEND: lambda s: self._send(s, self.caches.input_grads.pop((s.stage, s.micro))),
-            StepKind.FRECV: lambda s: self.caches.body_inputs.__setitem__((s.stage, s.micro), self._recv(s)),
-            StepKind.BRECV: lambda s: self.caches.cotangents.__setitem__((s.stage, s.micro), self._recv(s)),
+            StepKind.FSEND: self._send_activations,
+            StepKind.BSEND: self._send_input_grads,
+            StepKind.FRECV: self._receive_activations,
+            StepKind.BRECV: self._receive_cotangents,
             StepKind.BCAST: self._broadcast,
             StepKind.TFWD: self._preprocess_forward,
-            StepKind.OUTSEND: lambda s: self._send(s, self.caches.preprocess_outputs.pop(s.micro)),
-            StepKind.OUTRECV: lambda s: self.caches.body_inputs.__setitem__((0, s.micro), self._recv(s)),
+            StepKind.OUTSEND: self._send_preprocess_outputs,
+            StepKind.OUTRECV: self._receive_preprocess_outputs,
             StepKind.INSEND: self._ship_input,
             StepKind.INRECV: self._receive_input,
             StepKind.TBWD: self._preprocess_backward_central,
-            StepKind.GRADSEND: lambda s: self._send(s, self.caches.preprocess_grads.pop(s.micro)),
+            StepKind.GRADSEND: self._send_preprocess_grads,
             StepKind.GRADRECV_BWD: self._preprocess_backward_owner,
             StepKind.GRADREDUCE: self._grad_reduce,
         }
@@ -98,9 +98,9 @@ class RankRuntime:
 
     def run(self, batch: MicroBatches) -> dict[int, Any]:
         """Run this rank's whole order on ``batch``; returns the losses by micro-batch index."""
-        leftovers = self.caches.leftovers() + [f"executor kept {list(self.executor.kept())}"] * bool(
-            self.executor.kept()
-        )
+        leftovers = self.caches.leftovers()
+        if self.executor.kept():
+            leftovers.append(f"executor kept {list(self.executor.kept())}")
         if leftovers:
             raise GraphExecError(f"rank {self.rank}: data left from a previous step: {'; '.join(leftovers)}")
         self._batch = batch
@@ -157,6 +157,27 @@ class RankRuntime:
     def _recv(self, step: Step) -> tuple[Any, ...]:
         alloc = {} if self.buffers is None else {"alloc": self.buffers.allocator(self._index)}
         return self.transport.recv(self.plan.peer(self.rank, step), partner(step).token, **alloc)
+
+    def _send_activations(self, step: Step) -> None:
+        self._send(step, self.caches.outputs.pop((step.stage, step.micro)))
+
+    def _send_input_grads(self, step: Step) -> None:
+        self._send(step, self.caches.input_grads.pop((step.stage, step.micro)))
+
+    def _send_preprocess_outputs(self, step: Step) -> None:
+        self._send(step, self.caches.preprocess_outputs.pop(step.micro))
+
+    def _send_preprocess_grads(self, step: Step) -> None:
+        self._send(step, self.caches.preprocess_grads.pop(step.micro))
+
+    def _receive_activations(self, step: Step) -> None:
+        self.caches.body_inputs[(step.stage, step.micro)] = self._recv(step)
+
+    def _receive_cotangents(self, step: Step) -> None:
+        self.caches.cotangents[(step.stage, step.micro)] = self._recv(step)
+
+    def _receive_preprocess_outputs(self, step: Step) -> None:
+        self.caches.body_inputs[(0, step.micro)] = self._recv(step)
 
     def _broadcast(self, step: Step) -> None:
         self.transport.broadcast(self.executor.broadcast_tensors(), src=0)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from graph_exec import checks
 from graph_exec.bufpool import BufferPool
 from graph_exec.errors import CommunicationNotInitializedError, GraphExecError
 from graph_exec.executors import MODES, Executor, create_executor
@@ -38,12 +39,6 @@ from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
 from graph_exec.transport.buckets import DEFAULT_BUCKET_BYTES
 
 
-def _choice(name: str, value: object, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-    return str(value)
-
-
 def _check_stages(stages: PipelineStage | Sequence[PipelineStage]) -> tuple[PipelineStage, ...]:
     local = (stages,) if isinstance(stages, PipelineStage) else tuple(stages)
     if not local or not all(isinstance(s, PipelineStage) for s in local):
@@ -55,6 +50,40 @@ def _check_stages(stages: PipelineStage | Sequence[PipelineStage]) -> tuple[Pipe
     if len(set(indices)) != len(indices):
         raise ValueError(f"stage indices repeat on this rank: {indices}")
     return tuple(sorted(local, key=lambda s: s.stage_index))
+
+
+def _check_preprocess(module: Any, layers: int) -> Any:
+    """``module`` when it agrees with ``layers`` (a Cell iff ``layers >= 1``)."""
+    if (module is None) != (layers == 0):
+        raise ValueError(
+            f"num_transpose_layers={layers} with preprocess_module="
+            f"{'None' if module is None else type(module).__name__}: pass a "
+            "preprocess module with num_transpose_layers >= 1, or neither (dataload only)"
+        )
+    if module is not None:
+        from mindspore import nn
+
+        if not isinstance(module, nn.Cell):
+            raise TypeError(f"preprocess_module must be a mindspore.nn.Cell, got {type(module).__name__}")
+    return module
+
+
+def _check_loss_fn(loss_fn: Callable[..., Any] | None, mode: str) -> Callable[..., Any] | None:
+    """``loss_fn``, rewritten in graph mode into a function ``mindspore.jit`` can parse."""
+    if loss_fn is None:
+        return None
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable or None, got {type(loss_fn).__name__}")
+    return jit_parseable(loss_fn) if mode == "graph" else loss_fn
+
+
+def _check_mesh(mesh: Any) -> Any:
+    if mesh is not None:
+        from graph_exec.transport.mesh import DeviceMesh
+
+        if not isinstance(mesh, DeviceMesh):
+            raise TypeError(f"mesh must be a graph_exec.DeviceMesh or None, got {type(mesh).__name__}")
+    return mesh
 
 
 @dataclass
@@ -73,26 +102,31 @@ class _Setup:
 class ScheduleMPipeTranspose:
     """Interleaved 1F1B with the preprocess transposed onto idle warm-up ranks.
 
-    ``stages``: this rank's :class:`PipelineStage` chunks (stage ``s`` on rank ``s mod P``).
-    ``preprocess_module``: the first ``num_transpose_layers`` layers of stage 0, replicated on
-    every rank (build it identically everywhere; trainable weights are broadcast from rank 0
-    at every step, frozen ones never are). ``num_transpose_layers=0`` with no module is the
-    dataload-only variant. Options: ``mode`` (``"graph"`` compiled, ``"pynative"`` eager for
-    debugging), ``overflow`` (``"full"``/``"min"``), ``backward`` (``"central"``/``"owner"``),
-    ``input`` (``"replicated"``: every rank passes the whole batch; ``"owned"``: a rank's
-    batch is only read for the micro-batches it owns, the rest reach rank 0 by transfer),
-    ``loss_fn(output, *labels)`` (``None``: the last chunk returns the loss; in graph mode an
-    inline lambda is rewritten into a function ``mindspore.jit`` can parse, and a function without
-    readable source is rejected here), ``scale_grads``
-    (divide gradients by the number of micro-batches), ``timeout_s`` (bound on every wait for
-    a peer), ``sync_steps`` (wait for every compute step's results before the next step, so
-    :attr:`timeline` shows each step's own duration; ``None``: on for CPU, where it was
-    measured 2-3x faster, off elsewhere; see ``RankRuntime``), ``mesh`` (a
-    :class:`~graph_exec.DeviceMesh`: this rank is pipeline rank ``mesh.pp_rank`` of replica
-    ``mesh.dp_rank``; ``None``: one pipeline over the whole world), ``dp_bucket_bytes`` (size of
-    the flat buckets in which gradients are averaged over the data-parallel group), ``recompute`` (``False``: a
-    stage's backward runs the bprop of its taped forward; ``True``: keep only its inputs and
-    record the forward again in the backward, for runs short of activation memory).
+    Build it on every rank with the same arguments (its own stages aside); everything that can
+    be checked locally is checked here, the rest at the first :meth:`run`.
+
+    Args:
+        stages: this rank's :class:`PipelineStage` chunks (stage ``s`` on pipeline rank ``s mod P``).
+        micro_batch_num: micro-batches per step; the batch is cut into this many on dim 0.
+        preprocess_module: the first ``num_transpose_layers`` layers of stage 0, built identically
+            on every rank (trainable weights are broadcast from rank 0 each step, frozen ones never).
+        num_transpose_layers: layers in ``preprocess_module``; ``0`` with no module is dataload only.
+        mode: ``"graph"`` (compiled) or ``"pynative"`` (eager, for debugging).
+        overflow: ``"full"`` or ``"min"``: how far the transposed preprocess may run ahead.
+        backward: ``"central"`` (preprocess backward on rank 0) or ``"owner"`` (on its owner).
+        input: ``"replicated"`` (every rank passes the whole batch) or ``"owned"`` (a rank's batch
+            is read only for the micro-batches it owns; the rest reach rank 0 by transfer).
+        loss_fn: ``loss_fn(output, *labels)``; ``None``: the last chunk returns the loss. In graph
+            mode an inline lambda is rewritten for ``mindspore.jit``; one without source is refused.
+        scale_grads: divide the gradients by ``micro_batch_num``.
+        timeout_s: bound, in seconds, on every wait for a peer.
+        sync_steps: wait for each compute step's results before the next, so :attr:`timeline`
+            shows each step's own time; ``None``: on for CPU (measured 2-3x faster), off elsewhere.
+        mesh: a :class:`~graph_exec.DeviceMesh` (this rank is pipeline rank ``mesh.pp_rank`` of
+            replica ``mesh.dp_rank``); ``None``: one pipeline over the whole world.
+        dp_bucket_bytes: size of the flat buckets in which gradients are averaged over ``mesh.dp``.
+        recompute: ``False``: a stage's backward runs the bprop of its taped forward; ``True``:
+            keep only its inputs and record the forward again (less activation memory).
     """
 
     #: Whether the preprocess is transposed onto the owners (``False``: the fair baseline).
@@ -118,54 +152,21 @@ class ScheduleMPipeTranspose:
         recompute: bool = False,
     ) -> None:
         self.stages = _check_stages(stages)
-        if not isinstance(recompute, bool):
-            raise ValueError(f"recompute must be a bool (True or False), got {recompute!r}")
-        if isinstance(micro_batch_num, bool) or not isinstance(micro_batch_num, int) or micro_batch_num < 1:
-            raise ValueError(f"micro_batch_num must be a positive int, got {micro_batch_num!r}")
-        layers = num_transpose_layers
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-            raise ValueError(f"num_transpose_layers must be an int >= 0, got {layers!r}")
-        if (preprocess_module is None) != (layers == 0):
-            raise ValueError(
-                f"num_transpose_layers={layers} with preprocess_module="
-                f"{'None' if preprocess_module is None else type(preprocess_module).__name__}: pass a "
-                "preprocess module with num_transpose_layers >= 1, or neither (dataload only)"
-            )
-        if preprocess_module is not None:
-            from mindspore import nn
-
-            if not isinstance(preprocess_module, nn.Cell):
-                raise TypeError(
-                    f"preprocess_module must be a mindspore.nn.Cell, got {type(preprocess_module).__name__}"
-                )
-        if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable or None, got {type(loss_fn).__name__}")
-        if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        self.micro_batch_num = checks.positive_int("micro_batch_num", micro_batch_num)
+        self.num_transpose_layers = checks.non_negative_int("num_transpose_layers", num_transpose_layers)
+        self.preprocess_module = _check_preprocess(preprocess_module, self.num_transpose_layers)
         check_unique_parameter_names(self.stages, preprocess_module)
-        if loss_fn is not None and mode == "graph":
-            loss_fn = jit_parseable(loss_fn)
-        if mesh is not None:
-            from graph_exec.transport.mesh import DeviceMesh
-
-            if not isinstance(mesh, DeviceMesh):
-                raise TypeError(f"mesh must be a graph_exec.DeviceMesh or None, got {type(mesh).__name__}")
-        if isinstance(dp_bucket_bytes, bool) or not isinstance(dp_bucket_bytes, int) or dp_bucket_bytes < 1:
-            raise ValueError(f"dp_bucket_bytes must be a positive int, got {dp_bucket_bytes!r}")
-        self.mesh = mesh
-        self.dp_bucket_bytes = dp_bucket_bytes
-        self.micro_batch_num = micro_batch_num
-        self.preprocess_module = preprocess_module
-        self.num_transpose_layers = layers
-        self.mode = _choice("mode", mode, MODES)
-        self.overflow = _choice("overflow", overflow, OVERFLOW)
-        self.backward = _choice("backward", backward, BACKWARD)
-        self.input = _choice("input", input, INPUT)
-        self.loss_fn = loss_fn
+        self.mode = checks.choice("mode", mode, MODES)
+        self.overflow = checks.choice("overflow", overflow, OVERFLOW)
+        self.backward = checks.choice("backward", backward, BACKWARD)
+        self.input = checks.choice("input", input, INPUT)
+        self.loss_fn = _check_loss_fn(loss_fn, self.mode)
         self.scale_grads = bool(scale_grads)
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = checks.positive_seconds("timeout_s", timeout_s)
         self.sync_steps = sync_steps
-        self.recompute = recompute
+        self.mesh = _check_mesh(mesh)
+        self.dp_bucket_bytes = checks.positive_int("dp_bucket_bytes", dp_bucket_bytes)
+        self.recompute = checks.boolean("recompute", recompute)
         self._setup: _Setup | None = None
         self._failed: str | None = None
 
@@ -438,6 +439,13 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
     Do not fold the preprocess into stage 0 instead (a stage-0 chunk ``body(tower(x))``): a
     stage's backward recomputes or keeps the whole chunk, so a frozen tower would be run again
     in every backward, a cost no sensible user pays, and MPipe would look far better than it is.
+
+    Args:
+        stages, micro_batch_num: as for :class:`ScheduleMPipeTranspose`.
+        preprocess_module: the preprocess, run by rank 0 only; other ranks may pass ``None``.
+        num_transpose_layers: layers in ``preprocess_module`` (the same on every rank).
+        mode, loss_fn, scale_grads, timeout_s, sync_steps, mesh, dp_bucket_bytes, recompute: as
+            for :class:`ScheduleMPipeTranspose` (``overflow``, ``backward``, ``input`` do not apply).
     """
 
     _transposes = False

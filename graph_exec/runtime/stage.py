@@ -5,20 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
-def _index(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    return value
+from graph_exec import checks
 
 
 @dataclass(frozen=True)
 class PipelineStage:
-    """A model chunk and its place in the pipeline: global ``stage_index`` of ``num_stages``.
+    """A model chunk and its place in the pipeline.
 
     With ``P`` pipeline ranks and ``V`` chunks per rank, ``num_stages = P * V`` and stage ``s``
-    lives on rank ``s mod P`` (so a rank holds stages ``r, r + P, …``). The first stage's chunk
-    is the *body* of stage 0: the preprocess block is passed to the schedule separately.
+    lives on rank ``s mod P`` (so a rank holds stages ``r, r + P, …``).
+
+    Args:
+        submodule: the chunk, a ``mindspore.nn.Cell``; for stage 0 the *body* only (the
+            preprocess block is passed to the schedule separately).
+        stage_index: this chunk's global stage index, in ``[0, num_stages)``.
+        num_stages: the number of stages of the whole pipeline (``P * V``).
     """
 
     submodule: Any
@@ -30,9 +31,9 @@ class PipelineStage:
 
         if not isinstance(self.submodule, nn.Cell):
             raise TypeError(f"submodule must be a mindspore.nn.Cell, got {type(self.submodule).__name__}")
-        _index("stage_index", self.stage_index)
-        if _index("num_stages", self.num_stages) < 1:
-            raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
+        checks.integer("stage_index", self.stage_index, TypeError)
+        checks.integer("num_stages", self.num_stages, TypeError)
+        checks.positive_int("num_stages", self.num_stages)
         if not 0 <= self.stage_index < self.num_stages:
             raise ValueError(f"stage_index must be in [0, {self.num_stages}), got {self.stage_index}")
 

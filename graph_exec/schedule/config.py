@@ -97,8 +97,7 @@ class PlanConfig:
         checks.choice("input", self.input, INPUT, PlanConfigError)
         checks.choice("body", self.body, BODY, PlanConfigError)
         self._check_layers()
-        if not isinstance(self.transpose, bool):
-            raise PlanConfigError(f"transpose must be True or False, got {self.transpose!r}")
+        checks.boolean("transpose", self.transpose, PlanConfigError)
         if not self.transpose:
             self._check_untransposed()
         if self.body == "1f1b" and self.vpp != 1:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_exec import checks
 from graph_exec.errors import (
     CommunicationError,
     CommunicationNotInitializedError,
@@ -309,8 +310,7 @@ class Transport:
 
     def __init__(self, *, timeout_s: float = 300.0, group: CommGroup | None = None) -> None:
         require_initialized()
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        timeout_s = checks.positive_seconds("timeout_s", timeout_s)
         import mindspore.mint.distributed as dist
 
         rebind_default_groups()
@@ -325,7 +325,7 @@ class Transport:
         self.rank = group.rank_of(global_rank)
         self.size = group.size
         self.group = group.name
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = timeout_s
         self.stats = TransportStats()
         self._worker = CommWorker()
         self.epoch = _register(self.group, self.ranks, self._worker)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graph_exec import checks
 from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError
 
 #: Seconds the layout check may wait for the other ranks (they all build their mesh at start).
@@ -46,9 +47,8 @@ class CommGroup:
 
 
 def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+    """A positive count; numpy integers (from array arithmetic) are accepted as ints."""
+    return checks.positive_int(name, int(value) if isinstance(value, np.integer) else value)
 
 
 def mesh_layout(world: int, dp: int | None, pp: int | None) -> tuple[int, int]:
@@ -89,9 +89,13 @@ class DeviceMesh:
     """``dp`` pipeline replicas of ``pp`` ranks each, over the initialised world.
 
     Build it after ``mindspore.communication.init()`` on every rank, with the same arguments.
-    ``DeviceMesh()`` is one pipeline over the whole world (no data parallelism); one of ``dp``,
-    ``pp`` alone fixes the other. Without communication, ``DeviceMesh()`` is the one-process
-    mesh (``dp = pp = 1``); asking for a layout then is an error, since it needs other ranks.
+    Without communication, ``DeviceMesh()`` is the one-process mesh (``dp = pp = 1``); asking
+    for a layout then is an error, since it needs other ranks.
+
+    Args:
+        dp: the number of pipeline replicas that average gradients; ``None``: world size / ``pp``.
+        pp: the number of ranks per pipeline; ``None``: world size / ``dp`` (both ``None``: one
+            pipeline over the whole world, no data parallelism).
     """
 
     def __init__(self, dp: int | None = None, pp: int | None = None) -> None:

@@ -1,7 +1,7 @@
 """Test setup for the kernel and executor tests: quiet logs, CPU settings, fresh models.
 
-Shared models and helpers live in ``kernel_models.py`` (a distinct module name: this folder is
-not a package, so its modules are imported by bare name).
+The models and helpers live with every other test model in :mod:`tests.models` (``kernel`` and
+``common``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ os.environ.setdefault("GLOG_v", "3")
 
 import mindspore as ms
 import pytest
-from kernel_models import Classifier, Combiner, Mixer, Projector, named
 from mindspore import nn
 
 from graph_exec.msenv import prepare_mindspore
+from tests.models.common import named
+from tests.models.kernel import Classifier, Combiner, Mixer, Projector
 
 prepare_mindspore("CPU")
 

@@ -5,22 +5,12 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from kernel_models import (
-    MODES,
-    WIDTH,
-    Classifier,
-    Combiner,
-    Gate,
-    Mixer,
-    assert_grads_close,
-    classification_loss,
-    named,
-    snapshot,
-)
 from mindspore import ParameterTuple, Tensor, nn
 
 from graph_exec.errors import GraphExecError
 from graph_exec.executors import create_executor
+from tests.models.common import loss_fn, named
+from tests.models.kernel import MODES, WIDTH, Classifier, Combiner, Gate, Mixer, assert_grads_close, snapshot
 
 
 def random(*shape: int, seed: int = 0, dtype: type = np.float32) -> Tensor:
@@ -187,11 +177,11 @@ def test_integer_output_takes_no_cotangent(mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_last_stage_step_only_on_the_last_stage(mode: str) -> None:
     stages = {0: named(Gate(), f"g_{mode}."), 1: named(Classifier(), f"c_{mode}.")}
-    executor = create_executor(mode, stages, loss_fn=classification_loss)
+    executor = create_executor(mode, stages, loss_fn=loss_fn)
     labels = (Tensor(np.array([0, 1], np.int32)),)
     with pytest.raises(ValueError, match=r"last_stage_step\(stage 0, micro 0\): the last stage is 1"):
         executor.last_stage_step(0, 0, (random(2, WIDTH), Tensor(np.array([0, 1], np.int32))), labels)
-    explicit = create_executor(mode, stages, loss_fn=classification_loss, last_stage=7)
+    explicit = create_executor(mode, stages, loss_fn=loss_fn, last_stage=7)
     with pytest.raises(ValueError, match="the last stage is 7"):
         explicit.last_stage_step(1, 0, (random(2, WIDTH),), labels)
 
@@ -206,7 +196,7 @@ def test_loss_from_the_stage_itself_when_no_loss_fn(mode: str) -> None:
             self.classifier = Classifier()
 
         def construct(self, h: Tensor, labels: Tensor) -> Tensor:
-            return classification_loss(self.classifier(h), labels)
+            return loss_fn(self.classifier(h), labels)
 
     ms.set_seed(9)
     cell = named(WithLoss(), f"wl_{mode}.")
@@ -241,3 +231,21 @@ def test_every_executor_error_is_a_graph_exec_error(mixer_executor) -> None:
         mixer_executor.stage_backward(0, 0, ("not a tensor", None))
     with pytest.raises(GraphExecError):
         create_executor("eager", {})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bare_stage_forward_computes_what_the_hook_computes_and_keeps_nothing(mode: str) -> None:
+    """The harness times the hook against this kernel: it must be the same computation."""
+    executor = create_executor(mode, {0: named(Combiner(), f"bare_{mode}.")})
+    inputs = (random(2, WIDTH, seed=3), random(2, WIDTH, seed=4))
+    bare = executor.bare_stage_forward(0)
+    direct = bare(*inputs)
+    direct = direct if isinstance(direct, tuple) else (direct,)
+    assert list(executor.kept()) == []
+    hooked = executor.stage_forward(0, 0, inputs)
+    assert len(hooked) == len(direct)
+    for got, want in zip(direct, hooked, strict=True):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+    executor.drop_kept()
+    with pytest.raises(GraphExecError, match="stage 7"):
+        executor.bare_stage_forward(7)

@@ -1,6 +1,6 @@
 """The hooks, driven by hand over a pipelined model, against a non-pipelined reference.
 
-Tolerance everywhere: ``|actual - expected| <= 1e-5 + 1e-4 * |expected|`` (see kernel_models).
+Tolerance everywhere: ``|actual - expected| <= 1e-5 + 1e-4 * |expected|`` (see tests.models.common).
 The model is a preprocess with two outputs and three stages (tuple in, tuple out, loss), the
 micro-batches run GPipe-style (all forwards, then all backwards in reverse) so several
 forwards are kept at once, and the loss is scaled by 1/M as a runtime averaging would. Every
@@ -13,17 +13,11 @@ import mindspore as ms
 import numpy as np
 import pytest
 from graph_exec.examples.lm import LMConfig, build_lm_stages, lm_cross_entropy
-from kernel_models import (
-    MODES,
-    assert_close,
-    classification_loss,
-    micro_batches,
-    reference,
-    snapshot,
-)
 from mindspore import Tensor, nn
 
 from graph_exec.executors import create_executor
+from tests.models.common import assert_close, loss_fn, named
+from tests.models.kernel import MODES, micro_batches, reference, snapshot
 
 MICRO = 3
 VARIANTS = [(mode, recompute) for mode in MODES for recompute in (False, True)]
@@ -37,7 +31,7 @@ def run_pipeline(
         mode,
         stages,
         preprocess=preprocess,
-        loss_fn=classification_loss,
+        loss_fn=loss_fn,
         loss_scale=1.0 / len(batches),
         recompute=recompute,
     )
@@ -68,19 +62,19 @@ def run_pipeline(
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    import kernel_models as km
+    from tests.models import kernel as km
 
     ms.set_seed(3)
-    preprocess = km.named(km.Projector(), "pre.")
+    preprocess = named(km.Projector(), "pre.")
     stages = {
-        0: km.named(km.Mixer(), "s0."),
-        1: km.named(km.Combiner(), "s1."),
-        2: km.named(km.Classifier(), "s2."),
+        0: named(km.Mixer(), "s0."),
+        1: named(km.Combiner(), "s1."),
+        2: named(km.Classifier(), "s2."),
     }
     batches = micro_batches(MICRO)
 
     def whole_model(x: Tensor, labels: Tensor) -> Tensor:
-        return classification_loss(stages[2](stages[1](*stages[0](*preprocess(x)))), labels)
+        return loss_fn(stages[2](stages[1](*stages[0](*preprocess(x)))), labels)
 
     params = preprocess.trainable_params() + [p for k in sorted(stages) for p in stages[k].trainable_params()]
     ref_losses, ref_grads = reference(whole_model, params, batches)

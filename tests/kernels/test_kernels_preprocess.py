@@ -9,10 +9,11 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from kernel_models import FEATURES, MODES, WIDTH, Projector, assert_close, named, snapshot
 from mindspore import ParameterTuple, Tensor, nn, ops
 
 from graph_exec.executors import create_executor
+from tests.models.common import assert_close, named
+from tests.models.kernel import FEATURES, MODES, WIDTH, Projector, snapshot
 
 
 class Scaled(nn.Cell):

@@ -11,10 +11,11 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from kernel_models import MODES, WIDTH, Gate, Mixer, assert_close, assert_grads_close, named, snapshot
 from mindspore import ParameterTuple, Tensor, nn, ops
 
 from graph_exec.executors import create_executor
+from tests.models.common import assert_close, named
+from tests.models.kernel import MODES, WIDTH, Gate, Mixer, assert_grads_close, snapshot
 
 
 def random(*shape: int, seed: int) -> Tensor:

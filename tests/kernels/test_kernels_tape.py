@@ -10,24 +10,13 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from kernel_models import (
-    FEATURES,
-    MODES,
-    WIDTH,
-    Classifier,
-    Combiner,
-    Mixer,
-    Projector,
-    assert_close,
-    classification_loss,
-    named,
-    snapshot,
-)
 from mindspore import ParameterTuple, Tensor, nn
 
 import graph_exec as ge
 from graph_exec.benchmarks.executor_speed import measure_in_fresh_process
 from graph_exec.executors import create_executor
+from tests.models.common import assert_close, loss_fn, named
+from tests.models.kernel import FEATURES, MODES, WIDTH, Classifier, Combiner, Mixer, Projector, snapshot
 
 VARIANTS = [(mode, recompute) for mode in MODES for recompute in (False, True)]
 IN_FLIGHT = 4
@@ -181,7 +170,7 @@ def test_taped_preprocess_hooks_match_the_reference(mode: str, recompute: bool) 
         named(Combiner(), f"tp0_{tag}."),
         named(Classifier(), f"tp1_{tag}."),
     )
-    executor = create_executor(mode, {0: body, 1: head}, preprocess=pre, loss_fn=classification_loss)
+    executor = create_executor(mode, {0: body, 1: head}, preprocess=pre, loss_fn=loss_fn)
     xs = [random(3, FEATURES, seed=30 + m) for m in range(3)]
     labels = [Tensor(np.array([0, 2, 1], np.int32)) for _ in range(3)]
     d_hidden = {}
@@ -207,7 +196,7 @@ def test_taped_preprocess_hooks_match_the_reference(mode: str, recompute: bool) 
         assert_close(got[name], want, f"preprocess gradient of {name}")
 
     def whole(x: Tensor, y: Tensor) -> Tensor:
-        return classification_loss(head(body(*pre(x))), y)
+        return loss_fn(head(body(*pre(x))), y)
 
     body_params = body.trainable_params() + head.trainable_params()
     step = ms.value_and_grad(whole, None, ParameterTuple(body_params))

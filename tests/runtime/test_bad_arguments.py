@@ -11,7 +11,8 @@ from mindspore import Tensor
 
 import graph_exec as ge
 from graph_exec.errors import GraphExecError
-from tests.pipeline_models import batch, build, loss_fn
+from tests.models.common import loss_fn
+from tests.models.pipeline import batch, build
 
 
 def local_stages(model) -> list:

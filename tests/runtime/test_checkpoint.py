@@ -27,7 +27,8 @@ from graph_exec.checkpoint import (
     CheckpointNotFoundError,
     layout,
 )
-from tests.pipeline_models import batch, build, loss_fn
+from tests.models.common import loss_fn
+from tests.models.pipeline import batch, build
 
 ATOL = 1e-6  #: resumed vs uninterrupted training: same operations, same order
 LR = 1e-2

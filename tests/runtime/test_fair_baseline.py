@@ -7,7 +7,8 @@ rtol 1e-4); the multi-rank cases (P=2, P=4) are in tests/multirank/test_fair_bas
 import pytest
 
 import graph_exec as ge
-from tests.pipeline_models import batch, build, loss_fn, reference
+from tests.models.common import loss_fn
+from tests.models.pipeline import batch, build, reference
 from tests.runtime.test_single_process import assert_matches
 
 

@@ -11,7 +11,8 @@ from mindspore import nn, ops
 
 import graph_exec as ge
 from graph_exec.executors.jit_callable import jit_parseable
-from tests.pipeline_models import ATOL, RTOL, batch, build, loss_fn, reference
+from tests.models.common import ATOL, RTOL, loss_fn
+from tests.models.pipeline import batch, build, reference
 from tests.runtime.test_single_process import assert_matches
 
 

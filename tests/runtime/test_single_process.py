@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import graph_exec as ge
-from tests.pipeline_models import ATOL, RTOL, batch, build, loss_fn, reference
+from tests.models.common import ATOL, RTOL, loss_fn
+from tests.models.pipeline import batch, build, reference
 
 
 def schedule(model, micro, mode="graph", **options):

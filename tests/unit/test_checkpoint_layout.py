@@ -198,7 +198,7 @@ def test_resumed_job_covers_the_remaining_steps(tmp_path):
     job = job_from_args(args, parser)
     assert (job.first_step, job.end_step, job.warmup, job.steps) == (3, 8, 1, 4)
     assert (job.save_every, job.checkpoint_dir) == (2, str(tmp_path))
-    from graph_exec.cli.training import checkpoint_due
+    from graph_exec.harness.training import checkpoint_due
 
     assert [k for k in range(4, 9) if checkpoint_due(job, k)] == [4, 6, 8]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from graph_exec.cli import jobs, main
-from graph_exec.cli.worker import cores_for
+from graph_exec.harness.worker import cores_for
 from graph_exec.report import analysis, bench_report, bench_schema
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.predict import predict

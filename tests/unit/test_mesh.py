@@ -221,7 +221,8 @@ def test_multi_node_launch_passes_msruns_own_flags(monkeypatch, tmp_path):
 
 
 def _one_process_schedule(mesh=None, **options):
-    from tests.pipeline_models import build, loss_fn
+    from tests.models.common import loss_fn
+    from tests.models.pipeline import build
 
     model = build(2, "trainable")
     stages = [ge.PipelineStage(cell, k, 2) for k, cell in enumerate(model.stages)]
@@ -229,7 +230,7 @@ def _one_process_schedule(mesh=None, **options):
 
 
 def test_one_process_mesh_is_todays_single_process_pipeline():
-    from tests.pipeline_models import batch
+    from tests.models.pipeline import batch
 
     x, labels = batch(4)
     plain, meshed = _one_process_schedule(), _one_process_schedule(ge.DeviceMesh())

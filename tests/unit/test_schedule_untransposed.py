@@ -85,7 +85,7 @@ def test_none_preprocess_without_transposition_is_the_body() -> None:
         ({"overflow": "min"}, r"overflow 'min' applies to transposed micro-batches, but transpose=False"),
         ({"backward": "owner"}, r"backward 'owner' applies to transposed micro-batches"),
         ({"input": "owned"}, r"input 'owned' applies to transposed micro-batches.*default 'replicated'"),
-        ({"transpose": 0}, r"transpose must be True or False, got 0"),
+        ({"transpose": 0}, r"transpose must be a bool \(True or False\), got 0"),
     ],
 )
 def test_transposition_options_are_refused_without_transposition(option, match) -> None:

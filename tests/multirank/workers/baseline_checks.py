@@ -22,8 +22,9 @@ from mindspore.communication import get_group_size, get_rank, init
 
 import graph_exec as ge
 from graph_exec.msenv import prepare_mindspore
+from tests.models.common import loss_fn
+from tests.models.pipeline import batch, build, reference, sgd_step
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy
-from tests.pipeline_models import batch, build, loss_fn, reference, sgd_step
 
 
 @dataclass(frozen=True)

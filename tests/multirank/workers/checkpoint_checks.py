@@ -42,7 +42,8 @@ from graph_exec.checkpoint import (
 )
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport import barrier
-from tests.pipeline_models import batch, build, loss_fn
+from tests.models.common import loss_fn
+from tests.models.pipeline import batch, build
 
 RANKS, MICRO, BATCH, LR, ATOL = 2, 4, 8, 1e-2, 1e-6
 TIMEOUT_S = 30.0

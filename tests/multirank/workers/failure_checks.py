@@ -30,7 +30,8 @@ from graph_exec.errors import (
 )
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport.comm import Transport
-from tests.pipeline_models import FEATURES, Projector, batch, build, loss_fn
+from tests.models.common import loss_fn
+from tests.models.pipeline import FEATURES, Projector, batch, build
 
 #: Bound on every wait for a peer; short, so that a time-out path ends the job quickly.
 TIMEOUT_S = 8.0

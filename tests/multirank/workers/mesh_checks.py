@@ -7,7 +7,7 @@ Each replica ``k`` of ``D`` trains on its own share ``k`` of a global batch of `
 micro-batches. The reference runs that whole global batch, non-pipelined, in this process:
 with ``scale_grads`` the averaged gradients must equal the gradient of the mean loss over all
 ``D·M`` micro-batches, without it ``1/D`` of the summed gradient (atol 1e-5, rtol 1e-4, from
-tests.pipeline_models). Replica ``k``'s last pipeline rank must return the reference losses of
+tests.models.common). Replica ``k``'s last pipeline rank must return the reference losses of
 micro-batches ``k·M … k·M+M−1``. Comparisons print ``CHECK <name> OK|FAIL`` and never raise,
 so the ranks stay in step.
 """
@@ -24,8 +24,9 @@ from mindspore import nn
 import graph_exec as ge
 from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError
 from graph_exec.msenv import prepare_mindspore
+from tests.models.common import loss_fn
+from tests.models.pipeline import batch, build, reference, sgd_step
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy
-from tests.pipeline_models import batch, build, loss_fn, reference, sgd_step
 
 TIMEOUT_S = 120.0
 

@@ -24,7 +24,8 @@ from mindspore.communication import get_group_size, get_rank, init
 import graph_exec as ge
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.schedule import PlanConfig
-from tests.pipeline_models import ATOL, RTOL, batch, build, loss_fn, reference, sgd_step
+from tests.models.common import ATOL, RTOL, loss_fn
+from tests.models.pipeline import batch, build, reference, sgd_step
 
 
 @dataclass(frozen=True)

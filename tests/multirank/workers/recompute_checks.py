@@ -20,8 +20,9 @@ from mindspore.communication import get_group_size, get_rank, init
 
 import graph_exec as ge
 from graph_exec.msenv import prepare_mindspore
+from tests.models.common import loss_fn
+from tests.models.pipeline import batch, build, reference
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, owned_view
-from tests.pipeline_models import batch, build, loss_fn, reference
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     from graph_exec.cli.status import announce
 
     announce("started")
-    from graph_exec.cli.training import train
+    from graph_exec.harness.training import train
 
     train(job, run_dir)
     return 0

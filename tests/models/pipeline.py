@@ -15,9 +15,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-#: Tolerance of every comparison with the reference (and between the modes).
-ATOL = 1e-5
-RTOL = 1e-4
+from tests.models.common import loss_fn
+
 FEATURES, WIDTH, CLASSES, VOCAB, TOKENS = 6, 8, 3, 11, 4
 
 
@@ -82,10 +81,6 @@ class Head(nn.Cell):
 
     def construct(self, h):
         return self.out(h)
-
-
-def loss_fn(logits, labels):
-    return ops.cross_entropy(logits, labels, reduction="mean")
 
 
 @dataclass

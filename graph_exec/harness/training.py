@@ -1,6 +1,6 @@
 """Worker side of ``graph-exec run`` and ``bench``: train each run of a job and record it.
 
-Runs under msrun (see :mod:`graph_exec.cli.worker`). The ranks form a
+Runs under msrun (see :mod:`graph_exec.harness.worker`). The ranks form a
 :class:`~graph_exec.DeviceMesh` of ``dp`` pipeline replicas; every rank builds the whole example
 model with the job's seed, keeps its own chunks (``p, p + P, …`` for pipeline rank ``p``),
 trains on its replica's share of the global batch and steps Adam on the replica-averaged
@@ -37,7 +37,6 @@ from graph_exec.errors import GraphExecError
 from graph_exec.examples import load
 from graph_exec.examples.common import ExampleModel
 from graph_exec.executors import create_executor
-from graph_exec.kernels import as_tuple, make_stage_forward
 from graph_exec.msenv import wait_for
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.records import Event, RankRecord, StepRecord
@@ -221,10 +220,10 @@ class Trainer:
         rows = self.rows // self.job.micro
         x = tuple(t[:rows] for t in inputs)
         if self.model.preprocess is not None:
-            x = as_tuple(self.model.preprocess(*x))
+            x = _as_tuple(self.model.preprocess(*x))
         out = [x]
         for chunk in self.chunks[:-1]:
-            out.append(as_tuple(chunk(*out[-1])))
+            out.append(_as_tuple(chunk(*out[-1])))
         return out
 
     def _dispatch_seconds(self, inputs: list[tuple[Any, ...]]) -> float | None:
@@ -247,8 +246,7 @@ class Trainer:
             loss_fn=self.model.loss_fn,
             last_stage=self.num_stages - 1,
         )
-        kernel = make_stage_forward(chunks[stage])
-        bare = ms.jit(kernel) if self.spec.mode == "graph" else kernel
+        bare = executor.bare_stage_forward(stage)
         x = inputs[stage]
 
         def hook() -> float:
@@ -278,6 +276,11 @@ def _write_atomically(record: RankRecord, run_dir: Path) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(record)), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    """A cell's output as a tuple (a single tensor becomes a 1-tuple)."""
+    return value if isinstance(value, tuple) else (value,)
 
 
 def checkpoint_due(job: JobSpec, steps_done: int) -> bool:

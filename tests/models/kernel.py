@@ -13,18 +13,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-#: Tolerance of every comparison with the reference (and between the two modes).
-ATOL = 1e-5
-RTOL = 1e-4
+from tests.models.common import assert_close
+
 MODES = ("graph", "pynative")
 FEATURES, WIDTH, CLASSES = 5, 6, 3
-
-
-def assert_close(actual: Tensor | np.ndarray, expected: Tensor | np.ndarray, what: str) -> None:
-    """Element-wise ``|a - e| <= ATOL + RTOL * |e|``."""
-    actual = actual.asnumpy() if isinstance(actual, Tensor) else actual
-    expected = expected.asnumpy() if isinstance(expected, Tensor) else expected
-    np.testing.assert_allclose(actual, expected, atol=ATOL, rtol=RTOL, err_msg=what)
 
 
 class Projector(nn.Cell):
@@ -83,15 +75,6 @@ class Gate(nn.Cell):
 
     def construct(self, h: Tensor, ids: Tensor) -> Tensor:
         return self.a(h) * self.rows(ids)
-
-
-def classification_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    return ops.cross_entropy(logits, labels, reduction="mean")
-
-
-def named(cell: nn.Cell, prefix: str) -> nn.Cell:
-    cell.update_parameters_name(prefix)
-    return cell
 
 
 def micro_batches(count: int, batch: int = 4, seed: int = 0) -> list[tuple[Tensor, Tensor]]:
