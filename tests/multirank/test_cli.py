@@ -53,7 +53,7 @@ def lines_within(proc: subprocess.Popen, seconds: float) -> Iterator[str]:
 
 def reference_first_step_loss(example: str, job: dict, trainable: bool) -> float:
     """The mean micro-batch loss of step 0 computed without any pipeline: the whole model (the
-    baseline's chunks, preprocess folded into stage 0) on the bench's own first batch."""
+    preprocess, then every chunk in order) on the bench's own first batch."""
     from graph_exec.examples import load
 
     from graph_exec.msenv import prepare_mindspore
@@ -67,7 +67,8 @@ def reference_first_step_loss(example: str, job: dict, trainable: bool) -> float
     losses = []
     for m in range(job["micro"]):
         out = tuple(t[m * per : (m + 1) * per] for t in inputs)
-        for chunk in model.baseline_stages():
+        chunks = ([model.preprocess] if model.preprocess is not None else []) + list(model.stages)
+        for chunk in chunks:
             out = chunk(*out)
             out = out if isinstance(out, tuple) else (out,)
         losses.append(float(model.loss_fn(*out, labels[m * per : (m + 1) * per]).asnumpy()))

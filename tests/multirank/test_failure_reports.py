@@ -103,8 +103,11 @@ def test_sigterm_to_the_launcher_ends_every_child(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    time.sleep(0.5)
-    assert not _pids_mentioning(str(tmp_path)), "children of the launcher outlived it"
+    # Killed children are gone within moments; under load the kernel may need more than one.
+    deadline = time.monotonic() + 10
+    while _pids_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _pids_mentioning(str(tmp_path)), "children of the launcher outlived it by 10 s"
 
 
 def test_successful_run_prints_no_error_and_no_mindspore_warning(tmp_path: Path) -> None:

@@ -106,7 +106,7 @@ def setup_errors(rank: int) -> None:
         "replica_shapes_differ",
         lambda: schedule(pre=other),
         ConfigurationMismatchError,
-        "pipeline ranks [1] were set up differently",
+        "ranks [1] were set up differently",
         *(own if rank == 1 else []),
     )
     # A rank without a preprocess module: its plan differs.
@@ -114,7 +114,7 @@ def setup_errors(rank: int) -> None:
         "rank_without_preprocess",
         lambda: schedule(pre=None, layers=0) if rank == 1 else schedule(),
         ConfigurationMismatchError,
-        "pipeline ranks [1] were set up differently",
+        "ranks [1] were set up differently",
         *(["differs in: plan"] if rank == 1 else []),
     )
     # Frozen replicas are never broadcast: different values must be caught.
@@ -125,7 +125,7 @@ def setup_errors(rank: int) -> None:
         "frozen_values_differ",
         lambda: schedule(pre=frozen.preprocess),
         ConfigurationMismatchError,
-        "pipeline ranks [1] were set up differently",
+        "ranks [1] were set up differently",
         *(["differs in: preprocess frozen values"] if rank == 1 else []),
     )
     # Rank 1 holds the wrong stage: it raises its own error, rank 0 is told which rank failed.
@@ -142,7 +142,7 @@ def setup_errors(rank: int) -> None:
             "stages_do_not_fit_world",
             schedule,
             ConfigurationMismatchError,
-            "pipeline ranks [1] could not set up",
+            "ranks [1] could not set up",
         )
 
 
