@@ -14,7 +14,6 @@ Usage: ``baseline_checks.py SUITE`` with SUITE one of :data:`SUITES`.
 from __future__ import annotations
 
 import sys
-import traceback
 from dataclasses import dataclass
 
 from mindspore import nn
@@ -24,7 +23,7 @@ import graph_exec as ge
 from graph_exec.msenv import prepare_mindspore
 from tests.models.common import loss_fn
 from tests.models.pipeline import batch, build, reference, sgd_step
-from tests.multirank.workers.pipeline_checks import Checker, grads_numpy
+from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, run_suite
 
 
 @dataclass(frozen=True)
@@ -121,15 +120,7 @@ def main() -> int:
     init()
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)
-    for case in SUITES[sys.argv[1]]:
-        try:
-            run_case(case, pp, rank, checker)
-        except Exception:
-            traceback.print_exc()
-            checker.check(f"{case.name}.ran", False, "raised (traceback above)")
-            return 1  # the message order is lost: the other ranks will report it too
-    print(f"ALL DONE failures={checker.failures}", flush=True)
-    return int(checker.failures > 0)
+    return run_suite(SUITES[sys.argv[1]], lambda case: run_case(case, pp, rank, checker), checker)
 
 
 if __name__ == "__main__":

@@ -208,6 +208,15 @@ def armed_schedule(rank: int, pp: int, victim: int, action: Callable[[], None]) 
     return sched, armed
 
 
+def trainable_schedule(rank: int, mode: str, backward: str = "central") -> Any:
+    """MPipe over 2 ranks with a trainable preprocess: the model the mid-step failures run on."""
+    model = build(2, "trainable")
+    stage = ge.PipelineStage(model.stages[rank], rank, 2)
+    return ge.ScheduleMPipeTranspose(
+        [stage], 4, model.preprocess, 1, loss_fn=loss_fn, mode=mode, backward=backward, timeout_s=TIMEOUT_S
+    )
+
+
 def healthy_step(name: str, sched: Any, seed: int) -> tuple:
     x, labels = batch(8, seed=seed)
     sched.run(x, labels=labels)
@@ -234,16 +243,7 @@ def scenario_setup(rank: int, pp: int) -> None:
 
 def scenario_graph_rank0(rank: int, pp: int) -> None:
     """Graph mode: rank 0 is given inputs of the wrong width; its compiled preprocess fails at TFWD0."""
-    model = build(2, "trainable")
-    sched = ge.ScheduleMPipeTranspose(
-        [ge.PipelineStage(model.stages[rank], rank, 2)],
-        4,
-        model.preprocess,
-        1,
-        loss_fn=loss_fn,
-        mode="graph",
-        timeout_s=TIMEOUT_S,
-    )
+    sched = trainable_schedule(rank, mode="graph")
     x, labels = healthy_step("graph_rank0_tfwd", sched, seed=5)
     if rank == 0:
         x = ops.concat([x, x[:, :1]], axis=1)  # FEATURES + 1 columns
@@ -276,17 +276,7 @@ def _inject(method: str, rank: int, victim: int) -> Callable[[], None]:
 def collective_failure(rank: int, name: str, method: str, step: str, backward: str) -> None:
     """Rank 1's transport raises inside a collective step, before joining the collective."""
     arm = _inject(method, rank, victim=1)
-    model = build(2, "trainable")
-    sched = ge.ScheduleMPipeTranspose(
-        [ge.PipelineStage(model.stages[rank], rank, 2)],
-        4,
-        model.preprocess,
-        1,
-        loss_fn=loss_fn,
-        mode="pynative",
-        backward=backward,
-        timeout_s=TIMEOUT_S,
-    )
+    sched = trainable_schedule(rank, mode="pynative", backward=backward)
     x, labels = healthy_step(name, sched, seed=7)
     arm()
     if rank == 1:

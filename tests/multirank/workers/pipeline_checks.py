@@ -130,6 +130,21 @@ class Checker:
         self.check(name, not worst, worst)
 
 
+def run_suite(cases, run_one, checker: Checker) -> int:
+    """Run ``run_one(case)`` for every case in order and return the worker's exit status; a case
+    that raises ends the suite, since the ranks' message order is then lost (the other ranks
+    report it too)."""
+    for case in cases:
+        try:
+            run_one(case)
+        except Exception:
+            traceback.print_exc()
+            checker.check(f"{case.name}.ran", False, "raised (traceback above)")
+            return 1
+    print(f"ALL DONE failures={checker.failures}", flush=True)
+    return int(checker.failures > 0)
+
+
 def owned_view(case: Case, pp: int, rank: int, x, size: int):
     """For owned input: blank every micro-batch this rank does not own (they must come by transfer)."""
     if case.input != "owned":
@@ -246,15 +261,7 @@ def main() -> int:
     checker = Checker(rank)
     results: dict = {}
     print(f"SUITE {sys.argv[1]} cases: {' '.join(case.name for case in SUITES[sys.argv[1]])}", flush=True)
-    for case in SUITES[sys.argv[1]]:
-        try:
-            run_case(case, pp, rank, checker, results)
-        except Exception:
-            traceback.print_exc()
-            checker.check(f"{case.name}.ran", False, "raised (traceback above)")
-            return 1  # the message order is lost: the other ranks will report it too
-    print(f"ALL DONE failures={checker.failures}", flush=True)
-    return int(checker.failures > 0)
+    return run_suite(SUITES[sys.argv[1]], lambda case: run_case(case, pp, rank, checker, results), checker)
 
 
 if __name__ == "__main__":

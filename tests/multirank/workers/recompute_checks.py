@@ -13,7 +13,6 @@ Usage: ``recompute_checks.py`` (P = the msrun world size).
 from __future__ import annotations
 
 import sys
-import traceback
 from dataclasses import dataclass
 
 from mindspore.communication import get_group_size, get_rank, init
@@ -22,7 +21,7 @@ import graph_exec as ge
 from graph_exec.msenv import prepare_mindspore
 from tests.models.common import loss_fn
 from tests.models.pipeline import batch, build, reference
-from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, owned_view
+from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, owned_view, run_suite
 
 
 @dataclass(frozen=True)
@@ -109,15 +108,7 @@ def main() -> int:
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)
     results: dict = {}
-    for case in CASES:
-        try:
-            run_case(case, pp, rank, checker, results)
-        except Exception:
-            traceback.print_exc()
-            checker.check(f"{case.name}.ran", False, "raised (traceback above)")
-            return 1  # the message order is lost: the other ranks will report it too
-    print(f"ALL DONE failures={checker.failures}", flush=True)
-    return int(checker.failures > 0)
+    return run_suite(CASES, lambda case: run_case(case, pp, rank, checker, results), checker)
 
 
 if __name__ == "__main__":
