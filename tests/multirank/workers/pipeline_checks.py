@@ -45,6 +45,7 @@ class Case:
     same_as: str | None = None  # gradients must equal that earlier case's (graph vs pynative)
     sync_steps: bool | None = None  # None: the default (on for CPU); False: asynchronous dispatch
     schedule: str = "mpipe"  # mpipe | interleaved (ScheduleInterleaved1F1B, no preprocess)
+    recompute: bool = False  # keep only stage inputs and record the forward again in the backward
 
 
 SUITES: dict[str, list[Case]] = {
@@ -97,6 +98,42 @@ SUITES: dict[str, list[Case]] = {
             sync_steps=False,
         ),
         Case("i1f1b_v1_pynative", schedule="interleaved", preprocess="none", mode="pynative", twice=True),
+    ],
+    # recompute=True: the same checks on the path that records the forward again in the backward.
+    "recompute": [
+        Case("graph_v1_trainable_central", recompute=True),
+        Case(
+            "pynative_v1_trainable_central",
+            mode="pynative",
+            recompute=True,
+            same_as="graph_v1_trainable_central",
+        ),
+        Case(
+            "graph_v2_trainable_owner_min", vpp=2, backward="owner", overflow="min", micro=5, recompute=True
+        ),
+        Case(
+            "pynative_v2_trainable_owner_min",
+            vpp=2,
+            backward="owner",
+            overflow="min",
+            micro=5,
+            mode="pynative",
+            recompute=True,
+            same_as="graph_v2_trainable_owner_min",
+        ),
+        Case(
+            "graph_v2_none_owned_tokens", vpp=2, preprocess="none", input="owned", tokens=True, recompute=True
+        ),
+        Case("graph_baseline_v2", vpp=2, preprocess="none", schedule="interleaved", recompute=True),
+        Case(
+            "pynative_baseline_v2",
+            vpp=2,
+            preprocess="none",
+            schedule="interleaved",
+            mode="pynative",
+            recompute=True,
+            same_as="graph_baseline_v2",
+        ),
     ],
 }
 
@@ -179,6 +216,7 @@ def make_schedule(case: Case, stages: list, pre) -> object:
         scale_grads=case.scale_grads,
         timeout_s=120,
         sync_steps=case.sync_steps,
+        recompute=case.recompute,
     )
     if case.schedule == "interleaved":
         return ge.ScheduleInterleaved1F1B(stages, case.micro, **common)
@@ -252,6 +290,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker, results: dict) ->
         f"{case.name}.no_receive_allocation_after_warmup",
         sched.stats()["pool"].allocations == allocations_before,
     )
+    checker.check(f"{case.name}.nothing_kept", not sched._setup.executor.kept())
 
 
 def main() -> int:
