@@ -105,6 +105,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     group.add_argument("--overflow", choices=OVERFLOW, help="micro-batches beyond NT (default full)")
     group.add_argument("--backward", choices=BACKWARD, help="preprocess backward (default central)")
+    group.add_argument(
+        "--keep-preprocess-tape",
+        action="store_true",
+        help="trainable preprocess: keep the tape of each TFWD whose backward runs on the same rank "
+        "instead of recomputing it (more memory, less compute; see ScheduleMPipeTranspose)",
+    )
     train = group.add_mutually_exclusive_group()
     train.add_argument(
         "--frozen", dest="trainable", action="store_false", help="freeze the preprocess (vl_tower's default)"
@@ -173,11 +179,15 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     from graph_exec.examples import TRAINABLE_BY_DEFAULT
 
     micro, batch = workload(args, parser)
-    if args.baseline and (args.overflow or args.backward):
-        parser.error("--baseline runs without MPipe: --overflow and --backward do not apply")
+    if args.baseline and (args.overflow or args.backward or args.keep_preprocess_tape):
+        parser.error(
+            "--baseline runs without MPipe: --overflow, --backward and --keep-preprocess-tape do not apply"
+        )
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}")
     trainable = TRAINABLE_BY_DEFAULT[args.example] if args.trainable is None else args.trainable
+    if args.keep_preprocess_tape and not trainable:
+        parser.error("--keep-preprocess-tape needs a trainable preprocess (pass --trainable)")
     spec = RunSpec(
         name="run",
         mode=args.mode,
@@ -185,6 +195,7 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         trainable=trainable,
         overflow=args.overflow or "full",
         backward=args.backward or "central",
+        keep_preprocess_tape=args.keep_preprocess_tape,
     )
     first = first_step(args, parser)
     remaining = max(args.steps - first, 1)  # the caller stops before launching when none remain
@@ -204,6 +215,7 @@ def describe(job: JobSpec) -> str:
         "fair baseline (interleaved 1F1B, preprocess on rank 0, not transposed)"
         if spec.baseline
         else f"MPipe overflow={spec.overflow} backward={spec.backward}"
+        + (" keep_preprocess_tape" if spec.keep_preprocess_tape else "")
     )
     return (
         f"{job.example} ({job.size}, {'trainable' if spec.trainable else 'frozen'} preprocess) on "

@@ -84,6 +84,7 @@ class Trainer:
                 self.model.num_transpose_layers,
                 overflow=spec.overflow,
                 backward=spec.backward,
+                keep_preprocess_tape=spec.keep_preprocess_tape,
                 **common,
             )
         # Built now, not at the first update: a resumed job loads its state before any step.

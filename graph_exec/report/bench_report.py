@@ -76,6 +76,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "trainable-min": {"trainable": True, "overflow": "min"},
     "trainable-full-owner": {"trainable": True, "overflow": "full", "backward": "owner"},
     "trainable-min-owner": {"trainable": True, "overflow": "min", "backward": "owner"},
+    # Opt-in: the owners keep the tape of their own TFWD instead of recomputing the preprocess.
+    "trainable-full-owner-tape": {
+        "trainable": True,
+        "overflow": "full",
+        "backward": "owner",
+        "keep_preprocess_tape": True,
+    },
+    "trainable-full-tape": {"trainable": True, "overflow": "full", "keep_preprocess_tape": True},
 }
 
 DEFINITIONS = {
@@ -254,6 +262,7 @@ def document(
                 "preprocess": r.spec.preprocess,
                 "overflow": r.spec.overflow,
                 "backward": r.spec.backward,
+                "keep_preprocess_tape": r.spec.keep_preprocess_tape,
                 "step_time_s": s.step_time,
                 "step_times_s": list(s.step_times),
                 **{k: v for k, v in comparisons[r.spec.name].items() if k != "mpipe"},

@@ -47,6 +47,7 @@ _RUN = {
     "preprocess": str,
     "overflow": str,
     "backward": str,
+    "keep_preprocess_tape": bool,
     "step_time_s": _NUM,
     "step_times_s": [_NUM],
     "baseline_run": (str, type(None)),

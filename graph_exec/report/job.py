@@ -33,6 +33,7 @@ class RunSpec:
     trainable: bool = False
     overflow: str = "full"
     backward: str = "central"
+    keep_preprocess_tape: bool = False  #: see ScheduleMPipeTranspose
 
     @property
     def preprocess(self) -> str:

@@ -55,6 +55,7 @@ class RankRuntime:
         *,
         preprocess_grads: Callable[[], list[Any]] | None = None,
         sync_steps: bool = False,
+        keep_preprocess_tape: bool = False,
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -68,9 +69,9 @@ class RankRuntime:
         self.sync_steps = sync_steps
         self._has_preprocess = plan.config.preprocess != "none"
         self._trainable = plan.config.trainable
-        # Without transposition rank 0 runs every preprocess forward itself, so a trainable one
-        # keeps its tape for the TBWD right after B 0.m instead of recomputing (fair baseline).
-        self._taped_preprocess = self._trainable and not plan.config.transpose
+        # Micro-batches whose trainable preprocess forward is recorded under the tape and whose
+        # backward then runs the recorded bprop instead of a recompute.
+        self._taped_micros = _taped_preprocess_micros(plan, rank, keep_preprocess_tape)
         self._last_stage = plan.config.last_stage
         self._batch: MicroBatches | None = None
         self._index = 0
@@ -243,7 +244,7 @@ class RankRuntime:
     def _preprocess_forward(self, step: Step) -> None:
         micro = step.micro
         inputs = self._batch.inputs[micro]
-        if self._taped_preprocess:
+        if micro in self._taped_micros:
             outputs = self.executor.preprocess_forward_taped(
                 _preprocess_key(micro), inputs, self._batch.kwargs[micro]
             )
@@ -272,7 +273,7 @@ class RankRuntime:
 
     def _preprocess_backward_central(self, step: Step) -> None:
         micro = step.micro
-        if self._taped_preprocess:
+        if micro in self._taped_micros:
             self.executor.preprocess_backward_taped(
                 _preprocess_key(micro), self.caches.preprocess_grads.pop(micro)
             )
@@ -288,8 +289,31 @@ class RankRuntime:
     def _preprocess_backward_owner(self, step: Step) -> None:
         micro = step.micro
         cotangents = self._recv(step)
-        self.executor.preprocess_backward(self._batch.inputs[micro], self._batch.kwargs[micro], cotangents)
+        if micro in self._taped_micros:
+            self.executor.preprocess_backward_taped(_preprocess_key(micro), cotangents)
+        else:
+            self.executor.preprocess_backward(
+                self._batch.inputs[micro], self._batch.kwargs[micro], cotangents
+            )
         self._settle()
+
+
+def _taped_preprocess_micros(plan: Plan, rank: int, keep_tape: bool) -> frozenset[int]:
+    """The micro-batches whose preprocess forward this rank records under the tape.
+
+    Without transposition rank 0 runs every preprocess forward itself, so a trainable one keeps
+    its tape for the ``TBWD`` right after ``B 0.m`` (the fair baseline). With transposition the
+    contract recomputes the preprocess in its backward; ``keep_tape`` (opt-in) records every
+    ``TFWD`` whose backward (``TBWD`` or ``GRADrecv+bwd``) runs on this same rank, trading the
+    preprocess activations of those micro-batches, held from ``TFWD`` to the backward, for the
+    recompute.
+    """
+    if not plan.config.trainable or not (keep_tape or not plan.config.transpose):
+        return frozenset()
+    order = plan.orders[rank]
+    forwards = {step.micro for step in order if step.kind is StepKind.TFWD}
+    backwards = {step.micro for step in order if step.kind in (StepKind.TBWD, StepKind.GRADRECV_BWD)}
+    return frozenset(forwards & backwards)
 
 
 def _preprocess_key(micro: int) -> tuple[str, int]:

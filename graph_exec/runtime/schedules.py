@@ -127,6 +127,12 @@ class ScheduleMPipeTranspose:
         dp_bucket_bytes: size of the flat buckets in which gradients are averaged over ``mesh.dp``.
         recompute: ``False``: a stage's backward runs the bprop of its taped forward; ``True``:
             keep only its inputs and record the forward again (less activation memory).
+        keep_preprocess_tape: opt-in, for a trainable preprocess: record each ``TFWD`` whose
+            backward runs on the same rank (owner backward: every owner's micro-batches;
+            central: rank 0's own) under the tape, so that backward runs the recorded bprop
+            instead of recomputing the preprocess. Costs the preprocess activations of those
+            micro-batches, held from ``TFWD`` to their backward; cannot be combined with
+            ``recompute=True``.
     """
 
     #: Whether the preprocess is transposed onto the owners (``False``: the fair baseline).
@@ -150,6 +156,7 @@ class ScheduleMPipeTranspose:
         mesh: Any = None,
         dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         recompute: bool = False,
+        keep_preprocess_tape: bool = False,
     ) -> None:
         self.stages = _check_stages(stages)
         self.micro_batch_num = checks.positive_int("micro_batch_num", micro_batch_num)
@@ -167,8 +174,23 @@ class ScheduleMPipeTranspose:
         self.mesh = _check_mesh(mesh)
         self.dp_bucket_bytes = checks.positive_int("dp_bucket_bytes", dp_bucket_bytes)
         self.recompute = checks.boolean("recompute", recompute)
+        self.keep_preprocess_tape = self._check_keep_tape(keep_preprocess_tape)
         self._setup: _Setup | None = None
         self._failed: str | None = None
+
+    def _check_keep_tape(self, keep: bool) -> bool:
+        keep = checks.boolean("keep_preprocess_tape", keep)
+        if keep and self._preprocess_kind() != "trainable":
+            raise ValueError(
+                f"keep_preprocess_tape=True needs a trainable preprocess_module, but the preprocess here "
+                f"is {self._preprocess_kind()}: there is no preprocess backward to take from a tape"
+            )
+        if keep and self.recompute:
+            raise ValueError(
+                "keep_preprocess_tape=True and recompute=True contradict each other: the first keeps "
+                "the preprocess activations to skip a recompute, the second recomputes to save them"
+            )
+        return keep
 
     # -- public ----------------------------------------------------------------------------
 
@@ -331,6 +353,7 @@ class ScheduleMPipeTranspose:
             ReceiveBuffers(pool, lifetimes),
             preprocess_grads=lambda: [executor.grads()[n] for n in preprocess_names],
             sync_steps=self._sync_steps(),
+            keep_preprocess_tape=self.keep_preprocess_tape,
         )
         self._setup = _Setup(plan, rank, executor, runtime, transport, pool, data_parallel)
         return self._setup

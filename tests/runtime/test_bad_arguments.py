@@ -79,6 +79,27 @@ def test_choices_name_the_allowed_values(model, option, value, allowed) -> None:
         make(model, **{option: value})
 
 
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_keep_preprocess_tape_must_be_a_bool(model, value) -> None:
+    with pytest.raises(
+        ValueError, match=rf"keep_preprocess_tape must be a bool \(True or False\), got {value!r}"
+    ):
+        make(model, keep_preprocess_tape=value)
+
+
+@pytest.mark.parametrize("preprocess", ["frozen", "none"])
+def test_keep_preprocess_tape_needs_a_trainable_preprocess(preprocess) -> None:
+    model = build(2, preprocess)
+    layers = 0 if model.preprocess is None else 1
+    with pytest.raises(ValueError, match=rf"keep_preprocess_tape=True needs a trainable .* is {preprocess}"):
+        make(model, pre=model.preprocess, layers=layers, keep_preprocess_tape=True)
+
+
+def test_keep_preprocess_tape_contradicts_recompute(model) -> None:
+    with pytest.raises(ValueError, match=r"keep_preprocess_tape=True and recompute=True contradict"):
+        make(model, keep_preprocess_tape=True, recompute=True)
+
+
 def test_stages_are_checked(model) -> None:
     with pytest.raises(TypeError, match="non-empty sequence of PipelineStage"):
         ge.ScheduleMPipeTranspose([], 2)

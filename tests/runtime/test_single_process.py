@@ -39,6 +39,33 @@ def test_one_rank_pipeline_matches_reference(mode, preprocess):
     assert sched.plan.config.pp == 1 and sched.plan.config.vpp == 3
 
 
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_kept_preprocess_tape_matches_reference(mode):
+    """On one rank every TFWD and its backward share the rank: all are taped, none recomputed."""
+    model, ref = build(3, "trainable"), build(3, "trainable")
+    sched = schedule(model, 4, mode=mode, keep_preprocess_tape=True)
+    first_x, first_labels = batch(8, seed=5)
+    sched.run(first_x, labels=first_labels)
+    executor = sched._setup.executor
+    taped = []
+
+    def no_recompute(*args, **kwargs):
+        raise AssertionError("the preprocess was recomputed although its tape was kept")
+
+    def count_taped(key, cotangents, backward=executor.preprocess_backward_taped):
+        taped.append(key)
+        return backward(key, cotangents)
+
+    executor.preprocess_backward = no_recompute
+    executor.preprocess_backward_taped = count_taped
+    sched.zero_grad()
+    x, labels = batch(8)
+    losses = sched.run(x, labels=labels)
+    ref_losses, ref_grads = reference(ref, x, labels, 4)
+    assert_matches(sched, losses, ref_losses, ref_grads)
+    assert len(taped) == 4 and not executor.kept()
+
+
 def test_batch_not_divisible_is_a_clear_error():
     sched = schedule(build(2, "none"), 3)
     x, labels = batch(8)

@@ -46,6 +46,7 @@ class Case:
     sync_steps: bool | None = None  # None: the default (on for CPU); False: asynchronous dispatch
     schedule: str = "mpipe"  # mpipe | interleaved (ScheduleInterleaved1F1B, no preprocess)
     recompute: bool = False  # keep only stage inputs and record the forward again in the backward
+    keep_tape: bool = False  # keep_preprocess_tape: TFWD taped where its backward runs, no recompute
 
 
 SUITES: dict[str, list[Case]] = {
@@ -99,8 +100,9 @@ SUITES: dict[str, list[Case]] = {
         ),
         Case("i1f1b_v1_pynative", schedule="interleaved", preprocess="none", mode="pynative", twice=True),
     ],
-    # recompute=True: the same checks on the path that records the forward again in the backward.
-    "recompute": [
+    # The non-default backward options, with the same checks: recompute=True (the forward is
+    # recorded again in the backward) and keep_preprocess_tape=True (no preprocess recompute).
+    "backward_options": [
         Case("graph_v1_trainable_central", recompute=True),
         Case(
             "pynative_v1_trainable_central",
@@ -133,6 +135,24 @@ SUITES: dict[str, list[Case]] = {
             mode="pynative",
             recompute=True,
             same_as="graph_baseline_v2",
+        ),
+        Case("tape_v1_owner_full", backward="owner", keep_tape=True, twice=True, optimizer=True),
+        Case(
+            "tape_v1_owner_full_pynative",
+            backward="owner",
+            keep_tape=True,
+            mode="pynative",
+            same_as="tape_v1_owner_full",
+        ),
+        Case("tape_v2_central_full", vpp=2, keep_tape=True, optimizer=True),
+        Case(
+            "tape_v2_owner_min_m5",
+            vpp=2,
+            backward="owner",
+            overflow="min",
+            micro=5,
+            keep_tape=True,
+            sync_steps=False,
         ),
     ],
 }
@@ -228,6 +248,7 @@ def make_schedule(case: Case, stages: list, pre) -> object:
         overflow=case.overflow,
         backward=case.backward,
         input=case.input,
+        keep_preprocess_tape=case.keep_tape,
         **common,
     )
 
