@@ -58,6 +58,11 @@ def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
         (["run", "vl_tower", "--backward", "owner"], "backward 'owner' needs preprocess 'trainable'"),
         (["run", "embed_lm", "--ranks", "1", "--backward", "owner"], "backward 'owner' needs a peer rank"),
         (["run", "embed_lm", "--baseline", "--overflow", "min"], "--baseline runs without MPipe"),
+        (["run", "embed_lm", "--baseline", "--keep-preprocess-tape"], "--keep-preprocess-tape do not apply"),
+        (
+            ["run", "vl_tower", "--keep-preprocess-tape"],
+            "--keep-preprocess-tape needs a trainable preprocess",
+        ),
         (["run", "embed_lm", "--frozen", "--trainable"], "not allowed with argument --frozen"),
         (["run", "embed_lm", "--timeout", "0"], "argument --timeout: invalid value '0'"),
         (["bench", "mnist"], "argument example: invalid choice: 'mnist'"),
@@ -136,6 +141,11 @@ def test_run_job_spec_defaults() -> None:
     assert (job.ranks, job.vpp, job.micro, job.batch, job.warmup, job.steps) == (2, 2, 4, 8, 1, 7)
     assert job.runs == (RunSpec("run", "graph", baseline=False, trainable=True),)
     assert job.pin_cores
+    args = parser.parse_args(
+        ["run", "vl_tower", "--trainable", "--backward", "owner", "--keep-preprocess-tape"]
+    )
+    (spec,) = job_from_args(args, parser).runs
+    assert (spec.backward, spec.keep_preprocess_tape) == ("owner", True)
 
 
 def test_bench_adds_the_baselines_each_variant_needs() -> None:
