@@ -234,12 +234,27 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
         for index in range(count):
             ops.assign_add(args[index], args[count + index])
 
+    def add_held(*grads: Any) -> None:
+        for index in range(count):
+            for micro in range(MICRO):  # each buffer in micro-batch order: the eager floats
+                ops.assign_add(buffers[index], grads[micro * count + index])
+
     jit_closed = ms.jit(make_accumulate(buffers))
     jit_passed = ms.jit(add_passed)
+    jit_held = ms.jit(add_held)
+    held: list[Any] = []
+
+    def batched(grads: tuple) -> None:
+        held.extend(grads)
+        if len(held) == MICRO * count:
+            jit_held(*held)
+            held.clear()
+
     candidates: dict[str, Callable[[tuple], Any]] = {
         "eager assign_add per parameter": eager,
         "one jitted add, buffers closed over": lambda grads: jit_closed(*grads),
         "one jitted add, buffers as arguments": lambda grads: jit_passed(*buffers, *grads),
+        f"one jitted add per {MICRO} micro-batches": batched,
         "no accumulation (floor)": lambda grads: None,
     }
     rng = np.random.default_rng(1)

@@ -15,23 +15,26 @@ taped preprocess hooks.
 
 Weight gradients come back from the tape as tensors and are added into the accumulators by
 eager ``ops.assign_add``, one per parameter, in both modes. Candidates, measured side by side
-under heavy load (2 shared cores, load average 11) with ``python -m
-graph_exec.benchmarks.executor_speed --only accumulation``: 4 taped forwards then 4 backwards,
-ms for the whole round, p10 / p50 (no accumulation at all: the floor):
+with ``python -m graph_exec.benchmarks.executor_speed --only accumulation`` (4 taped forwards
+then 4 backwards, ms for the whole round, p10 / p50; 2 shared cores, one other job running):
 
-    candidate                             dense32, 16   dense256, 16   LM block, 12
-    eager assign_add per parameter          7.7 / 31.1    34.8 / 92.3    21.0 / 26.9
-    one jitted add, buffers closed over    15.3 / 38.4    35.8 / 73.5    21.3 / 28.9
-    one jitted add, buffers as arguments   17.5 / 43.9    37.3 / 108     22.9 / 34.5
-    no accumulation (floor)                15.6 / 30.4    29.8 / 63.7    19.0 / 31.2
+    candidate                                dense32, 16   dense256, 16   LM block, 12
+    eager assign_add per parameter            4.57 / 4.70    9.24 / 10.36   8.53 / 9.71
+    one jitted add, buffers closed over       4.54 / 4.67    9.57 / 10.66   8.73 / 10.23
+    one jitted add, buffers as arguments      4.93 / 5.13   10.08 / 11.08   8.79 / 10.32
+    one jitted add per 4 micro-batches        4.19 / 4.64    9.33 / 10.69   8.03 / 9.65
+    no accumulation (floor)                   3.19 / 3.31    7.33 / 8.48    7.28 / 8.61
 
 (chunk, number of gradient tensors).
 
-All candidates are exact (the same float32 additions). The eager adds had the best p10 on
-every chunk and the best p50 on two of three; a compiled add costs one more graph launch and
-its own compile, and passing the accumulators as arguments was slowest everywhere. A flat
-buffer per chunk was not tried: the accumulators must stay one live Parameter per parameter
-(optimizers, the broadcast and the gradient all-reduce read them by name).
+All candidates are exact (the same float32 additions, each buffer in micro-batch order). None
+beats the eager adds by more than noise. On its own a jitted add of 4 micro-batches' dense32
+gradients takes 0.66 ms against 1.10 ms for the 64 eager adds, but while taped forwards are
+in flight MindSpore runs every jitted call through its grad-recording path (``grad_jit``),
+which eats the saving; an executor that held gradients for it (tried) was no faster on any
+chunk and held their memory, so it was not kept. A flat buffer per chunk was not tried: the
+accumulators must stay one live Parameter per parameter (optimizers, the broadcast and the
+gradient all-reduce read them by name).
 
 The last stage runs its loss forward under the tape and its bprop at once; a fused jitted
 forward+loss+backward was kept out because it did not beat that. Same script (``--only last``),
