@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from graph_exec.benchmarks.common import launch_and_report, p10_p50_p90
+from graph_exec.benchmarks.common import argument_parser, launch_and_report, p10_p50_p90
 
 MODELS = (("vl_tower", "small"), ("embed_lm", "tiny"))
 ROUNDS, EVERY, WARMUP = 6, 10, 2
@@ -77,7 +77,8 @@ def _worker(root: Path) -> None:
     barrier()
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    argument_parser(__doc__, "checkpoint_speed").parse_args(argv)
     with tempfile.TemporaryDirectory() as root:
         return launch_and_report(
             __file__,
@@ -95,4 +96,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
         _worker(Path(sys.argv[2]))
     else:
-        sys.exit(main())
+        sys.exit(main(sys.argv[1:]))

@@ -6,6 +6,7 @@ rather than a single median; one definition keeps the scripts' figures comparabl
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
@@ -14,6 +15,16 @@ from pathlib import Path
 
 #: Prefix of the lines a benchmark worker prints for the launcher to collect.
 RESULT = "RESULT "
+
+
+def argument_parser(module_doc: str | None, prog: str) -> argparse.ArgumentParser:
+    """The parser of a benchmark script: ``--help`` prints its docstring, and bad arguments
+    fail at once, before it launches any rank."""
+    return argparse.ArgumentParser(
+        prog=f"python -m graph_exec.benchmarks.{prog}",
+        description=module_doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def p10_p50_p90(values: Sequence[float]) -> tuple[float, float, float]:

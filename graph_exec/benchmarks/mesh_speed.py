@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import replace
 
-from graph_exec.benchmarks.common import launch_and_report, p10_p50_p90
+from graph_exec.benchmarks.common import argument_parser, launch_and_report, p10_p50_p90
 
 LAYOUTS = ((1, 4), (2, 2), (4, 1))  # (dp, pp)
 STAGES, GLOBAL_BATCH, MICRO_ROWS = 8, 32, 4
@@ -135,7 +135,8 @@ def _worker() -> None:
     _layouts(rank)
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    argument_parser(__doc__, "mesh_speed").parse_args(argv)
     return launch_and_report(
         __file__,
         ["worker"],
@@ -153,4 +154,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["worker"]:
         _worker()
     else:
-        sys.exit(main())
+        sys.exit(main(sys.argv[1:]))

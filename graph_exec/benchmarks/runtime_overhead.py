@@ -1,8 +1,8 @@
 """Where one rank's training step goes: compute, communication, and the runtime's own Python.
 
-``python -m graph_exec.benchmarks.runtime_overhead [example] [size] [steps]`` (default
-``vl_tower small 20``, graph mode, 2 ranks, MPipe with the example's default preprocess)
-launches itself under msrun. After two warm-up steps every rank times each ``run()`` and,
+``python -m graph_exec.benchmarks.runtime_overhead [example] [size] [steps] [--mode MODE]``
+(default ``vl_tower small 20``, graph mode, 2 ranks, MPipe with the example's default
+preprocess) launches itself under msrun. After two warm-up steps every rank times each ``run()`` and,
 by wrapping this rank's executor hooks, the runtime's result waits and its transport calls,
 splits it into
 
@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from graph_exec.benchmarks.common import launch_and_report, p10_p50_p90
+from graph_exec.benchmarks.common import argument_parser, launch_and_report, p10_p50_p90
 
 HOOKS = ("stage_forward", "stage_backward", "last_stage_step", "preprocess_forward", "preprocess_backward")
 TRANSPORT = ("send", "recv", "drain", "broadcast", "all_reduce_sum")
@@ -46,7 +46,7 @@ def _timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callab
     return wrapper
 
 
-def _worker(example: str, size: str, steps: int) -> None:
+def _worker(example: str, size: str, steps: int, mode: str) -> None:
     from mindspore.communication import get_group_size, get_rank, init
 
     import graph_exec as ge
@@ -63,7 +63,7 @@ def _worker(example: str, size: str, steps: int) -> None:
     )
     stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in range(rank, num_stages, ranks)]
     schedule = ge.ScheduleMPipeTranspose(
-        stages, micro, model.preprocess, model.num_transpose_layers, loss_fn=model.loss_fn, mode="graph"
+        stages, micro, model.preprocess, model.num_transpose_layers, loss_fn=model.loss_fn, mode=mode
     )
     totals: dict[str, float] = defaultdict(float)
     samples: dict[str, list[float]] = defaultdict(list)
@@ -97,14 +97,24 @@ def _worker(example: str, size: str, steps: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    example, size, steps = (argv + ["vl_tower", "small", "20"][len(argv) :])[:3]
+    from graph_exec.examples import EXAMPLES
+
+    parser = argument_parser(__doc__, "runtime_overhead")
+    parser.add_argument("example", nargs="?", choices=tuple(EXAMPLES), default="vl_tower")
+    parser.add_argument("size", nargs="?", choices=("tiny", "small"), default="small")
+    parser.add_argument("steps", nargs="?", type=int, default=20, help="measured steps (default 20)")
+    parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"steps must be at least 1, got {args.steps}")
+    example, size, steps, mode = args.example, args.size, args.steps, args.mode
     return launch_and_report(
         __file__,
-        ["worker", example, size, steps],
+        ["worker", example, size, str(steps), mode],
         nproc=2,
         timeout_s=900,
         heading=(
-            f"{example} {size}, 2 ranks, graph mode, MPipe: one run() split per rank, p10/p50/p90 over "
+            f"{example} {size}, 2 ranks, {mode} mode, MPipe: one run() split per rank, p10/p50/p90 over "
             f"{steps} steps after {WARMUP} warm-up steps:"
         ),
     )
@@ -112,6 +122,6 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
-        _worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        _worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     else:
         sys.exit(main(sys.argv[1:]))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
-from graph_exec.benchmarks.common import launch_and_report, p10_p50_p90
+from graph_exec.benchmarks.common import argument_parser, launch_and_report, p10_p50_p90
 
 SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20)
 ROUNDS, REPEATS = 15, 20
@@ -90,7 +90,8 @@ def _worker() -> None:
     dist.barrier()  # a rank must not exit while its peer still waits for a message's acknowledgement
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    argument_parser(__doc__, "transport_speed").parse_args(argv)
     return launch_and_report(
         __file__,
         ["worker"],
@@ -108,4 +109,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["worker"]:
         _worker()
     else:
-        sys.exit(main())
+        sys.exit(main(sys.argv[1:]))
