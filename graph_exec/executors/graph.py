@@ -14,8 +14,11 @@ A compiled graph holds on to the storage its parameters had when it was compiled
 place (``ops.assign``, an optimizer, a broadcast into the parameter) are seen, but
 ``Parameter.set_data`` (checkpoint loading, for one) swaps the storage and the old graph keeps
 reading the old values (measured with MindSpore 2.10 on CPU). Before every call this executor
-compares the storage addresses of every parameter it uses with those at the last call and
-drops all compiled kernels when one moved; they recompile on next use and are counted.
+compares the storage addresses of the parameters that call's kernel reads (its stage's, the
+preprocess's, or all of them) with those it last saw and drops all compiled kernels when one
+moved; they recompile on next use and are counted. Checking only the kernel's own parameters
+keeps the check at a few microseconds per call (checking all of them cost ~7 % of a
+single-process ``embed_lm`` step).
 
 ``MS_JIT=0`` in the environment turns ``mindspore.jit`` off: the same kernels then run eagerly
 (the counters still count first calls per signature).
@@ -34,6 +37,23 @@ from .kernel_executor import KernelExecutor
 
 #: Process-wide numbering of made kernels (several executors may live in one process).
 _kernel_numbers = itertools.count()
+#: Watch groups besides the stage indices.
+_PREPROCESS, _EVERYTHING = "preprocess", "everything"
+
+
+def _watch_group(key: Hashable) -> Hashable:
+    """Whose parameters the kernel cached under ``key`` reads: its stage (keys
+    ``("stage_...", stage, ...)`` / ``("loss_...", stage, ...)``), the preprocess, or everything."""
+    kind = key[0]
+    if kind.startswith(("stage", "loss")):
+        return key[1]
+    if kind.startswith("preprocess"):
+        return _PREPROCESS
+    return _EVERYTHING
+
+
+def _addresses(params: tuple[Any, ...]) -> tuple[int, ...]:
+    return tuple(param.data_ptr() for param in params)
 
 
 class GraphExecutor(KernelExecutor):
@@ -44,21 +64,23 @@ class GraphExecutor(KernelExecutor):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stats = CompileStats()
-        cells = [*self._stages.values(), *([self._preprocess] if self._preprocess is not None else [])]
-        # Every parameter a kernel reads or writes (frozen ones and accumulators included), once.
-        used = {id(p): p for cell in cells for p in cell.get_parameters()}
-        used.update({id(p): p for p in self._buffers.values()})
-        self._watched = tuple(used.values())
-        self._storage = self._storage_addresses()
-
-    def _storage_addresses(self) -> tuple[int, ...]:
-        return tuple(param.data_ptr() for param in self._watched)
+        # The parameters each kind of kernel reads or writes (frozen ones included): a stage's
+        # kernels its stage's, the preprocess kernels the preprocess's, the others (zero_grad)
+        # every parameter and accumulator.
+        cells: dict[Hashable, Any] = dict(self._stages)
+        if self._preprocess is not None:
+            cells[_PREPROCESS] = self._preprocess
+        self._watched = {group: tuple(cell.get_parameters()) for group, cell in cells.items()}
+        every = {id(p): p for params in self._watched.values() for p in params}
+        every.update({id(p): p for p in self._buffers.values()})
+        self._watched[_EVERYTHING] = tuple(every.values())
+        self._storage = {group: _addresses(params) for group, params in self._watched.items()}
 
     def _cached(self, key: Hashable) -> Any:
-        storage = self._storage_addresses()
-        if storage != self._storage:
+        group = _watch_group(key)
+        if _addresses(self._watched[group]) != self._storage[group]:
             self._kernels.clear()  # kept forwards hold their own tapes and finish on them
-            self._storage = storage
+            self._storage = {g: _addresses(params) for g, params in self._watched.items()}
         return super()._cached(key)
 
     def _prepare(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
