@@ -40,7 +40,7 @@ from graph_exec.executors import create_executor
 from graph_exec.msenv import wait_for
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.records import Event, RankRecord, StepRecord
-from graph_exec.transport import DeviceMesh, Transport, all_gather_objects, barrier
+from graph_exec.transport import DeviceMesh, Transport, all_gather_objects, barrier, bound_backend_waits
 
 #: Repeats of the dispatch calibration (hook call and bare kernel call, alternated).
 CALIBRATION_REPEATS = 25
@@ -296,6 +296,7 @@ def train(job: JobSpec, run_dir: Path) -> None:
     """Every run of ``job``, interleaved step by step so machine noise hits all runs alike."""
     if job.checkpoint_dir is not None and len(job.runs) != 1:
         raise ValueError(f"checkpoints need a job with one run, this one has {len(job.runs)}")
+    bound_backend_waits(job.timeout_s)  # before the mesh check, the process's first message
     mesh = DeviceMesh(dp=job.dp, pp=job.pp)
     trainers = [Trainer(job, spec, mesh) for spec in job.runs]
 

@@ -306,7 +306,7 @@ class ScheduleMPipeTranspose:
         return "trainable" if self.preprocess_module.trainable_params() else "frozen"
 
     def _set_up(self) -> _Setup:
-        from graph_exec.transport import LAUNCH_HINT, Transport, is_initialized
+        from graph_exec.transport import LAUNCH_HINT, Transport, bound_backend_waits, is_initialized
         from graph_exec.transport.mesh import DeviceMesh
 
         num_stages = self.stages[0].num_stages
@@ -316,6 +316,7 @@ class ScheduleMPipeTranspose:
                 f"this rank holds stages {local} of {num_stages}, so other ranks hold the rest, but "
                 f"MindSpore communication is not initialised: {LAUNCH_HINT}"
             )
+        bound_backend_waits(self.timeout_s)  # before the first message: the mesh check
         mesh = self.mesh if self.mesh is not None else DeviceMesh()
         self.mesh = mesh
         pp, rank = mesh.pp_size, mesh.pp_rank

@@ -11,6 +11,7 @@ from graph_exec.transport.comm import (
     pipeline_rank,
     require_initialized,
 )
+from graph_exec.transport.cpu_workarounds import bound_backend_waits
 from graph_exec.transport.mesh import CommGroup, DeviceMesh
 from graph_exec.transport.meta import TensorMeta
 
@@ -23,6 +24,7 @@ __all__ = [
     "TransportStats",
     "all_gather_objects",
     "barrier",
+    "bound_backend_waits",
     "is_initialized",
     "numpy_allocator",
     "pipeline_rank",

@@ -27,7 +27,13 @@ from graph_exec.errors import (
     RemoteRankError,
 )
 from graph_exec.transport.comm_thread import CommWorker
-from graph_exec.transport.cpu_workarounds import rebind_default_groups, sends_complete_on_post, world_barrier
+from graph_exec.transport.cpu_workarounds import (
+    backend_wait_limit,
+    bound_backend_waits,
+    rebind_default_groups,
+    sends_complete_on_post,
+    world_barrier,
+)
 from graph_exec.transport.frames import (
     DATA,
     PREFIX_BYTES,
@@ -144,6 +150,7 @@ def world_all_reduce_sum(values: np.ndarray, timeout_s: float, what: str) -> np.
     import mindspore.mint.distributed as dist
 
     rebind_default_groups()
+    bound_backend_waits(timeout_s)
     out = np.ascontiguousarray(values).copy()
     tensor = ms.from_numpy(out)
     _shared_worker().run(lambda: dist.all_reduce(tensor, group=world_group_name()), timeout_s, what)
@@ -156,6 +163,7 @@ def all_gather_objects(value: Any, timeout_s: float, what: str) -> list[Any]:
     import mindspore.mint.distributed as dist
 
     rebind_default_groups()
+    bound_backend_waits(timeout_s)
     out: list[Any] = [None] * dist.get_world_size()
     _shared_worker().run(
         lambda: dist.all_gather_object(out, value, group=world_group_name()), timeout_s, what
@@ -266,9 +274,9 @@ def _host_copy(slot: np.ndarray, tensor: Any) -> None:
     np.copyto(slot, values if values.dtype == slot.dtype else values.view(slot.dtype))
 
 
-#: MindSpore's CPU back end fails a receive that got no message for 30 s (measured, 2.10): a
-#: "Recv failed." after that long is a silent peer, not a message larger than the buffer.
-BACKEND_RECV_TIMEOUT_S = 29.0
+#: A "Recv failed." this close to the back end's own limit (``backend_wait_limit``) is a silent
+#: peer, not a message larger than the buffer.
+BACKEND_LIMIT_SLACK_S = 1.0
 #: Stale messages a restarting transport skips per peer before it gives up.
 MAX_STALE_MESSAGES = 10_000
 #: Transports created per group (name, global ranks) in this process: the next one's epoch.
@@ -314,6 +322,7 @@ class Transport:
         import mindspore.mint.distributed as dist
 
         rebind_default_groups()
+        bound_backend_waits(timeout_s)
         self._dist = dist
         world = dist.get_world_size()
         global_rank = dist.get_rank()
@@ -469,7 +478,7 @@ class Transport:
             self._dist.recv(ms.from_numpy(frame), src=self.ranks[src], group=self.group)
         except RuntimeError as exc:  # the back end's "Recv failed."
             waited = time.monotonic() - start
-            if waited >= BACKEND_RECV_TIMEOUT_S:
+            if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
                 raise PeerTimeoutError(
                     f"rank {self.rank} got no message from rank {src} while waiting for {expect}: MindSpore "
                     f"gave up after {waited:.0f} s ({str(exc).strip()})"
@@ -546,7 +555,7 @@ class Transport:
                         self._dist.recv(tensor, src=self.ranks[rank], group=self.group)
                         kind, epoch = split_first_word(buffer[:8].view(np.int64)[0])
                     except RuntimeError as exc:  # a stale message larger than a control message
-                        if time.monotonic() - start >= BACKEND_RECV_TIMEOUT_S:
+                        if time.monotonic() - start >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
                             raise PeerTimeoutError(f"rank {rank} sent no hello ({str(exc).strip()})") from exc
                         kind, epoch = 0, 0
                     if kind == HELLO and epoch == self.epoch:

@@ -9,9 +9,41 @@ it; on Ascend the world group *is* ``hccl_world_group`` and the patch changes no
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
 import numpy as np
+
+#: MindSpore's CPU back end fails a send or receive that has not completed after this many
+#: seconds (default 30, measured with 2.10). It reads the variable once, at the process's
+#: first communication call (a change after that has no effect, also measured).
+BACKEND_TIMEOUT_ENV = "MS_CPU_COMM_OP_TIMEOUT"
+BACKEND_DEFAULT_TIMEOUT_S = 30.0
+#: How much longer than a transport's own deadline the back end waits: the deadline (kept on
+#: the communication thread) reports first, and the back end then ends the abandoned call.
+BACKEND_TIMEOUT_MARGIN_S = 5.0
+
+
+def bound_backend_waits(timeout_s: float) -> None:
+    """Let MindSpore's CPU back end wait ``timeout_s`` plus a margin before it fails a call,
+    unless the user set ``MS_CPU_COMM_OP_TIMEOUT``; call before communicating.
+
+    Without it a peer silent for more than 30 s (one compiling a large graph, say) failed every
+    receive after 30 s whatever ``timeout_s`` asked for. Only the first setting of a process
+    counts, so the first caller wins: the schedules and the harness call this with their
+    ``timeout_s`` before their first message.
+    """
+    os.environ.setdefault(BACKEND_TIMEOUT_ENV, str(math.ceil(timeout_s + BACKEND_TIMEOUT_MARGIN_S)))
+
+
+def backend_wait_limit() -> float:
+    """Seconds after which the back end fails a call, as far as this process can tell (the
+    variable's value now; the default when unset or unreadable)."""
+    try:
+        return float(os.environ.get(BACKEND_TIMEOUT_ENV, BACKEND_DEFAULT_TIMEOUT_S))
+    except ValueError:
+        return BACKEND_DEFAULT_TIMEOUT_S
 
 
 def rebind_default_groups() -> None:

@@ -17,3 +17,11 @@ def test_silent_peer_times_out(run_workers):
     result = run_workers("transport_checks.py", 2, "stuck", "3", timeout_s=90)
     assert "timeout" in checks(result, 0), result.describe()
     assert "stayed_silent" in checks(result, 1), result.describe()
+
+
+def test_a_peer_silent_past_the_backends_default_limit_is_waited_for(run_workers):
+    """MindSpore's CPU back end fails a receive after 30 s unless told otherwise; with a 60 s
+    time-out a message sent after 38 s must still arrive."""
+    result = run_workers("transport_checks.py", 2, "slow", "60", timeout_s=150)
+    assert "waited_past_30s" in checks(result, 0), result.describe()
+    assert "sent_late" in checks(result, 1), result.describe()

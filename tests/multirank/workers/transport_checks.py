@@ -2,7 +2,9 @@
 
 Scenario (argv[1]): ``basic`` runs the exchange checks and ends with an abort notice from
 rank 1; ``stuck`` has rank 1 go silent for longer than rank 0's time-out (argv[2]), so rank 0
-must time out — not earlier than the time-out, and not much later. Exits 1 if a check failed.
+must time out — not earlier than the time-out, and not much later; ``slow`` has rank 1 send
+only after 38 s, longer than MindSpore's default 30 s limit on a CPU receive, which rank 0's
+longer time-out (argv[2]) must outlast. Exits 1 if a check failed.
 """
 
 import sys
@@ -125,5 +127,22 @@ elif scenario == "stuck":
                 f"after {waited:.2f} s (time-out {tp.timeout_s:g} s): {exc}",
             )
         print(f"rank 0 exiting after {time.monotonic() - start:.1f} s", flush=True)
+
+elif scenario == "slow":
+    late = Tensor(np.arange(6, dtype=np.float32))
+    if rank == 1:
+        time.sleep(38.0)
+        tp.send((late,), dst=0, label="Fsend1.0")
+        tp.drain()
+        check("sent_late", True)
+    else:
+        start = time.monotonic()
+        (got,) = tp.recv(1, expect="Fsend1.0")
+        waited = time.monotonic() - start
+        check(
+            "waited_past_30s",
+            waited > 34 and np.array_equal(got.asnumpy(), late.asnumpy()),
+            f"{waited:.1f} s",
+        )
 
 sys.exit(int(failures > 0))
