@@ -14,7 +14,9 @@ import json
 from typing import Any
 
 #: Options recorded for information but allowed to differ when loading.
-EXECUTION_ONLY = frozenset({"mode", "timeout_s", "sync_steps", "dp_bucket_bytes"})
+EXECUTION_ONLY = frozenset(
+    {"mode", "timeout_s", "sync_steps", "dp_bucket_bytes", "recompute", "keep_preprocess_tape"}
+)
 #: Attributes that hold the model or the mesh, not options (recorded through the other facts).
 MODEL_ATTRIBUTES = frozenset({"stages", "preprocess_module", "loss_fn", "mesh"})
 

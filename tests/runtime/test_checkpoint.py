@@ -237,14 +237,15 @@ def test_other_setup_lists_every_difference_before_loading(tmp_path):
 
 def test_new_schedule_options_are_recorded_and_compared(tmp_path):
     job = Job("none")
-    job.sched.recompute = "stage"  # what a schedule option added later looks like
+    job.sched.stage_split = "even"  # what a schedule option added later looks like
     job.save(tmp_path, 1)
-    assert json.loads((tmp_path / "step_1" / "complete.json").read_text())["options"]["recompute"] == "stage"
-    job.sched.recompute = None
-    with pytest.raises(CheckpointMismatchError, match="option recompute: checkpoint 'stage', this job None"):
+    assert json.loads((tmp_path / "step_1" / "complete.json").read_text())["options"]["stage_split"] == "even"
+    job.sched.stage_split = None
+    with pytest.raises(CheckpointMismatchError, match="option stage_split: checkpoint 'even', this job None"):
         job.load(tmp_path)
-    job.sched.mode = "pynative"  # execution-only: recorded, not compared
-    job.sched.recompute = "stage"
+    job.sched.stage_split = "even"
+    for name, value in (("mode", "pynative"), ("recompute", True), ("keep_preprocess_tape", True)):
+        setattr(job.sched, name, value)  # execution-only: recorded, not compared
     assert job.load(tmp_path) == 1
 
 
