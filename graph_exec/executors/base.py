@@ -61,7 +61,8 @@ class Executor(ABC):
         """Run the preprocess on one micro-batch under the autograd tape and keep its state under
         ``key`` (any hashable; counted by :meth:`kept`, freed by :meth:`drop_kept`) for
         :meth:`preprocess_backward_taped`. For a caller that runs the preprocess where its
-        backward will also run (a non-transposed baseline), so the backward need not recompute.
+        backward will also run (the non-transposed baseline, or a schedule with
+        ``keep_preprocess_tape``), so the backward need not recompute.
         With ``recompute=True`` only the inputs are kept and the backward recomputes."""
 
     @abstractmethod
