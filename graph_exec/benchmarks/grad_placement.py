@@ -73,9 +73,10 @@ def _early_places(
 def tail_after_rank0_body(result: SimResult) -> float:
     """How long the step runs on after rank 0's last ``B 0.m`` / ``TBWD``: with owner backward,
     the owners' last ``GRADrecv+bwd`` and the ``GRADreduce``, which nothing overlaps."""
-    kinds = (codes.B, codes.TBWD)
     ends = [
-        end for code, _, end in result.steps[0] if is_stage0_backward(code) or codes.kind_base(code) in kinds
+        end
+        for code, _, end in result.steps[0]
+        if is_stage0_backward(code) or codes.kind_base(code) == codes.TBWD
     ]
     return result.step_time - max(ends)
 

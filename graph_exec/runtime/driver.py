@@ -308,7 +308,7 @@ def _taped_preprocess_micros(plan: Plan, rank: int, keep_tape: bool) -> frozense
     preprocess activations of those micro-batches, held from ``TFWD`` to the backward, for the
     recompute.
     """
-    if not plan.config.trainable or not (keep_tape or not plan.config.transpose):
+    if not plan.config.trainable or (plan.config.transpose and not keep_tape):
         return frozenset()
     order = plan.orders[rank]
     forwards = {step.micro for step in order if step.kind is StepKind.TFWD}
