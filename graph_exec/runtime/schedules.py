@@ -316,7 +316,8 @@ class ScheduleMPipeTranspose:
                 f"this rank holds stages {local} of {num_stages}, so other ranks hold the rest, but "
                 f"MindSpore communication is not initialised: {LAUNCH_HINT}"
             )
-        bound_backend_waits(self.timeout_s)  # before the first message: the mesh check
+        if is_initialized():  # before the first message (the mesh check); a lone process sends none
+            bound_backend_waits(self.timeout_s)
         mesh = self.mesh if self.mesh is not None else DeviceMesh()
         self.mesh = mesh
         pp, rank = mesh.pp_size, mesh.pp_rank

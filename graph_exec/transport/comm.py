@@ -2,8 +2,9 @@
 
 A :class:`Transport` speaks for one rank of one pipeline-parallel group. Point-to-point
 transfers are *tensor groups*, sent as one data frame each (:mod:`graph_exec.transport.frames`)
-with a header (:mod:`graph_exec.transport.meta`) in front only when the layout changed. Sends
-are posted from the caller; receives block, on the communication worker, with a deadline.
+with a header (:mod:`graph_exec.transport.meta`) in front only when the layout changed. Where
+the back end ends a wait at the transport's deadline itself (CPU), sends and receives run on the
+caller's thread; elsewhere they run on the communication worker, which keeps the deadline.
 Collectives (broadcast of the trainable preprocess weights, SUM all-reduce of preprocess
 gradients) act in place.
 """
@@ -28,6 +29,7 @@ from graph_exec.errors import (
 )
 from graph_exec.transport.comm_thread import CommWorker
 from graph_exec.transport.cpu_workarounds import (
+    backend_ends_waits,
     backend_wait_limit,
     bound_backend_waits,
     rebind_default_groups,
@@ -314,6 +316,11 @@ class Transport:
     of transports this process made for the same ranks before. A transport of epoch > 0 (a
     restart after a failed step) first exchanges hellos with every peer, skipping what the
     failed step left in the channel, so collectives and transfers start clean.
+
+    Sends and receives run on the caller's thread when MindSpore's back end ends their waits at
+    ``timeout_s`` itself (:attr:`direct`: on CPU, unless ``MS_CPU_COMM_OP_TIMEOUT`` asks for a
+    longer limit); this saves two thread hand-offs per transfer. Otherwise, and for collectives,
+    a communication thread keeps the deadline.
     """
 
     def __init__(self, *, timeout_s: float = 300.0, group: CommGroup | None = None) -> None:
@@ -339,6 +346,8 @@ class Transport:
         self._worker = CommWorker()
         self.epoch = _register(self.group, self.ranks, self._worker)
         self._sends_complete_on_post = sends_complete_on_post()
+        self.direct = self._sends_complete_on_post and backend_ends_waits(timeout_s)
+        self._point_to_point = self._worker.run_here if self.direct else self._worker.run
         self._pending: list[tuple[Any, Any, _Staging | None]] = []  # (handle, tensor, staging)
         self._outbound = [_Outbound() for _ in self.ranks]
         self._inbound = [_Inbound() for _ in self.ranks]
@@ -378,14 +387,14 @@ class Transport:
 
         header_tensor = None if header is None else ms.from_numpy(header)
 
-        # Posted by the worker, with the deadline: isend usually returns at once, but to a peer
-        # that has died it blocks (measured: well past 16 s), which must end in a time-out.
+        # With a deadline: isend usually returns at once, but to a peer that has died it blocks
+        # (measured: well past 16 s), which must end in a time-out.
         def post() -> None:
             if header_tensor is not None:
                 self._post(header_tensor, peer, None)
             self._post(staging.tensor, peer, staging)
 
-        self._worker.run(post, self.timeout_s, f"sending {label} to rank {dst}")
+        self._point_to_point(post, self.timeout_s, f"sending {label} to rank {dst}")
         if header is not None:
             self.stats.headers_sent += 1
             out.known[label] = known
@@ -424,7 +433,7 @@ class Transport:
             inbound.seq += 1
             return _tensors(layout, frame)
 
-        return self._worker.run(fetch, self.timeout_s, f"waiting for {expect} from rank {src}")
+        return self._point_to_point(fetch, self.timeout_s, f"waiting for {expect} from rank {src}")
 
     def drain(self) -> None:
         """Wait until every queued send has left (end of a step, or before reusing buffers)."""

@@ -1,5 +1,7 @@
 """Transport on two real ranks: tensor groups, collectives, abort notices and time-outs."""
 
+import pytest
+
 from tests.multirank.conftest import checks
 
 
@@ -13,9 +15,17 @@ def test_transport_exchanges_and_abort(run_workers):
     ), result.describe()
 
 
-def test_silent_peer_times_out(run_workers):
-    result = run_workers("transport_checks.py", 2, "stuck", "3", timeout_s=90)
-    assert "timeout" in checks(result, 0), result.describe()
+@pytest.mark.parametrize(
+    "backend_limit, waits",
+    [
+        (None, "waits_on_the_callers_thread"),  # the back end ends the wait at the time-out
+        ("20", "waits_on_the_comm_thread"),  # the user's longer limit: the thread keeps the deadline
+    ],
+)
+def test_silent_peer_times_out(run_workers, backend_limit, waits):
+    env = None if backend_limit is None else {"MS_CPU_COMM_OP_TIMEOUT": backend_limit}
+    result = run_workers("transport_checks.py", 2, "stuck", "3", timeout_s=90, env=env)
+    assert {"timeout", waits} <= checks(result, 0), result.describe()
     assert "stayed_silent" in checks(result, 1), result.describe()
 
 

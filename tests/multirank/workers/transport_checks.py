@@ -2,7 +2,8 @@
 
 Scenario (argv[1]): ``basic`` runs the exchange checks and ends with an abort notice from
 rank 1; ``stuck`` has rank 1 go silent for longer than rank 0's time-out (argv[2]), so rank 0
-must time out — not earlier than the time-out, and not much later; ``slow`` has rank 1 send
+must time out — not earlier than the time-out, and not much later (it says whether the wait ran
+on the caller's thread, ended by the back end, or on the communication thread); ``slow`` has rank 1 send
 only after 38 s, longer than MindSpore's default 30 s limit on a CPU receive, which rank 0's
 longer time-out (argv[2]) must outlast. Exits 1 if a check failed.
 """
@@ -111,6 +112,7 @@ if scenario == "basic":
             )
 
 elif scenario == "stuck":
+    check("waits_on_the_callers_thread" if tp.direct else "waits_on_the_comm_thread", True)
     if rank == 1:
         time.sleep(tp.timeout_s + 5)  # silent well past rank 0's time-out, then exits cleanly
         check("stayed_silent", True)
