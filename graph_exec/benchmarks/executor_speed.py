@@ -4,7 +4,8 @@ One function per measurement, each printing side-by-side ratios with p10/p50/p90
 alternate round by round in one process, so machine noise hits them alike):
 
 * :func:`chunk_speed` — 4 micro-batches in flight (4 forwards, then 4 backwards in another
-  order) on a chunk, for: the graph executor (jitted chunk under the tape), the pynative
+  order) on a chunk, each path waiting for every forward output and every input gradient as a
+  pipeline stage must (it sends them), for: the graph executor (jitted chunk under the tape), the pynative
   executor (eager chunk under the tape), the graph executor with ``recompute=True``, an eager
   tape written here (``GradOperation`` on the bare cell, eager adds), and the previous compiled
   path written here (a jitted recompute ``value_and_grad`` with in-graph ``assign_add``);
@@ -116,12 +117,13 @@ def _eager_tape(cell: Any) -> Callable[[list, list], list]:
 
     def step(xs: list, cs: list) -> list:
         for x in xs:
-            cell(x)
+            _sync(cell(x))
         dxs = []
         for m in BACKWARD_ORDER:
             (dx,), dws = grad(xs[m], cs[m])
             for index, dw in enumerate(dws):
                 ops.assign_add(acc[index], dw)
+            _sync(dx)
             dxs.append(dx)
         return [*dxs, *acc]
 
@@ -156,9 +158,13 @@ def _old_compiled_path(cell: Any) -> Callable[[list, list], list]:
     jit_forward, jit_backward = ms.jit(forward), ms.jit(backward)
 
     def step(xs: list, cs: list) -> list:
-        outs = [jit_forward(x) for x in xs]
-        _sync(outs)
-        return [jit_backward(xs[m], cs[m]) for m in BACKWARD_ORDER] + list(buffers)
+        for x in xs:
+            _sync(jit_forward(x))
+        dxs = []
+        for m in BACKWARD_ORDER:
+            dxs.append(jit_backward(xs[m], cs[m]))
+            _sync(dxs[-1])
+        return dxs + list(buffers)
 
     return step
 
