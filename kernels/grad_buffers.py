@@ -1,10 +1,13 @@
 """Per-parameter gradient accumulators and the graph-safe ways to touch them.
 
 MindSpore has no ``param.grad``; gradients are values returned by the autograd tape's backward.
-To sum them over micro-batches, every trainable parameter gets one accumulator ``Parameter`` (named ``gacc.<param name>``: graphs need unique names, and optimizer
-state such as momentum already uses other prefixes) that the executors update with eager
-``ops.assign_add`` (measured fastest; see ``graph_exec.executors.kernel_executor``). ``Tensor.add_`` is not in place on CPU, so the accumulators must only ever
-change through the functions here.
+To sum them over micro-batches, every trainable parameter gets one accumulator ``Parameter``
+(named ``gacc.<param name>``: graphs need unique names, and optimizer state such as momentum
+already uses other prefixes). ``GradBuffers.add`` updates them the fastest exact way measured
+(see ``graph_exec.executors.kernel_executor``): on CPU numpy adds straight into their memory
+(:func:`make_host_accumulate`), elsewhere eager ``ops.assign_add`` (:func:`make_accumulate`).
+``Tensor.add_`` is not in place on CPU, so the accumulators must only ever change through the
+functions here.
 
 A kernel whose only effect is on accumulators returns ``None``: under ``mindspore.jit`` in
 MindSpore 2.10 a function that returns an empty tuple silently loses its side effects.
@@ -14,10 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import mindspore as ms
+import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, ops
+from mindspore.common.api import _pynative_executor
 
 #: Prefix of every accumulator name.
 BUFFER_PREFIX = "gacc."
+#: Accumulator dtypes whose numpy addition is the very IEEE addition MindSpore's CPU kernel does
+#: (numpy has no bfloat16, and adds float16 through float32).
+HOST_ADD_DTYPES = (ms.float32, ms.float64)
 
 
 def make_buffer(param: Parameter) -> Parameter:
@@ -38,6 +47,10 @@ class GradBuffers:
             raise ValueError(f"{len(params)} parameters but {len(buffers)} gradient buffers")
         self.params = ParameterTuple(params)
         self.buffers = ParameterTuple(buffers)
+        on_cpu = ms.get_context("device_target") == "CPU"
+        host = make_host_accumulate(self.buffers) if on_cpu else None
+        #: ``add(*grads)``: ``buffers[i] += grads[i]`` in place, eagerly, the fastest exact way.
+        self.add: Callable[..., None] = host or make_accumulate(self.buffers)
 
     def __len__(self) -> int:
         return len(self.params)
@@ -54,6 +67,27 @@ def make_accumulate(buffers: ParameterTuple) -> Callable[..., None]:
     def accumulate(*grads: Tensor) -> None:
         for index in range(len(buffers)):
             ops.assign_add(buffers[index], grads[index])
+
+    return accumulate
+
+
+def make_host_accumulate(buffers: ParameterTuple) -> Callable[..., None] | None:
+    """``add(*grads)`` with numpy, straight into the accumulators' memory; only for MindSpore on
+    CPU, and ``None`` unless every accumulator is float32 or float64.
+
+    On CPU a Parameter's ``asnumpy()`` is a view of its own memory: numpy writes are seen by
+    later eager ops and compiled graphs alike (measured with MindSpore 2.10). Waiting for the
+    queued work first means no earlier op still reads or writes an accumulator. Eager only: it
+    cannot run under ``mindspore.jit``.
+    """
+    if not all(buffer.dtype in HOST_ADD_DTYPES for buffer in buffers):
+        return None
+
+    def accumulate(*grads: Tensor) -> None:
+        _pynative_executor.sync()
+        for buffer, grad in zip(buffers, grads, strict=True):
+            view = buffer.asnumpy()
+            np.add(view, grad.asnumpy(), out=view)
 
     return accumulate
 

@@ -7,7 +7,9 @@ alternate round by round in one process, so machine noise hits them alike):
   order) on a chunk, each path waiting for every forward output and every input gradient as a
   pipeline stage must (it sends them), for: the graph executor (jitted chunk under the tape), the pynative
   executor (eager chunk under the tape), the graph executor with ``recompute=True``, an eager
-  tape written here (``GradOperation`` on the bare cell, eager adds), and the previous compiled
+  tape written here (``GradOperation`` on the bare cell, eager ``assign_add``; the reference),
+  the same with the executors' numpy adds (so that their gain over the reference can be split
+  into accumulation and compilation), and the previous compiled
   path written here (a jitted recompute ``value_and_grad`` with in-graph ``assign_add``);
 * :func:`accumulation_candidates` — ways of adding returned weight gradients into accumulators;
 * :func:`last_stage_fused_vs_tape` — the fused jitted forward+loss+backward (with in-graph
@@ -106,14 +108,20 @@ def build_chunk(name: str) -> tuple[Any, tuple[int, ...]]:
     return cell, shape
 
 
-def _eager_tape(cell: Any) -> Callable[[list, list], list]:
-    """The reference: the bare cell under the eager tape, eager adds into accumulators."""
-    from mindspore import ParameterTuple, ops
+def _eager_tape(cell: Any, host_adds: bool = False) -> Callable[[list, list], list]:
+    """The reference: the bare cell under the eager tape, eager ``assign_add`` into accumulators
+    (``host_adds``: numpy adds into their memory instead, as the executors do on CPU)."""
+    from mindspore import Parameter, ParameterTuple, ops
+
+    from graph_exec.kernels.grad_buffers import make_host_accumulate
 
     params = ParameterTuple(cell.trainable_params())
-    acc = [ops.zeros_like(p) for p in params]
+    acc = ParameterTuple(
+        [Parameter(ops.zeros_like(p), name="ref." + p.name, requires_grad=False) for p in params]
+    )
     cell.set_grad(True)
     grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(cell, params)
+    host_add = make_host_accumulate(acc) if host_adds else None
 
     def step(xs: list, cs: list) -> list:
         for x in xs:
@@ -121,8 +129,11 @@ def _eager_tape(cell: Any) -> Callable[[list, list], list]:
         dxs = []
         for m in BACKWARD_ORDER:
             (dx,), dws = grad(xs[m], cs[m])
-            for index, dw in enumerate(dws):
-                ops.assign_add(acc[index], dw)
+            if host_add is not None:
+                host_add(*dws)
+            else:
+                for index, dw in enumerate(dws):
+                    ops.assign_add(acc[index], dw)
             _sync(dx)
             dxs.append(dx)
         return [*dxs, *acc]
@@ -197,6 +208,7 @@ def chunk_speed(name: str, rounds: int, warmup: int) -> dict[str, dict[str, floa
         "pynative (tape)": lambda cell: _executor_path(cell, "pynative", False),
         "graph recompute=True": lambda cell: _executor_path(cell, "graph", True),
         "eager tape (reference)": _eager_tape,
+        "eager tape, numpy adds": lambda cell: _eager_tape(cell, host_adds=True),
         "old compiled path": _old_compiled_path,
     }
     steps = {label: make(build_chunk(name)[0]) for label, make in paths.items()}
@@ -236,6 +248,11 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
         for buffer, grad in zip(buffers, grads, strict=True):
             ops.assign_add(buffer, grad)
 
+    def numpy_in_place(grads: tuple) -> None:
+        for buffer, grad in zip(buffers, grads, strict=True):
+            view = buffer.asnumpy()  # on CPU the accumulator's own memory
+            np.add(view, grad.asnumpy(), out=view)
+
     def add_passed(*args: Any) -> None:
         for index in range(count):
             ops.assign_add(args[index], args[count + index])
@@ -258,6 +275,7 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
 
     candidates: dict[str, Callable[[tuple], Any]] = {
         "eager assign_add per parameter": eager,
+        "numpy add into the host memory (CPU)": numpy_in_place,
         "one jitted add, buffers closed over": lambda grads: jit_closed(*grads),
         "one jitted add, buffers as arguments": lambda grads: jit_passed(*buffers, *grads),
         f"one jitted add per {MICRO} micro-batches": batched,

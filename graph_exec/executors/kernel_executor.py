@@ -14,27 +14,33 @@ is always that recompute (its forward ran elsewhere, or long before), unless the
 taped preprocess hooks.
 
 Weight gradients come back from the tape as tensors and are added into the accumulators by
-eager ``ops.assign_add``, one per parameter, in both modes. Candidates, measured side by side
-with ``python -m graph_exec.benchmarks.executor_speed --only accumulation`` (4 taped forwards
-then 4 backwards, ms for the whole round, p10 / p50; 2 shared cores, one other job running):
+``GradBuffers.add``, in both modes: on CPU numpy adds into the accumulators' own memory (float32
+and float64 accumulators), elsewhere eager ``ops.assign_add``, one per parameter. Candidates,
+measured side by side with ``python -m graph_exec.benchmarks.executor_speed --only accumulation``
+(4 taped forwards then 4 backwards, ms for the whole round, p10 / p50; this 2-core machine,
+otherwise idle):
 
     candidate                                dense32, 16   dense256, 16   LM block, 12
-    eager assign_add per parameter            4.57 / 4.70    9.24 / 10.36   8.53 / 9.71
-    one jitted add, buffers closed over       4.54 / 4.67    9.57 / 10.66   8.73 / 10.23
-    one jitted add, buffers as arguments      4.93 / 5.13   10.08 / 11.08   8.79 / 10.32
-    one jitted add per 4 micro-batches        4.19 / 4.64    9.33 / 10.69   8.03 / 9.65
-    no accumulation (floor)                   3.19 / 3.31    7.33 / 8.48    7.28 / 8.61
+    eager assign_add per parameter            5.37 / 5.76    9.19 / 10.46   9.35 / 10.44
+    numpy add into the host memory (CPU)      4.59 / 4.96    8.16 / 9.11    8.51 / 9.57
+    one jitted add, buffers closed over       5.41 / 5.80    9.17 / 10.72   9.15 / 10.29
+    one jitted add, buffers as arguments      5.86 / 6.36    9.90 / 11.50   9.86 / 10.98
+    one jitted add per 4 micro-batches        5.22 / 5.51    8.94 / 10.48   9.00 / 9.84
+    no accumulation (floor)                   3.82 / 4.27    7.18 / 8.62    7.78 / 8.64
 
 (chunk, number of gradient tensors).
 
-All candidates are exact (the same float32 additions, each buffer in micro-batch order). None
-beats the eager adds by more than noise. On its own a jitted add of 4 micro-batches' dense32
-gradients takes 0.66 ms against 1.10 ms for the 64 eager adds, but while taped forwards are
-in flight MindSpore runs every jitted call through its grad-recording path (``grad_jit``),
-which eats the saving; an executor that held gradients for it (tried) was no faster on any
-chunk and held their memory, so it was not kept. A flat buffer per chunk was not tried: the
-accumulators must stay one live Parameter per parameter (optimizers, the broadcast and the
-gradient all-reduce read them by name).
+All candidates are exact (the same float32 additions, each buffer in micro-batch order). The
+numpy adds win on every chunk (1.09-1.16x the round, about half of what accumulation costs over
+the floor): they save the dispatch of one eager MindSpore op per parameter. They rely on a CPU fact (a Parameter's ``asnumpy()`` is its own
+memory, seen by later ops and graphs; measured) and wait for MindSpore's queued work first, so
+they are used on CPU only. Among the others none beats the eager ``assign_add`` by more than
+noise: on its own a jitted add of 4 micro-batches' dense32 gradients takes 0.66 ms against
+1.10 ms for the 64 eager adds, but while taped forwards are in flight MindSpore runs every
+jitted call through its grad-recording path (``grad_jit``), which eats the saving; an executor
+that held gradients for it (tried) was no faster on any chunk and held their memory, so it was
+not kept. A flat buffer per chunk was not tried: the accumulators must stay one live Parameter
+per parameter (optimizers, the broadcast and the gradient all-reduce read them by name).
 
 The last stage runs its loss forward under the tape and its bprop at once; a fused jitted
 forward+loss+backward was kept out because it did not beat that. Same script (``--only last``),
@@ -66,7 +72,6 @@ from graph_exec import checks
 from graph_exec.kernels import (
     GradBuffers,
     is_float,
-    make_accumulate,
     make_buffer,
     make_preprocess_forward,
     make_stage_forward,
@@ -190,7 +195,7 @@ class KernelExecutor(Executor):
     def _accumulate(self, grads: GradBuffers, weight_grads: tuple) -> None:
         """Eager adds in both modes: the fastest exact candidate (module docstring)."""
         if weight_grads:
-            make_accumulate(grads.buffers)(*weight_grads)
+            grads.add(*weight_grads)
 
     # ------------------------------------------------------------------ preprocess hooks
 
