@@ -205,10 +205,14 @@ def launch(
                 time.sleep(0.25)
         finally:
             # Whatever the job left — workers on a time-out or interrupt, msrun's `tail -f`
-            # followers always — goes now.
+            # followers always — goes now. msrun leads its own session, so killing its process
+            # group first also takes what it started since the last look (under load, a SIGTERM
+            # during start-up left a late follower behind); the recorded processes then cover
+            # any that left the group. msrun is not reaped yet, so its group id is not reused.
             if proc.poll() is None:
                 _record(proc.pid, started, rank_of_pid)
-                started[proc.pid] = _processes().get(proc.pid, (0, ""))[1]
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             _kill(started)
             proc.wait()
     if poll is not None:

@@ -7,17 +7,19 @@ by wrapping this rank's executor hooks, the runtime's result waits and its trans
 splits it into
 
 - ``compute``: executor hooks (compiled kernels) and waiting for their results;
-- ``send``: posting messages (the transport's ``send``: packing and handing them to MindSpore,
-  which on CPU sends before it returns; never waits for the peer);
-- ``wait``: the other transport calls (receives, including waiting for the peer and the
-  hand-off to the communication thread; drains; collectives);
+- ``send``: packing messages (the transport's ``send`` less the MindSpore ``isend`` inside it:
+  signature check, staging copy, prefix words);
+- ``wait``: communication: MindSpore's ``isend`` (on CPU it hands the data over before it
+  returns, so a large message's transfer is here) and the other transport calls (receives,
+  including waiting for the peer; drains; collectives);
 - ``runtime``: the rest of ``run()``, i.e. the driver's own work per step (walking the plan,
   caches, receive buffers, timeline, batch splitting).
 
 It prints p10/p50/p90 over the measured steps, per rank, in milliseconds, and the share of the
-step that is ``runtime + send`` (what ``graph-exec bench`` counts as runtime overhead, less the
-executor's per-call dispatch cost, which it calibrates separately). The wrappers add a few
-microseconds per call, billed to ``runtime``.
+step that is ``runtime + send``: the runtime's own work, neither compute nor communication.
+(``graph-exec bench``'s overhead column is coarser: it counts whole send steps, the transfer
+included, plus a calibrated per-call dispatch cost.) The wrappers add a few microseconds per
+call, billed to ``runtime``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def _timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callab
             totals[key] += time.perf_counter() - start
 
     return wrapper
+
+
+class _PostsTimed:
+    """``mindspore.mint.distributed`` with its ``isend`` timed into ``totals["isend"]``."""
+
+    def __init__(self, dist: Any, totals: dict[str, float]) -> None:
+        self._dist = dist
+        self.isend = _timed(totals, "isend", dist.isend)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dist, name)
 
 
 def _worker(example: str, size: str, steps: int, mode: str) -> None:
@@ -77,12 +90,15 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
             for name in TRANSPORT:
                 key = "send" if name == "send" else "wait"
                 setattr(runtime.transport, name, _timed(totals, key, getattr(runtime.transport, name)))
+            runtime.transport._dist = _PostsTimed(runtime.transport._dist, totals)
         totals.clear()
         start = time.perf_counter()
         schedule.run(*inputs, labels=labels)
         wall = time.perf_counter() - start
         if index >= WARMUP:
             samples["step"].append(wall)
+            totals["send"] -= totals["isend"]  # handing the data over is communication
+            totals["wait"] += totals["isend"]
             own = wall - totals["compute"] - totals["send"] - totals["wait"]
             for key in ("compute", "send", "wait"):
                 samples[key].append(totals[key])
