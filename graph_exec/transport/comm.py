@@ -3,8 +3,8 @@
 A :class:`Transport` speaks for one rank of one pipeline-parallel group. Point-to-point
 transfers are *tensor groups*, sent as one data frame each (:mod:`graph_exec.transport.frames`)
 with a header (:mod:`graph_exec.transport.meta`) in front only when the layout changed. Where
-the back end ends a wait at the transport's deadline itself (CPU), sends and receives run on the
-caller's thread; elsewhere they run on the communication worker, which keeps the deadline.
+the back end ends a wait at the transport's deadline itself (CPU), every call runs on the
+caller's thread; elsewhere calls run on the communication worker, which keeps the deadline.
 Collectives (broadcast of the trainable preprocess weights, SUM all-reduce of preprocess
 gradients) act in place.
 """
@@ -317,10 +317,12 @@ class Transport:
     restart after a failed step) first exchanges hellos with every peer, skipping what the
     failed step left in the channel, so collectives and transfers start clean.
 
-    Sends and receives run on the caller's thread when MindSpore's back end ends their waits at
-    ``timeout_s`` itself (:attr:`direct`: on CPU, unless ``MS_CPU_COMM_OP_TIMEOUT`` asks for a
-    longer limit); this saves two thread hand-offs per transfer. Otherwise, and for collectives,
-    a communication thread keeps the deadline.
+    Sends, receives and collectives run on the caller's thread when MindSpore's back end ends
+    their waits at ``timeout_s`` itself (:attr:`direct`: on CPU, unless ``MS_CPU_COMM_OP_TIMEOUT``
+    asks for a longer limit). This saves two thread hand-offs per transfer, and a time-out leaves
+    no call behind on a thread: one the back end fails while the process exits was seen to end it
+    with a C++ ``terminate``. Otherwise a communication thread keeps the deadline. Abort notices
+    always go through that thread, with their own short deadline.
     """
 
     def __init__(self, *, timeout_s: float = 300.0, group: CommGroup | None = None) -> None:
@@ -347,7 +349,7 @@ class Transport:
         self.epoch = _register(self.group, self.ranks, self._worker)
         self._sends_complete_on_post = sends_complete_on_post()
         self.direct = self._sends_complete_on_post and backend_ends_waits(timeout_s)
-        self._point_to_point = self._worker.run_here if self.direct else self._worker.run
+        self._run = self._worker.run_here if self.direct else self._worker.run
         self._pending: list[tuple[Any, Any, _Staging | None]] = []  # (handle, tensor, staging)
         self._outbound = [_Outbound() for _ in self.ranks]
         self._inbound = [_Inbound() for _ in self.ranks]
@@ -394,7 +396,7 @@ class Transport:
                 self._post(header_tensor, peer, None)
             self._post(staging.tensor, peer, staging)
 
-        self._point_to_point(post, self.timeout_s, f"sending {label} to rank {dst}")
+        self._run(post, self.timeout_s, f"sending {label} to rank {dst}")
         if header is not None:
             self.stats.headers_sent += 1
             out.known[label] = known
@@ -433,7 +435,7 @@ class Transport:
             inbound.seq += 1
             return _tensors(layout, frame)
 
-        return self._point_to_point(fetch, self.timeout_s, f"waiting for {expect} from rank {src}")
+        return self._run(fetch, self.timeout_s, f"waiting for {expect} from rank {src}")
 
     def drain(self) -> None:
         """Wait until every queued send has left (end of a step, or before reusing buffers)."""
@@ -447,7 +449,7 @@ class Transport:
                 if staging is not None:
                     self._give_staging(staging)
 
-        self._worker.run(wait_all, self.timeout_s, "draining pending sends")
+        self._run(wait_all, self.timeout_s, "draining pending sends")
 
     def _post(self, tensor: Any, peer: int, staging: _Staging | None) -> None:
         """Send one message; on a backend whose sends complete when posted, wait at once."""
@@ -581,7 +583,7 @@ class Transport:
                         )
             return skipped
 
-        skipped = self._worker.run(run, self.timeout_s, "exchanging hellos after a restart")
+        skipped = self._run(run, self.timeout_s, "exchanging hellos after a restart")
         self.stats.stale_skipped = skipped
         if skipped:
             print(
@@ -599,7 +601,7 @@ class Transport:
             for tensor in tensors:
                 self._dist.broadcast(tensor, src=root, group=self.group)
 
-        self._worker.run(run, self.timeout_s, f"in broadcast from rank {src}")
+        self._run(run, self.timeout_s, f"in broadcast from rank {src}")
 
     def all_reduce_sum(self, tensors: Sequence[Any]) -> None:
         """Sum ``tensors`` over the group, in place."""
@@ -608,11 +610,11 @@ class Transport:
             for tensor in tensors:
                 self._dist.all_reduce(tensor, group=self.group)
 
-        self._worker.run(run, self.timeout_s, "in all-reduce")
+        self._run(run, self.timeout_s, "in all-reduce")
 
     def barrier(self) -> None:
         """Wait until every rank of the group gets here (with the transport's deadline)."""
-        self._worker.run(lambda: world_barrier(self._dist, self.group), self.timeout_s, "in a barrier")
+        self._run(lambda: world_barrier(self._dist, self.group), self.timeout_s, "in a barrier")
 
     # -- failure --------------------------------------------------------------------------
 
