@@ -188,6 +188,7 @@ def test_multi_node_launch_passes_msruns_own_flags(monkeypatch, tmp_path):
 
     class Done:
         returncode = 0
+        pid = 2**30  # above any pid: the launcher's clean-up finds no such process group
 
         def __init__(self, cmd, **kwargs):
             seen.append(cmd)
