@@ -235,6 +235,7 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
 
     from graph_exec.executors.tape import Tape
     from graph_exec.kernels import make_accumulate, make_stage_forward
+    from graph_exec.kernels.grad_buffers import make_host_accumulate
 
     cell, shape = build_chunk(name)
     params = ParameterTuple(cell.trainable_params())
@@ -248,11 +249,6 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
         for buffer, grad in zip(buffers, grads, strict=True):
             ops.assign_add(buffer, grad)
 
-    def numpy_in_place(grads: tuple) -> None:
-        for buffer, grad in zip(buffers, grads, strict=True):
-            view = buffer.asnumpy()  # on CPU the accumulator's own memory
-            np.add(view, grad.asnumpy(), out=view)
-
     def add_passed(*args: Any) -> None:
         for index in range(count):
             ops.assign_add(args[index], args[count + index])
@@ -262,6 +258,7 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
             for micro in range(MICRO):  # each buffer in micro-batch order: the eager floats
                 ops.assign_add(buffers[index], grads[micro * count + index])
 
+    host_add = make_host_accumulate(buffers)  # what the executors use on CPU
     jit_closed = ms.jit(make_accumulate(buffers))
     jit_passed = ms.jit(add_passed)
     jit_held = ms.jit(add_held)
@@ -275,7 +272,7 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
 
     candidates: dict[str, Callable[[tuple], Any]] = {
         "eager assign_add per parameter": eager,
-        "numpy add into the host memory (CPU)": numpy_in_place,
+        "numpy add into the host memory (CPU)": lambda grads: host_add(*grads),
         "one jitted add, buffers closed over": lambda grads: jit_closed(*grads),
         "one jitted add, buffers as arguments": lambda grads: jit_passed(*buffers, *grads),
         f"one jitted add per {MICRO} micro-batches": batched,

@@ -1,4 +1,4 @@
-"""A single daemon thread that performs every communication call, with deadlines.
+"""A single daemon thread that performs communication calls, with deadlines.
 
 MindSpore's blocking receives cannot be cancelled or given a timeout. Running them on a
 helper thread lets the caller stop waiting after ``timeout_s`` and raise a proper error (with
@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from graph_exec.errors import CommunicationError, PeerTimeoutError
 
@@ -85,7 +85,7 @@ class CommWorker:
         except BaseException as exc:  # re-raised, as a time-out when the deadline had passed
             self._raise(exc, time.monotonic() - start, timeout_s, what)
 
-    def _raise(self, error: BaseException, waited: float, timeout_s: float, what: str) -> None:
+    def _raise(self, error: BaseException, waited: float, timeout_s: float, what: str) -> NoReturn:
         """Re-raise ``error``; a time-out (or a back-end failure at the deadline) breaks the worker."""
         if isinstance(error, PeerTimeoutError):
             self.broken = str(error)

@@ -28,7 +28,7 @@ def bound_backend_waits(timeout_s: float) -> None:
 
     Without it a peer silent for more than 30 s (one compiling a large graph, say) failed every
     receive after 30 s whatever ``timeout_s`` asked for. With it the back end ends a wait when the
-    transport's deadline does, so point-to-point calls can run on the caller's thread
+    transport's deadline does, so the transport's calls can run on the caller's thread
     (:func:`backend_ends_waits`). Only the first setting of a process counts, so the first caller
     wins: the schedules and the harness call this with their ``timeout_s`` before their first
     message.
@@ -46,12 +46,13 @@ def backend_wait_limit() -> float:
 
 
 def backend_ends_waits(timeout_s: float) -> bool:
-    """Whether the back end itself fails a point-to-point call that waits longer than
-    ``timeout_s`` (rounded up to whole seconds), so that the call needs no deadline thread.
+    """Whether the back end itself fails a call that waits longer than ``timeout_s`` (rounded
+    up to whole seconds), so that the call needs no deadline thread.
 
     True on CPU once :func:`bound_backend_waits` (or the user) set a limit no longer than that;
-    measured with MindSpore 2.10: a receive from a silent peer and a send to a dead one both
-    raise ``RuntimeError`` at the limit. Elsewhere the limit is not known to hold.
+    measured with MindSpore 2.10: a receive from a silent peer, a send to a dead one, an
+    all-reduce and a broadcast missing a rank all raise ``RuntimeError`` at the limit. Elsewhere
+    the limit is not known to hold.
     """
     import mindspore as ms
 
