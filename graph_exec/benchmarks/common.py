@@ -10,11 +10,39 @@ import argparse
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 #: Prefix of the lines a benchmark worker prints for the launcher to collect.
 RESULT = "RESULT "
+
+
+def timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, adding the seconds each call takes to ``totals[key]``."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - start
+
+    return wrapper
+
+
+class CommTimed:
+    """``mindspore.mint.distributed`` with the calls ``names`` timed into ``totals[name]``, so
+    that a script can tell the time spent in MindSpore's communication from the Python around it."""
+
+    def __init__(self, dist: Any, totals: dict[str, float], names: Sequence[str]) -> None:
+        self._dist = dist
+        for name in names:
+            setattr(self, name, timed(totals, name, getattr(dist, name)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dist, name)
 
 
 def argument_parser(module_doc: str | None, prog: str) -> argparse.ArgumentParser:

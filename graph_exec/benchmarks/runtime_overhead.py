@@ -27,36 +27,12 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
 
-from graph_exec.benchmarks.common import argument_parser, launch_and_report, p10_p50_p90
+from graph_exec.benchmarks.common import CommTimed, argument_parser, launch_and_report, p10_p50_p90, timed
 
 HOOKS = ("stage_forward", "stage_backward", "last_stage_step", "preprocess_forward", "preprocess_backward")
 TRANSPORT = ("send", "recv", "drain", "broadcast", "all_reduce_sum")
 WARMUP = 2
-
-
-def _timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            totals[key] += time.perf_counter() - start
-
-    return wrapper
-
-
-class _PostsTimed:
-    """``mindspore.mint.distributed`` with its ``isend`` timed into ``totals["isend"]``."""
-
-    def __init__(self, dist: Any, totals: dict[str, float]) -> None:
-        self._dist = dist
-        self.isend = _timed(totals, "isend", dist.isend)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._dist, name)
 
 
 def _worker(example: str, size: str, steps: int, mode: str) -> None:
@@ -85,12 +61,12 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
         if index == WARMUP:  # set up by now: wrap this rank's executor, waits and transport
             runtime = schedule._setup.runtime
             for name in HOOKS:
-                setattr(runtime.executor, name, _timed(totals, "compute", getattr(runtime.executor, name)))
-            runtime._settle = _timed(totals, "compute", runtime._settle)
+                setattr(runtime.executor, name, timed(totals, "compute", getattr(runtime.executor, name)))
+            runtime._settle = timed(totals, "compute", runtime._settle)
             for name in TRANSPORT:
                 key = "send" if name == "send" else "wait"
-                setattr(runtime.transport, name, _timed(totals, key, getattr(runtime.transport, name)))
-            runtime.transport._dist = _PostsTimed(runtime.transport._dist, totals)
+                setattr(runtime.transport, name, timed(totals, key, getattr(runtime.transport, name)))
+            runtime.transport._dist = CommTimed(runtime.transport._dist, totals, ("isend",))
         totals.clear()
         start = time.perf_counter()
         schedule.run(*inputs, labels=labels)

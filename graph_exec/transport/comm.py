@@ -12,6 +12,7 @@ gradients) act in place.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,13 +35,17 @@ from graph_exec.transport.cpu_workarounds import (
     bound_backend_waits,
     rebind_default_groups,
     sends_complete_on_post,
+    tensors_in_host_memory,
     world_barrier,
 )
 from graph_exec.transport.frames import (
     DATA,
+    LABEL_START,
     PREFIX_BYTES,
+    SEQ_WORD,
     FrameLayout,
     layout_of,
+    prefix_words,
     read_prefix,
     write_prefix,
 )
@@ -50,13 +55,13 @@ from graph_exec.transport.meta import (
     CONTROL_BYTES,
     HEADER,
     HELLO,
+    LABEL_WORDS,
     GroupMeta,
     TensorMeta,
     decode,
     encode_abort,
     encode_header,
     encode_hello,
-    first_word,
     pack_label,
     split_first_word,
 )
@@ -83,20 +88,6 @@ def numpy_allocator(nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + 64, dtype=np.uint8)
     start = -raw.ctypes.data % 64
     return raw[start : start + nbytes]
-
-
-def _tensors(layout: FrameLayout, frame: np.ndarray) -> tuple[Any | None, ...]:
-    """The MindSpore tensors of a received frame: views of its memory, no copy."""
-    import mindspore as ms
-
-    out: list[Any | None] = []
-    for entry, view in zip(layout.entries, layout.views(frame), strict=True):
-        if entry is None:
-            out.append(None)
-            continue
-        tensor = ms.from_numpy(view)
-        out.append(tensor.view(ms.bfloat16) if entry.dtype == "bfloat16" else tensor)
-    return tuple(out)
 
 
 def is_initialized() -> bool:
@@ -247,33 +238,85 @@ class _Outbound:
     known: dict[str, tuple[_Signature, FrameLayout]] = field(default_factory=dict)
 
 
+class _Expected:
+    """The layout of one label's transfers from a peer, and the prefix its frames must carry."""
+
+    __slots__ = ("bfloat16", "from_numpy", "layout", "prefix")
+
+    def __init__(self, layout: FrameLayout, prefix: list[int]) -> None:
+        import mindspore as ms
+
+        self.layout = layout
+        self.prefix = prefix
+        self.from_numpy = ms.Tensor.from_numpy
+        self.bfloat16 = (
+            ms.bfloat16 if any(e is not None and e.dtype == "bfloat16" for e in layout.entries) else None
+        )
+
+    def tensors(self, frame: np.ndarray) -> tuple[Any | None, ...]:
+        """The MindSpore tensors of a received ``frame``: views of its memory, no copy."""
+        out = tuple(None if view is None else self.from_numpy(view) for view in self.layout.views(frame))
+        if self.bfloat16 is None:
+            return out
+        return tuple(  # bfloat16 travels as uint16 bits (numpy has no bfloat16)
+            tensor.view(self.bfloat16) if entry is not None and entry.dtype == "bfloat16" else tensor
+            for entry, tensor in zip(self.layout.entries, out, strict=True)
+        )
+
+    def matches(self, words: list[int], seq: int) -> bool:
+        """Whether a frame's prefix ``words`` are those of transfer ``seq`` under this label."""
+        self.prefix[SEQ_WORD] = seq
+        return words == self.prefix
+
+
 @dataclass
 class _Inbound:
-    """What one peer told this rank: the next sequence number due, the layout per label."""
+    """What one peer told this rank: the next sequence number due, the expected frame per label."""
 
     seq: int = 0
-    known: dict[str, FrameLayout] = field(default_factory=dict)
+    known: dict[str, _Expected] = field(default_factory=dict)
 
 
 class _Staging:
-    """A reusable send frame of one layout: its memory, tensor, prefix words and tensor slots."""
+    """A reusable send frame of one layout: its memory, tensor, prefix words and tensor slots.
 
-    __slots__ = ("frame", "layout", "prefix", "slots", "tensor")
+    The prefix's kind, epoch and layout words are written once; :meth:`stamp` rewrites the
+    label only when it changed since the last send from this frame, and the sequence number.
+    """
 
-    def __init__(self, layout: FrameLayout) -> None:
+    __slots__ = ("addresses", "frame", "label", "layout", "prefix", "slots", "tensor")
+
+    def __init__(self, layout: FrameLayout, epoch: int) -> None:
         import mindspore as ms
 
         self.layout = layout
         self.frame = numpy_allocator(layout.nbytes)
         self.prefix = self.frame[:PREFIX_BYTES].view(np.int64)
+        write_prefix(self.prefix, layout, [0] * LABEL_WORDS, epoch, 0)
+        self.label: str | None = None
         self.slots = tuple(v if v is None or v.size else None for v in layout.views(self.frame))
+        self.addresses = tuple(None if v is None else v.ctypes.data for v in self.slots)
         self.tensor = ms.from_numpy(self.frame)
 
+    def stamp(self, label: str, label_words: list[int], seq: int) -> None:
+        """Make the prefix say transfer ``seq`` under ``label``."""
+        if label != self.label:
+            self.prefix[LABEL_START:] = label_words
+            self.label = label
+        self.prefix[SEQ_WORD] = seq
 
-def _host_copy(slot: np.ndarray, tensor: Any) -> None:
-    """Copy ``tensor``'s values into its frame slot (bfloat16 bits travel as uint16)."""
-    values = tensor.asnumpy()
-    np.copyto(slot, values if values.dtype == slot.dtype else values.view(slot.dtype))
+    def fill(self, tensors: Sequence[Any | None], from_host_address: bool) -> None:
+        """Copy ``tensors`` (of this frame's layout) into their slots (bfloat16 bits travel as
+        uint16). With ``from_host_address`` a contiguous tensor is copied from its
+        ``data_ptr()`` (see :func:`~graph_exec.transport.cpu_workarounds.tensors_in_host_memory`)."""
+        for slot, address, tensor in zip(self.slots, self.addresses, tensors, strict=True):
+            if slot is None:
+                continue
+            if from_host_address and tensor.is_contiguous():
+                ctypes.memmove(address, tensor.data_ptr(), slot.nbytes)
+                continue
+            values = tensor.asnumpy()
+            np.copyto(slot, values if values.dtype == slot.dtype else values.view(slot.dtype))
 
 
 #: A "Recv failed." this close to the back end's own limit (``backend_wait_limit``) is a silent
@@ -355,7 +398,10 @@ class Transport:
         self._inbound = [_Inbound() for _ in self.ranks]
         self._staging: dict[FrameLayout, list[_Staging]] = {}
         self._label_words: dict[str, list[int]] = {}
-        self._data_word = first_word(DATA, self.epoch)
+        self._host_addresses = tensors_in_host_memory()
+        import mindspore as ms
+
+        self._from_numpy = ms.from_numpy
         _exit_barrier.track(self)
         if self.epoch > 0:
             self._resync()
@@ -378,25 +424,15 @@ class Transport:
             )
             known = (signature, layout_of(meta.entries))  # both raise ValueError before any message
             header = encode_header(meta, self.epoch, out.seq)
-        layout = known[1]
-        staging = self._take_staging(layout)
-        write_prefix(staging.prefix, layout, self._label(label), self.epoch, out.seq)
-        for slot, tensor in zip(staging.slots, tensors, strict=True):
-            if slot is not None:
-                _host_copy(slot, tensor)
-        peer = self.ranks[dst]
-        import mindspore as ms
-
-        header_tensor = None if header is None else ms.from_numpy(header)
-
+        staging = self._take_staging(known[1])
+        staging.stamp(label, self._label(label), out.seq)
+        staging.fill(tensors, self._host_addresses)
+        header_tensor = None if header is None else self._from_numpy(header)
         # With a deadline: isend usually returns at once, but to a peer that has died it blocks
         # (measured: well past 16 s), which must end in a time-out.
-        def post() -> None:
-            if header_tensor is not None:
-                self._post(header_tensor, peer, None)
-            self._post(staging.tensor, peer, staging)
-
-        self._run(post, self.timeout_s, f"sending {label} to rank {dst}")
+        self._run(
+            self._post_frame, self.timeout_s, ("sending", label, "to rank", dst), header_tensor, staging, dst
+        )
         if header is not None:
             self.stats.headers_sent += 1
             out.known[label] = known
@@ -407,35 +443,31 @@ class Transport:
 
         ``alloc(nbytes)`` gives the frame's memory; the tensors returned are views into it.
         """
+        return self._run(
+            self._fetch, self.timeout_s, ("waiting for", expect, "from rank", src), src, expect, alloc
+        )
+
+    def _fetch(self, src: int, expect: str, alloc: Allocator) -> tuple[Any | None, ...]:
+        """:meth:`recv`'s work (on the calling or the communication thread)."""
         inbound = self._inbound[src]
+        known = inbound.known.get(expect)
+        frame, words = self._receive(
+            src, expect, alloc, CONTROL_BYTES if known is None else known.layout.nbytes
+        )
+        if split_first_word(words[0])[0] == HEADER:
+            known = self._learn_layout(src, expect, frame, inbound)
+            frame, words = self._receive(src, expect, alloc, known.layout.nbytes)
+        if known is None or not known.matches(words, inbound.seq):
+            self._refuse_frame(src, expect, words, frame, known, inbound.seq)
+        inbound.seq += 1
+        return known.tensors(frame)
 
-        def fetch() -> tuple[Any | None, ...]:
-            layout = inbound.known.get(expect)
-            frame, kind = self._receive(
-                src, expect, alloc, CONTROL_BYTES if layout is None else layout.nbytes
-            )
-            if kind == HEADER:
-                header = decode(frame[:CONTROL_BYTES].view(np.int64))
-                layout = layout_of(header.meta.entries)
-                if header.meta.label != expect:  # take its frame too: the channel stays in order
-                    self._receive(src, expect, numpy_allocator, layout.nbytes)
-                self._check(src, expect, header.epoch, header.seq, header.meta.label, inbound.seq)
-                inbound.known[expect] = layout
-                self.stats.headers_received += 1
-                frame, kind = self._receive(src, expect, alloc, layout.nbytes)
-            words = frame[:PREFIX_BYTES].view(np.int64).tolist()
-            if layout is None or words != [
-                self._data_word,
-                inbound.seq,
-                layout.nbytes,
-                layout.digest,
-                *self._label(expect),
-            ]:
-                self._refuse_frame(src, expect, kind, frame, layout, inbound.seq)
-            inbound.seq += 1
-            return _tensors(layout, frame)
-
-        return self._run(fetch, self.timeout_s, f"waiting for {expect} from rank {src}")
+    def _post_frame(self, header: Any | None, staging: _Staging, dst: int) -> None:
+        """:meth:`send`'s messages: the header, if any, then the frame."""
+        peer = self.ranks[dst]
+        if header is not None:
+            self._post(header, peer, None)
+        self._post(staging.tensor, peer, staging)
 
     def drain(self) -> None:
         """Wait until every queued send has left (end of a step, or before reusing buffers)."""
@@ -455,7 +487,7 @@ class Transport:
         """Send one message; on a backend whose sends complete when posted, wait at once."""
         handle = self._dist.isend(tensor, dst=peer, group=self.group)
         self.stats.messages_sent += 1
-        self.stats.bytes_sent += int(tensor.nbytes)
+        self.stats.bytes_sent += tensor.nbytes
         if self._sends_complete_on_post:
             handle.wait()
             if staging is not None:
@@ -465,7 +497,7 @@ class Transport:
 
     def _take_staging(self, layout: FrameLayout) -> _Staging:
         free = self._staging.get(layout)
-        return free.pop() if free else _Staging(layout)
+        return free.pop() if free else _Staging(layout, self.epoch)
 
     def _give_staging(self, staging: _Staging) -> None:
         self._staging.setdefault(staging.layout, []).append(staging)
@@ -477,16 +509,29 @@ class Transport:
             words = self._label_words[label] = pack_label(label).tolist()
         return words
 
-    def _receive(self, src: int, expect: str, alloc: Allocator, nbytes: int) -> tuple[np.ndarray, int]:
-        """One message from ``src`` and its kind, into fresh memory of at least ``nbytes`` (and of
-        a control message's size, so that an abort notice fits); raises for an abort notice."""
-        import mindspore as ms
+    def _learn_layout(self, src: int, expect: str, header_frame: np.ndarray, inbound: _Inbound) -> _Expected:
+        """Take the header in ``header_frame`` as the layout of ``expect`` from now on (after
+        checking it announces the transfer due)."""
+        header = decode(header_frame[:CONTROL_BYTES].view(np.int64))
+        layout = layout_of(header.meta.entries)
+        if header.meta.label != expect:  # take its frame too: the channel stays in order
+            self._receive(src, expect, numpy_allocator, layout.nbytes)
+        self._check(src, expect, header.epoch, header.seq, header.meta.label, inbound.seq)
+        self.stats.headers_received += 1
+        known = inbound.known[expect] = _Expected(
+            layout, prefix_words(layout, self._label(expect), self.epoch, 0)
+        )
+        return known
 
+    def _receive(self, src: int, expect: str, alloc: Allocator, nbytes: int) -> tuple[np.ndarray, list[int]]:
+        """One message from ``src`` and its first :data:`PREFIX_WORDS` words, into fresh memory of
+        at least ``nbytes`` (and of a control message's size, so that an abort notice fits);
+        raises for an abort notice."""
         size = max(nbytes, CONTROL_BYTES)
         frame = alloc(size)[:size]
         start = time.monotonic()
         try:
-            self._dist.recv(ms.from_numpy(frame), src=self.ranks[src], group=self.group)
+            self._dist.recv(self._from_numpy(frame), src=self.ranks[src], group=self.group)
         except RuntimeError as exc:  # the back end's "Recv failed."
             waited = time.monotonic() - start
             if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
@@ -499,19 +544,20 @@ class Transport:
                 f"({str(exc).strip()}): either a larger message arrived (the ranks' plans disagree) or "
                 "the connection broke"
             ) from exc
-        head = frame[:PREFIX_BYTES].view(np.int64)
-        kind, _ = split_first_word(head[0])
+        words = frame[:PREFIX_BYTES].view(np.int64).tolist()
+        kind = split_first_word(words[0])[0]
         self.stats.messages_received += 1
-        self.stats.bytes_received += int(head[2]) if kind == DATA else CONTROL_BYTES
+        self.stats.bytes_received += words[2] if kind == DATA else CONTROL_BYTES
         if kind == ABORT:
             notice = decode(frame[:CONTROL_BYTES].view(np.int64).copy())
             raise RemoteRankError(f"rank {src} failed: {notice.text}")
-        return frame, kind
+        return frame, words
 
     def _refuse_frame(
-        self, src: int, expect: str, kind: int, frame: np.ndarray, layout: FrameLayout | None, due: int
+        self, src: int, expect: str, words: list[int], frame: np.ndarray, known: _Expected | None, due: int
     ) -> None:
         """Raise the :class:`ProtocolError` that says why ``frame`` is not the expected transfer."""
+        kind = split_first_word(words[0])[0]
         if kind != DATA:
             raise ProtocolError(
                 f"rank {self.rank} expected {expect} from rank {src} but received a message of kind "
@@ -519,15 +565,15 @@ class Transport:
             )
         prefix = read_prefix(frame)
         self._check(src, expect, prefix.epoch, prefix.seq, prefix.label, due)
-        if layout is None:
+        if known is None:
             raise ProtocolError(
                 f"rank {self.rank} received {expect} data from rank {src} without the header that "
                 "announces its shapes: the ranks' transfer histories disagree"
             )
         raise ProtocolError(
             f"rank {self.rank} received {expect} from rank {src} with layout {prefix.digest:#x} "
-            f"({prefix.nbytes} bytes) but its header announced {layout.digest:#x} "
-            f"({layout.nbytes} bytes): the ranks' layout caches disagree"
+            f"({prefix.nbytes} bytes) but its header announced {known.layout.digest:#x} "
+            f"({known.layout.nbytes} bytes): the ranks' layout caches disagree"
         )
 
     def _check(self, src: int, expect: str, epoch: int, seq: int, label: str, due: int) -> None:

@@ -16,6 +16,7 @@ reported as a time-out, whichever of the two limits fired first.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -33,6 +34,17 @@ class _Call:
         self.done = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
+
+
+#: What a call is doing, for its error message: a string, or the string's words (joined only
+#: if the call fails, since formatting a message for every transfer costs as much as the rest of
+#: a small transfer's bookkeeping).
+Doing = str | tuple[object, ...]
+
+
+def describe(what: Doing) -> str:
+    """The text of ``what``."""
+    return what if isinstance(what, str) else " ".join(str(part) for part in what)
 
 
 #: A call that fails this close to its deadline (or later) failed because the deadline passed.
@@ -62,35 +74,35 @@ class CommWorker:
         if self.broken is not None:
             raise CommunicationError(f"communication is unusable after an earlier failure ({self.broken})")
 
-    def run(self, fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-        """Run ``fn`` on the worker; raise :class:`PeerTimeoutError` after ``timeout_s``."""
+    def run(self, fn: Callable[..., Any], timeout_s: float, what: Doing, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the worker; raise :class:`PeerTimeoutError` after ``timeout_s``."""
         self.require_usable()
-        call = _Call(fn)
+        call = _Call(functools.partial(fn, *args) if args else fn)
         start = time.monotonic()
         self._queue.put(call)
         if not call.done.wait(timeout_s):
-            self.broken = f"timed out after {timeout_s:g} s {what}"
+            self.broken = f"timed out after {timeout_s:g} s {describe(what)}"
             raise PeerTimeoutError(self.broken)
         if call.error is not None:
             self._raise(call.error, time.monotonic() - start, timeout_s, what)
         return call.value
 
-    def run_here(self, fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-        """Run ``fn`` on the caller's thread, for a call that the back end itself ends after
-        ``timeout_s``; its failure at the deadline becomes :class:`PeerTimeoutError`."""
+    def run_here(self, fn: Callable[..., Any], timeout_s: float, what: Doing, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the caller's thread, for a call that the back end itself ends
+        after ``timeout_s``; its failure at the deadline becomes :class:`PeerTimeoutError`."""
         self.require_usable()
         start = time.monotonic()
         try:
-            return fn()
+            return fn(*args)
         except BaseException as exc:  # re-raised, as a time-out when the deadline had passed
             self._raise(exc, time.monotonic() - start, timeout_s, what)
 
-    def _raise(self, error: BaseException, waited: float, timeout_s: float, what: str) -> NoReturn:
+    def _raise(self, error: BaseException, waited: float, timeout_s: float, what: Doing) -> NoReturn:
         """Re-raise ``error``; a time-out (or a back-end failure at the deadline) breaks the worker."""
         if isinstance(error, PeerTimeoutError):
             self.broken = str(error)
             raise error
         if isinstance(error, RuntimeError) and waited >= timeout_s - DEADLINE_SLACK_S:
-            self.broken = f"timed out after {waited:.0f} s {what} ({str(error).strip()})"
+            self.broken = f"timed out after {waited:.0f} s {describe(what)} ({str(error).strip()})"
             raise PeerTimeoutError(self.broken) from error
         raise error

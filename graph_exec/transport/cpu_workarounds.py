@@ -104,3 +104,16 @@ def sends_complete_on_post() -> bool:
     import mindspore as ms
 
     return ms.get_context("device_target") == "CPU"
+
+
+def tensors_in_host_memory() -> bool:
+    """Whether ``Tensor.data_ptr()`` is a host address that this process can copy from.
+
+    True on CPU: measured with MindSpore 2.10, ``data_ptr()`` first waits for the op that makes
+    the tensor (like ``asnumpy``) and already includes a view's storage offset. It costs about
+    0.3 µs against ``asnumpy``'s 4.6 µs (most of it numpy parsing the buffer's format string),
+    which is a large share of a small transfer. Elsewhere it is a device address.
+    """
+    import mindspore as ms
+
+    return ms.get_context("device_target") == "CPU"

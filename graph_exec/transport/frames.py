@@ -35,6 +35,8 @@ DATA = 0x47455844  # "GEXD"
 #: Frame prefix length in int64 words (kind|epoch, seq, frame bytes, layout digest, label).
 PREFIX_WORDS = 4 + LABEL_WORDS
 PREFIX_BYTES = PREFIX_WORDS * 8
+#: Where the sequence number and the label start in a prefix (in words).
+SEQ_WORD, LABEL_START = 1, 4
 #: Alignment of every tensor inside a frame (a frame itself starts 64-byte aligned).
 ALIGNMENT = 64
 #: How each dtype is stored in a frame (numpy has no bfloat16: its bits travel as uint16).
@@ -76,7 +78,7 @@ class FrameLayout:
     def views(self, frame: np.ndarray) -> tuple[np.ndarray | None, ...]:
         """Each tensor's storage in ``frame`` (a uint8 array of at least :attr:`nbytes`), no copy."""
         return tuple(
-            None if slot is None else frame[slot[0] : slot[0] + slot[1]].view(slot[2]).reshape(slot[3])
+            None if slot is None else np.ndarray(slot[3], slot[2], buffer=frame, offset=slot[0])
             for slot in self.slots
         )
 
@@ -110,11 +112,17 @@ class Prefix:
     label: str
 
 
+def prefix_words(layout: FrameLayout, label_words: list[int], epoch: int, seq: int) -> list[int]:
+    """The :data:`PREFIX_WORDS` words that start a frame of ``layout`` (what a receiver compares
+    a frame's prefix with)."""
+    return [first_word(DATA, epoch), seq, layout.nbytes, layout.digest, *label_words]
+
+
 def write_prefix(
     words: np.ndarray, layout: FrameLayout, label_words: list[int], epoch: int, seq: int
 ) -> None:
     """Fill the :data:`PREFIX_WORDS` int64 ``words`` at the start of a frame."""
-    words[:] = (first_word(DATA, epoch), seq, layout.nbytes, layout.digest, *label_words)
+    words[:] = prefix_words(layout, label_words, epoch, seq)
 
 
 def read_prefix(frame: np.ndarray) -> Prefix:

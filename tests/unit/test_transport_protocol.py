@@ -83,6 +83,14 @@ def pair(monkeypatch):
     return transports[0], transports[1], link
 
 
+def as_restarted(transport, epoch):
+    """Make ``transport`` what a new transport of ``epoch`` on the same ranks starts as."""
+    transport.epoch = epoch
+    transport._outbound = [comm._Outbound() for _ in range(2)]
+    transport._inbound = [comm._Inbound() for _ in range(2)]
+    transport._staging = {}
+
+
 def tensor(values, dtype=np.float32):
     return ms.from_numpy(np.array(values, dtype=dtype))
 
@@ -118,6 +126,33 @@ def test_bfloat16_scalars_and_empty_tensors_keep_dtype_and_shape(pair):
         assert got[0].dtype == ms.bfloat16 and np.array_equal(got[0].float().asnumpy(), [1.5, -2.0])
         assert got[1].shape == () and float(got[1].asnumpy()) == 3.25
         assert got[2].shape == (0, 3)
+
+
+def test_views_transposes_and_fresh_results_travel_with_their_values(pair):
+    """The sender copies contiguous tensors from their address (a slice's includes its offset)
+    and others through numpy; both must send the tensor's values, not its storage."""
+    a, b, _ = pair
+    base = tensor(np.arange(24).reshape(4, 6))
+    cases = {
+        "slice": (base[1:3], np.arange(24).reshape(4, 6)[1:3]),
+        "transpose": (ms.ops.transpose(base, (1, 0)), np.arange(24).reshape(4, 6).T),
+        "computed": (base * 2 + 1, np.arange(24).reshape(4, 6) * 2 + 1),
+    }
+    assert not cases["transpose"][0].is_contiguous() and cases["slice"][0].storage_offset() == 6
+    for name, (value, expected) in cases.items():
+        a.send((value,), 1, "Fsend0.0")
+        assert np.array_equal(b.recv(0, "Fsend0.0")[0].asnumpy(), expected), name
+
+
+def test_labels_alternating_on_one_layout_each_arrive_under_their_own_name(pair):
+    a, b, _ = pair
+    for step in range(3):
+        for label in ("Fsend0.0", "Fsend0.1"):
+            a.send((tensor([step, len(label)]),), 1, label)
+            assert b.recv(0, label)[0].asnumpy().tolist() == [step, len(label)]
+    a.send((tensor([0.0, 0.0]),), 1, "Fsend0.1")
+    with pytest.raises(ProtocolError, match=r"expected Fsend0\.0 from rank 0 but received Fsend0\.1"):
+        b.recv(0, "Fsend0.0")
 
 
 def test_received_tensors_are_views_of_the_allocated_memory(pair):
@@ -191,7 +226,7 @@ def test_an_abort_notice_reaches_a_rank_expecting_a_large_frame(pair):
 
 def test_a_message_from_another_transport_epoch_is_refused(pair):
     a, b, _ = pair
-    b.epoch, b._data_word = 1, comm.first_word(comm.DATA, 1)  # rank 1 restarted, rank 0 did not
+    as_restarted(b, 1)  # rank 1 restarted, rank 0 did not
     a.send((tensor([1.0]),), 1, "Fsend0.0")
     with pytest.raises(ProtocolError, match=r"epoch 0 \(this transport's is 1\)"):
         b.recv(0, "Fsend0.0")
@@ -211,9 +246,7 @@ def test_a_restart_skips_what_the_failed_step_left_then_exchanges_cleanly(pair):
     a.send((tensor(np.ones((64, 64))),), 1, "Fsend0.0")  # rank 1 never reads header and frame,
     a.abort("step B0.0 failed", grace_s=0)  # nor this notice (rank 0 read rank 1's)
     for transport in (a, b):  # both ranks build their next transport on the same group
-        transport.epoch, transport._data_word = 1, comm.first_word(comm.DATA, 1)
-        transport._outbound = [comm._Outbound() for _ in range(2)]
-        transport._inbound = [comm._Inbound() for _ in range(2)]
+        as_restarted(transport, 1)
     link.block_s = 5.0
     threads = [threading.Thread(target=t._resync) for t in (a, b)]
     for thread in threads:
