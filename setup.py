@@ -1,4 +1,5 @@
-"""Build wiring for the C++ buffer-reuse helper; all other metadata lives in pyproject.toml."""
+"""Build wiring for the C++ helpers (buffer reuse, host gradient adds); all other metadata lives
+in pyproject.toml."""
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
@@ -9,7 +10,8 @@ setup(
             "graph_exec._bufpool",
             sorted(["csrc/bufpool.cpp", "csrc/pool.cpp", "csrc/slot_planner.cpp"]),
             cxx_std=17,
-        )
+        ),
+        Pybind11Extension("graph_exec._hostadd", ["csrc/host_add.cpp"], cxx_std=17),
     ],
     cmdclass={"build_ext": build_ext},
 )

@@ -8,7 +8,7 @@ alternate round by round in one process, so machine noise hits them alike):
   pipeline stage must (it sends them), for: the graph executor (jitted chunk under the tape), the pynative
   executor (eager chunk under the tape), the graph executor with ``recompute=True``, an eager
   tape written here (``GradOperation`` on the bare cell, eager ``assign_add``; the reference),
-  the same with the executors' numpy adds (so that their gain over the reference can be split
+  the same with the executors' host adds (so that their gain over the reference can be split
   into accumulation and compilation), and the previous compiled
   path written here (a jitted recompute ``value_and_grad`` with in-graph ``assign_add``);
 * :func:`accumulation_candidates` — ways of adding returned weight gradients into accumulators;
@@ -110,7 +110,7 @@ def build_chunk(name: str) -> tuple[Any, tuple[int, ...]]:
 
 def _eager_tape(cell: Any, host_adds: bool = False) -> Callable[[list, list], list]:
     """The reference: the bare cell under the eager tape, eager ``assign_add`` into accumulators
-    (``host_adds``: numpy adds into their memory instead, as the executors do on CPU)."""
+    (``host_adds``: host adds into their memory instead, as the executors do on CPU)."""
     from mindspore import Parameter, ParameterTuple, ops
 
     from graph_exec.kernels.grad_buffers import make_host_accumulate
@@ -208,7 +208,7 @@ def chunk_speed(name: str, rounds: int, warmup: int) -> dict[str, dict[str, floa
         "pynative (tape)": lambda cell: _executor_path(cell, "pynative", False),
         "graph recompute=True": lambda cell: _executor_path(cell, "graph", True),
         "eager tape (reference)": _eager_tape,
-        "eager tape, numpy adds": lambda cell: _eager_tape(cell, host_adds=True),
+        "eager tape, host adds": lambda cell: _eager_tape(cell, host_adds=True),
         "old compiled path": _old_compiled_path,
     }
     steps = {label: make(build_chunk(name)[0]) for label, make in paths.items()}
@@ -232,6 +232,7 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
     """Taped backwards of chunk ``name`` whose weight gradients are added in different ways."""
     import mindspore as ms
     from mindspore import Parameter, ParameterTuple, Tensor, ops
+    from mindspore.common.api import _pynative_executor
 
     from graph_exec.executors.tape import Tape
     from graph_exec.kernels import make_accumulate, make_stage_forward
@@ -259,6 +260,13 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
                 ops.assign_add(buffers[index], grads[micro * count + index])
 
     host_add = make_host_accumulate(buffers)  # what the executors use on CPU
+
+    def numpy_views(grads: tuple) -> None:  # the executors' previous CPU adder
+        _pynative_executor.sync()
+        for buffer, grad in zip(buffers, grads, strict=True):
+            view = buffer.asnumpy()
+            np.add(view, grad.asnumpy(), out=view)
+
     jit_closed = ms.jit(make_accumulate(buffers))
     jit_passed = ms.jit(add_passed)
     jit_held = ms.jit(add_held)
@@ -272,7 +280,8 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
 
     candidates: dict[str, Callable[[tuple], Any]] = {
         "eager assign_add per parameter": eager,
-        "numpy add into the host memory (CPU)": lambda grads: host_add(*grads),
+        "numpy add through asnumpy() views": numpy_views,
+        "C++ add by address (CPU; executors)": lambda grads: host_add(*grads),
         "one jitted add, buffers closed over": lambda grads: jit_closed(*grads),
         "one jitted add, buffers as arguments": lambda grads: jit_passed(*buffers, *grads),
         f"one jitted add per {MICRO} micro-batches": batched,

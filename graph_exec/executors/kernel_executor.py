@@ -14,33 +14,38 @@ is always that recompute (its forward ran elsewhere, or long before), unless the
 taped preprocess hooks.
 
 Weight gradients come back from the tape as tensors and are added into the accumulators by
-``GradBuffers.add``, in both modes: on CPU numpy adds into the accumulators' own memory (float32
-and float64 accumulators), elsewhere eager ``ops.assign_add``, one per parameter. Candidates,
-measured side by side with ``python -m graph_exec.benchmarks.executor_speed --only accumulation``
-(4 taped forwards then 4 backwards, ms for the whole round, p10 / p50; this 2-core machine,
-otherwise idle):
+``GradBuffers.add``, in both modes: on CPU by address in C++ (``graph_exec._hostadd``, float32
+and float64 accumulators; a gradient that is not contiguous goes through numpy), elsewhere eager
+``ops.assign_add``, one per parameter. Candidates, measured side by side with
+``python -m graph_exec.benchmarks.executor_speed --only accumulation`` (4 taped forwards then 4
+backwards, ms for the whole round, p10 / p50; this 2-core machine, otherwise idle, one run):
 
     candidate                                dense32, 16   dense256, 16   LM block, 12
-    eager assign_add per parameter            5.37 / 5.76    9.19 / 10.46   9.35 / 10.44
-    numpy add into the host memory (CPU)      4.59 / 4.96    8.16 / 9.11    8.51 / 9.57
-    one jitted add, buffers closed over       5.41 / 5.80    9.17 / 10.72   9.15 / 10.29
-    one jitted add, buffers as arguments      5.86 / 6.36    9.90 / 11.50   9.86 / 10.98
-    one jitted add per 4 micro-batches        5.22 / 5.51    8.94 / 10.48   9.00 / 9.84
-    no accumulation (floor)                   3.82 / 4.27    7.18 / 8.62    7.78 / 8.64
+    eager assign_add per parameter            5.10 / 5.58   13.42 / 14.90  11.44 / 13.48
+    numpy add through asnumpy() views         4.23 / 4.82   11.29 / 13.31  10.30 / 12.31
+    C++ add by address (the executors, CPU)   3.63 / 4.19   10.75 / 12.88  10.00 / 11.88
+    one jitted add, buffers closed over       5.12 / 5.89   13.68 / 16.19  11.27 / 13.57
+    one jitted add, buffers as arguments      5.69 / 6.51   14.50 / 16.80  12.43 / 14.27
+    one jitted add per 4 micro-batches        4.72 / 5.63   12.22 / 14.68  11.56 / 13.05
+    no accumulation (floor)                   3.49 / 4.39   10.61 / 12.50   9.90 / 11.58
 
 (chunk, number of gradient tensors).
 
 All candidates are exact (the same float32 additions, each buffer in micro-batch order). The
-numpy adds win on every chunk (1.09-1.16x the round, about half of what accumulation costs over
-the floor): they save the dispatch of one eager MindSpore op per parameter. They rely on a CPU
-fact (a Parameter's ``asnumpy()`` is its own memory, seen by later ops and graphs; measured and
-tested) and wait for MindSpore's queued work first, so they are used on CPU only. Among the others none beats the eager ``assign_add`` by more than
-noise: on its own a jitted add of 4 micro-batches' dense32 gradients takes 0.66 ms against
-1.10 ms for the 64 eager adds, but while taped forwards are in flight MindSpore runs every
-jitted call through its grad-recording path (``grad_jit``), which eats the saving; an executor
-that held gradients for it (tried) was no faster on any chunk and held their memory, so it was
-not kept. A flat buffer per chunk was not tried: the accumulators must stay one live Parameter
-per parameter (optimizers, the broadcast and the gradient all-reduce read them by name).
+host adds win on every chunk: they save the dispatch of one eager MindSpore op per parameter,
+and adding by address also saves the two ``asnumpy()`` views per parameter that numpy needs
+(about 4.6 us each, mostly numpy parsing the buffer's format string): 16 parameters take about
+28 us instead of 125 us, which brings accumulation to within noise of the floor. They rely on
+CPU facts (a tensor's ``data_ptr()`` is its host memory, waits for the op that makes it, and
+writes there are seen by later ops and graphs; measured and tested) and wait for MindSpore's
+queued work first, so they are used on CPU only. Among the others none beats the eager
+``assign_add`` by more than noise: on its own a jitted add of 4 micro-batches' dense32 gradients
+takes 0.66 ms against 1.10 ms for the 64 eager adds, but while taped forwards are in flight
+MindSpore runs every jitted call through its grad-recording path (``grad_jit``), which eats the
+saving; an executor that held gradients for it (tried) was no faster on any chunk and held their
+memory, so it was not kept. A flat buffer per chunk was not tried: the accumulators must stay
+one live Parameter per parameter (optimizers, the broadcast and the gradient all-reduce read
+them by name).
 
 The last stage runs its loss forward under the tape and its bprop at once; a fused jitted
 forward+loss+backward was kept out because it did not beat that. Same script (``--only last``),

@@ -1,7 +1,7 @@
-"""Gradient accumulators: on CPU the float32/float64 ones are added into with numpy, straight
-into their memory; the sums must be bit-identical to MindSpore's own ``assign_add``, be seen by
-eager ops and compiled graphs, and come after any queued write. Other dtypes keep
-``assign_add``."""
+"""Gradient accumulators: on CPU the float32/float64 ones are added into on the host, straight
+into their memory (by address in C++, or through numpy for a gradient laid out otherwise); the
+sums must be bit-identical to MindSpore's own ``assign_add``, be seen by eager ops and compiled
+graphs, and come after any queued write. Other dtypes keep ``assign_add``."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ def buffers_like(values: list[np.ndarray], prefix: str) -> ParameterTuple:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numpy_adds_equal_assign_add_bit_for_bit(dtype: type) -> None:
+def test_host_adds_equal_assign_add_bit_for_bit(dtype: type) -> None:
     rng = np.random.default_rng(3)
-    shapes = [(7, 5), (5,), (3, 4, 2)]
+    shapes = [(7, 5), (5,), (3, 4, 2), (0, 3)]
     micro_grads = [
         [rng.standard_normal(s).astype(dtype) * 10.0 ** rng.integers(-3, 3) for s in shapes] for _ in range(5)
     ]
@@ -36,7 +36,30 @@ def test_numpy_adds_equal_assign_add_bit_for_bit(dtype: type) -> None:
         assert h.asnumpy().tobytes() == e.asnumpy().tobytes()
 
 
-def test_numpy_adds_are_seen_by_ops_and_graphs_and_follow_queued_writes() -> None:
+def test_gradients_laid_out_otherwise_are_added_by_value() -> None:
+    """A transposed view, a slice at an offset and a gradient still being computed by a graph."""
+    rng = np.random.default_rng(4)
+    source = rng.standard_normal((6, 5)).astype(np.float32)
+    (buffer,) = buffers_like([np.zeros((5, 4), np.float32)], "layout.")
+    add = make_host_accumulate(ParameterTuple([buffer]))
+    transposed = ops.transpose(Tensor(source[:4]), (1, 0))
+    rows = rng.standard_normal((7, 4)).astype(np.float32)
+    sliced = Tensor(rows)[1:6]
+    assert not transposed.is_contiguous()
+    assert sliced.is_contiguous() and sliced.storage_offset() == 4
+
+    @ms.jit
+    def scaled(x: Tensor) -> Tensor:
+        return ops.matmul(x, ops.eye(4, 4, ms.float32)) * 3
+
+    add(transposed)
+    add(sliced)
+    add(scaled(Tensor(source[1:5].T.copy())))
+    expected = source[:4].T + rows[1:6] + source[1:5].T * 3
+    np.testing.assert_allclose(buffer.asnumpy(), expected, rtol=1e-6)
+
+
+def test_host_adds_are_seen_by_ops_and_graphs_and_follow_queued_writes() -> None:
     (buffer,) = buffers_like([np.zeros(4, np.float32)], "seen.")
     add = make_host_accumulate(ParameterTuple([buffer]))
 
@@ -63,7 +86,7 @@ def test_other_dtypes_keep_assign_add() -> None:
     np.testing.assert_array_equal(buffers[0].asnumpy(), np.full(3, 0.75, np.float16))
 
 
-def test_float32_accumulators_take_the_numpy_path_on_cpu() -> None:
+def test_float32_accumulators_take_the_host_path_on_cpu() -> None:
     params = [Parameter(Tensor(np.ones(2, np.float32)), name="path.p")]
     grads = GradBuffers(params, [make_buffer(params[0])])
     assert grads.add.__qualname__.startswith("make_host_accumulate")
