@@ -26,9 +26,10 @@ from graph_exec import _hostadd
 
 #: Prefix of every accumulator name.
 BUFFER_PREFIX = "gacc."
-#: Accumulator dtypes whose numpy addition is the very IEEE addition MindSpore's CPU kernel does
-#: (numpy has no bfloat16, and adds float16 through float32).
+#: Accumulator dtypes whose host addition (C++ or numpy) is the very IEEE addition MindSpore's
+#: CPU kernel does (numpy has no bfloat16, and adds float16 through float32).
 HOST_ADD_DTYPES = (ms.float32, ms.float64)
+#: The C++ adder of each host-added dtype.
 _ADD_BY_ADDRESS = {ms.float32: _hostadd.add_float32, ms.float64: _hostadd.add_float64}
 
 
