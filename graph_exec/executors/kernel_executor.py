@@ -18,16 +18,17 @@ Weight gradients come back from the tape as tensors and are added into the accum
 and float64 accumulators; a gradient that is not contiguous goes through numpy), elsewhere eager
 ``ops.assign_add``, one per parameter. Candidates, measured side by side with
 ``python -m graph_exec.benchmarks.executor_speed --only accumulation`` (4 taped forwards then 4
-backwards, ms for the whole round, p10 / p50; this 2-core machine, otherwise idle, one run):
+backwards, ms for the whole round, p10 / p50; this 2-core machine, otherwise idle, one run, with
+``MS_DEV_HOST_BLOCKING_RUN`` as ``prepare_mindspore`` sets it):
 
     candidate                                dense32, 16   dense256, 16   LM block, 12
-    eager assign_add per parameter            5.10 / 5.58   13.42 / 14.90  11.44 / 13.48
-    numpy add through asnumpy() views         4.23 / 4.82   11.29 / 13.31  10.30 / 12.31
-    C++ add by address (the executors, CPU)   3.63 / 4.19   10.75 / 12.88  10.00 / 11.88
-    one jitted add, buffers closed over       5.12 / 5.89   13.68 / 16.19  11.27 / 13.57
-    one jitted add, buffers as arguments      5.69 / 6.51   14.50 / 16.80  12.43 / 14.27
-    one jitted add per 4 micro-batches        4.72 / 5.63   12.22 / 14.68  11.56 / 13.05
-    no accumulation (floor)                   3.49 / 4.39   10.61 / 12.50   9.90 / 11.58
+    eager assign_add per parameter            4.58 / 4.80   10.52 / 11.19   9.54 / 9.84
+    numpy add through asnumpy() views         3.87 / 3.99    9.29 / 9.97    8.80 / 9.09
+    C++ add by address (the executors, CPU)   3.30 / 3.42    8.75 / 9.58    8.39 / 8.57
+    one jitted add, buffers closed over       4.46 / 4.83   10.68 / 11.59   9.58 / 10.02
+    one jitted add, buffers as arguments      5.01 / 5.38   11.24 / 12.53   9.98 / 10.24
+    one jitted add per 4 micro-batches        4.32 / 4.62   10.62 / 11.60   9.32 / 9.76
+    no accumulation (floor)                   3.17 / 3.28    8.54 / 9.32    8.33 / 8.45
 
 (chunk, number of gradient tensors).
 
