@@ -15,7 +15,7 @@ alternate round by round in one process, so machine noise hits them alike):
 * :func:`last_stage_fused_vs_tape` — the fused jitted forward+loss+backward (with in-graph
   accumulation, or returning the gradients to a jitted add) against the taped loss forward
   followed by its bprop;
-* :func:`slow_mode_candidates` — what makes a jitted recompute backward slow;
+* :func:`slow_mode_candidates` — what a jitted recompute backward's outputs cost;
 * :func:`memory_per_micro` — bytes held per in-flight micro-batch, tape against recompute
   (each in a fresh process: MindSpore's allocator never returns memory, so growth only shows
   in a process that has not needed it before).
@@ -409,11 +409,13 @@ def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, d
 
 
 def slow_mode_candidates(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
-    """What makes the old compiled recompute-backward slow: one dense32 backward per sample.
+    """What the old compiled recompute-backward's outputs cost: one dense32 backward per sample.
 
     The same jitted recompute ``value_and_grad`` returning the input gradient only; returning
     the weight gradients too; adding them into accumulator Parameters inside the graph; and
-    the taped bprop for comparison (forward recorded just before, not timed).
+    the taped bprop for comparison (forward recorded just before, not timed). Its random slow
+    mode came from MindSpore's host pipeline threads, which ``MS_DEV_HOST_BLOCKING_RUN=1`` (set
+    by ``prepare_mindspore`` on CPU) turns off: run this with the variable at 0 to look for it.
     """
     import mindspore as ms
     from mindspore import Parameter, ParameterTuple, Tensor, ops
