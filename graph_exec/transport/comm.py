@@ -241,21 +241,21 @@ class _Outbound:
 class _Expected:
     """The layout of one label's transfers from a peer, and the prefix its frames must carry."""
 
-    __slots__ = ("bfloat16", "from_numpy", "layout", "prefix")
+    __slots__ = ("bfloat16", "layout", "prefix")
 
     def __init__(self, layout: FrameLayout, prefix: list[int]) -> None:
         import mindspore as ms
 
         self.layout = layout
         self.prefix = prefix
-        self.from_numpy = ms.Tensor.from_numpy
         self.bfloat16 = (
             ms.bfloat16 if any(e is not None and e.dtype == "bfloat16" for e in layout.entries) else None
         )
 
-    def tensors(self, frame: np.ndarray) -> tuple[Any | None, ...]:
-        """The MindSpore tensors of a received ``frame``: views of its memory, no copy."""
-        out = tuple(None if view is None else self.from_numpy(view) for view in self.layout.views(frame))
+    def tensors(self, frame: np.ndarray, from_numpy: Callable[[np.ndarray], Any]) -> tuple[Any | None, ...]:
+        """The MindSpore tensors of a received ``frame`` (``from_numpy`` is ``mindspore.from_numpy``):
+        views of its memory, no copy."""
+        out = tuple(None if view is None else from_numpy(view) for view in self.layout.views(frame))
         if self.bfloat16 is None:
             return out
         return tuple(  # bfloat16 travels as uint16 bits (numpy has no bfloat16)
@@ -460,7 +460,7 @@ class Transport:
         if known is None or not known.matches(words, inbound.seq):
             self._refuse_frame(src, expect, words, frame, known, inbound.seq)
         inbound.seq += 1
-        return known.tensors(frame)
+        return known.tensors(frame, self._from_numpy)
 
     def _post_frame(self, header: Any | None, staging: _Staging, dst: int) -> None:
         """:meth:`send`'s messages: the header, if any, then the frame."""
@@ -518,10 +518,8 @@ class Transport:
             self._receive(src, expect, numpy_allocator, layout.nbytes)
         self._check(src, expect, header.epoch, header.seq, header.meta.label, inbound.seq)
         self.stats.headers_received += 1
-        known = inbound.known[expect] = _Expected(
-            layout, prefix_words(layout, self._label(expect), self.epoch, 0)
-        )
-        return known
+        inbound.known[expect] = _Expected(layout, prefix_words(layout, self._label(expect), self.epoch, 0))
+        return inbound.known[expect]
 
     def _receive(self, src: int, expect: str, alloc: Allocator, nbytes: int) -> tuple[np.ndarray, list[int]]:
         """One message from ``src`` and its first :data:`PREFIX_WORDS` words, into fresh memory of
