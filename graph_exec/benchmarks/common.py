@@ -33,16 +33,17 @@ def timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callabl
 
 
 class CommTimed:
-    """``mindspore.mint.distributed`` with the calls ``names`` timed into ``totals[name]``, so
-    that a script can tell the time spent in MindSpore's communication from the Python around it."""
+    """A transport's point-to-point ops (:mod:`graph_exec.transport.p2p`) with the calls ``names``
+    timed into ``totals[name]``, so that a script can tell the time spent in MindSpore's
+    communication from the Python around it."""
 
-    def __init__(self, dist: Any, totals: dict[str, float], names: Sequence[str]) -> None:
-        self._dist = dist
+    def __init__(self, ops: Any, totals: dict[str, float], names: Sequence[str]) -> None:
+        self._ops = ops
         for name in names:
-            setattr(self, name, timed(totals, name, getattr(dist, name)))
+            setattr(self, name, timed(totals, name, getattr(ops, name)))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._dist, name)
+        return getattr(self._ops, name)
 
 
 def argument_parser(module_doc: str | None, prog: str) -> argparse.ArgumentParser:

@@ -66,7 +66,7 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
             for name in TRANSPORT:
                 key = "send" if name == "send" else "wait"
                 setattr(runtime.transport, name, timed(totals, key, getattr(runtime.transport, name)))
-            runtime.transport._dist = CommTimed(runtime.transport._dist, totals, ("isend",))
+            runtime.transport._p2p = CommTimed(runtime.transport._p2p, totals, ("isend",))
         totals.clear()
         start = time.perf_counter()
         schedule.run(*inputs, labels=labels)

@@ -5,12 +5,14 @@ ranks) and times ping-pong round trips of a one-tensor group, per payload size: 
 :class:`graph_exec.transport.Transport` in steady state (one data frame per transfer, label and
 sequence checked in band, receive on the deadline-bound communication thread, receive memory
 from a buffer pool as in a pipeline step) and with bare ``mindspore.mint.distributed``
-``isend``/``recv`` of the payload into a preallocated tensor, in alternating rounds so that
-machine noise hits both alike. It prints p10/p50/p90 of the per-round means and the ratio of
-the medians, plus how many messages and headers the transport sent per round trip. A last pass
-times MindSpore's ``isend`` and ``recv`` inside the transport, to show how much of a round trip
-is the transport's own Python on rank 0 (the timing wrappers' own cost, about 1 µs per round
-trip, is counted in it).
+``isend``/``recv`` of the payload into a preallocated tensor (what a user would write by hand),
+and with the same bare exchange through the send and receive ops the transport calls
+(:mod:`graph_exec.transport.p2p`, without ``mint.distributed``'s per-call checks), in
+alternating rounds so that machine noise hits all three alike. It prints p10/p50/p90 of the
+per-round means and the transport's ratio to each bare exchange (medians), plus how many
+messages and headers the transport sent per round trip. A last pass times the sends and
+receives inside the transport, to show how much of a round trip is the transport's own Python
+on rank 0 (the timing wrappers' own cost, about 1 µs per round trip, is counted in it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def _worker() -> None:
     init()
     tp = Transport(timeout_s=60)
     rank, peer = tp.rank, 1 - tp.rank
+    ops = tp._p2p
     pool = BufferPool()
 
     def alloc(nbytes: int) -> np.ndarray:
@@ -70,11 +73,19 @@ def _worker() -> None:
                 dist.recv(buffer, src=peer)
                 dist.isend(buffer, dst=peer).wait()
 
+        def raw_ops(tensor=tensor, buffer=buffer) -> None:
+            if rank == 0:
+                ops.isend(tensor, peer).wait()
+                ops.recv(buffer, peer)
+            else:
+                ops.recv(buffer, peer)
+                ops.isend(buffer, peer).wait()
+
         via_transport(tensor)  # the first transfer of a label carries its header
         sent, headers = tp.stats.messages_sent, tp.stats.headers_sent
-        times: dict[str, list[float]] = {"transport": [], "raw": []}
+        times: dict[str, list[float]] = {"transport": [], "raw": [], "ops": []}
         for _ in range(ROUNDS):
-            for name, fn in (("transport", via_transport), ("raw", raw)):
+            for name, fn in (("transport", via_transport), ("raw", raw), ("ops", raw_ops)):
                 dist.barrier()
                 start = time.perf_counter()
                 for _ in range(REPEATS):
@@ -83,23 +94,28 @@ def _worker() -> None:
         per_trip = (tp.stats.messages_sent - sent) / (ROUNDS * REPEATS)
         header_trips = tp.stats.headers_sent - headers
         inside: dict[str, float] = {"isend": 0.0, "recv": 0.0}
-        tp._dist = CommTimed(dist, inside, tuple(inside))
+        tp._p2p = CommTimed(ops, inside, tuple(inside))
         dist.barrier()
         start = time.perf_counter()
         for _ in range(ROUNDS * REPEATS):
             via_transport(tensor)
         own = (time.perf_counter() - start - sum(inside.values())) / (ROUNDS * REPEATS)
-        tp._dist = dist
+        tp._p2p = ops
         if rank == 0:
-            ours, bare = p10_p50_p90(times["transport"]), p10_p50_p90(times["raw"])
+            ours, bare, op = (p10_p50_p90(times[name]) for name in ("transport", "raw", "ops"))
             print(
-                f"RESULT {nbytes >> 10:>6} KiB  transport {'/'.join(f'{t * 1e3:.3f}' for t in ours)} ms  "
-                f"raw {'/'.join(f'{t * 1e3:.3f}' for t in bare)} ms  ratio(p50) {ours[1] / bare[1]:5.2f}  "
+                f"RESULT {nbytes >> 10:>6} KiB  transport {_ms(ours)} ms  raw {_ms(bare)} ms  "
+                f"ratio(p50) {ours[1] / bare[1]:5.2f}  raw ops ({type(ops).__name__}) {_ms(op)} ms  "
+                f"ratio(p50) {ours[1] / op[1]:5.2f}  "
                 f"messages sent/round trip {per_trip:.1f}, headers {header_trips}; "
                 f"rank 0's own Python {own * 1e6:.0f} us/round trip",
                 flush=True,
             )
     dist.barrier()  # a rank must not exit while its peer still waits for a message's acknowledgement
+
+
+def _ms(seconds: tuple[float, float, float]) -> str:
+    return "/".join(f"{t * 1e3:.3f}" for t in seconds)
 
 
 def main(argv: list[str]) -> int:

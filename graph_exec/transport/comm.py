@@ -65,6 +65,7 @@ from graph_exec.transport.meta import (
     pack_label,
     split_first_word,
 )
+from graph_exec.transport.p2p import point_to_point
 
 #: Gives the memory of one incoming message: a writable, C-contiguous uint8 array of at least
 #: ``nbytes`` bytes, 64-byte aligned, that stays reserved while the received tensors are in
@@ -399,6 +400,7 @@ class Transport:
         self._staging: dict[FrameLayout, list[_Staging]] = {}
         self._label_words: dict[str, list[int]] = {}
         self._host_addresses = tensors_in_host_memory()
+        self._p2p = point_to_point(dist, self.group, self.ranks)
         import mindspore as ms
 
         self._from_numpy = ms.from_numpy
@@ -464,10 +466,9 @@ class Transport:
 
     def _post_frame(self, header: Any | None, staging: _Staging, dst: int) -> None:
         """:meth:`send`'s messages: the header, if any, then the frame."""
-        peer = self.ranks[dst]
         if header is not None:
-            self._post(header, peer, None)
-        self._post(staging.tensor, peer, staging)
+            self._post(header, dst, None)
+        self._post(staging.tensor, dst, staging)
 
     def drain(self) -> None:
         """Wait until every queued send has left (end of a step, or before reusing buffers)."""
@@ -483,9 +484,10 @@ class Transport:
 
         self._run(wait_all, self.timeout_s, "draining pending sends")
 
-    def _post(self, tensor: Any, peer: int, staging: _Staging | None) -> None:
-        """Send one message; on a backend whose sends complete when posted, wait at once."""
-        handle = self._dist.isend(tensor, dst=peer, group=self.group)
+    def _post(self, tensor: Any, dst: int, staging: _Staging | None) -> None:
+        """Send one message to pipeline rank ``dst``; on a backend whose sends complete when
+        posted, wait at once."""
+        handle = self._p2p.isend(tensor, dst)
         self.stats.messages_sent += 1
         self.stats.bytes_sent += tensor.nbytes
         if self._sends_complete_on_post:
@@ -529,7 +531,7 @@ class Transport:
         frame = alloc(size)[:size]
         start = time.monotonic()
         try:
-            self._dist.recv(self._from_numpy(frame), src=self.ranks[src], group=self.group)
+            self._p2p.recv(self._from_numpy(frame), src)
         except RuntimeError as exc:  # the back end's "Recv failed."
             waited = time.monotonic() - start
             if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:

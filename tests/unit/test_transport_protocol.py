@@ -20,6 +20,7 @@ import pytest
 import graph_exec.transport.comm as comm
 from graph_exec.errors import ProtocolError, RemoteRankError
 from graph_exec.msenv import prepare_mindspore
+from graph_exec.transport.p2p import PublicPointToPoint
 
 prepare_mindspore("CPU")
 
@@ -79,6 +80,7 @@ def pair(monkeypatch):
         monkeypatch.setattr(dist, "get_rank", lambda *a, rank=rank, **k: rank)
         transport = comm.Transport(timeout_s=10.0)
         transport._dist = link.endpoint(rank)
+        transport._p2p = PublicPointToPoint(transport._dist, "fake", (0, 1))
         transports.append(transport)
     return transports[0], transports[1], link
 
