@@ -5,7 +5,7 @@ up in a cache and wrap the result in a Python handle on every call, then call Mi
 send and receive ops (``dist_comm_isend_op``/``dist_comm_irecv_op``). A transport calls them
 with the same group and peers for its whole life, so :class:`DirectPointToPoint` resolves the
 peers' group ranks once and calls those ops itself. Measured with MindSpore 2.10 on a 2-core
-machine: a bare 1 KiB ping-pong through the ops takes 6-9 % less time than through the public
+machine: a bare 1 KiB ping-pong through the ops takes 6–9 % less time than through the public
 functions (``python -m graph_exec.benchmarks.transport_speed`` prints both). It also sidesteps
 the public functions' import-time default group (see
 :func:`~graph_exec.transport.cpu_workarounds.rebind_default_groups`), since the group is always
