@@ -3,8 +3,8 @@
 ``python -m graph_exec.benchmarks.transport_speed`` launches itself under msrun (2 local
 ranks) and times ping-pong round trips of a one-tensor group, per payload size: through
 :class:`graph_exec.transport.Transport` in steady state (one data frame per transfer, label and
-sequence checked in band, receive on the deadline-bound communication thread, receive memory
-from a buffer pool as in a pipeline step) and with bare ``mindspore.mint.distributed``
+sequence checked in band, calls on the caller's thread where the back end keeps the deadline,
+receive memory from a buffer pool as in a pipeline step) and with bare ``mindspore.mint.distributed``
 ``isend``/``recv`` of the payload into a preallocated tensor (what a user would write by hand),
 and with the same bare exchange through the send and receive ops the transport calls
 (:mod:`graph_exec.transport.p2p`, without ``mint.distributed``'s per-call checks), and with a
@@ -65,6 +65,15 @@ def _worker() -> None:
         while held:
             pool.release(held.pop())
 
+    def send_staged(tensor, frame: np.ndarray, frame_tensor, nbytes: int) -> None:
+        ctypes.memmove(frame.ctypes.data + PREFIX_BYTES, tensor.data_ptr(), nbytes)
+        ops.isend(frame_tensor, peer).wait()
+
+    def receive_fresh(nbytes: int):
+        memory = alloc(nbytes + PREFIX_BYTES)
+        ops.recv(ms.from_numpy(memory), peer)
+        return ms.from_numpy(memory[PREFIX_BYTES:].view(np.float32))
+
     for nbytes in SIZES:
         tensor = ms.from_numpy(np.ones(nbytes // 4, np.float32))
         buffer = ms.from_numpy(np.empty(nbytes // 4, np.float32))
@@ -91,21 +100,11 @@ def _worker() -> None:
         def floor(tensor=tensor, frame=frame, frame_tensor=frame_tensor, nbytes=nbytes) -> None:
             """What any transport that hands out fresh tensors must do: copy into a frame, receive
             into fresh pool memory, wrap the payload as a tensor (no checks, no bookkeeping)."""
-
-            def send(values) -> None:
-                ctypes.memmove(frame.ctypes.data + PREFIX_BYTES, values.data_ptr(), nbytes)
-                ops.isend(frame_tensor, peer).wait()
-
-            def receive():
-                memory = alloc(nbytes + PREFIX_BYTES)
-                ops.recv(ms.from_numpy(memory), peer)
-                return ms.from_numpy(memory[PREFIX_BYTES:].view(np.float32))
-
             if rank == 0:
-                send(tensor)
-                receive()
+                send_staged(tensor, frame, frame_tensor, nbytes)
+                receive_fresh(nbytes)
             else:
-                send(receive())
+                send_staged(receive_fresh(nbytes), frame, frame_tensor, nbytes)
             while held:
                 pool.release(held.pop())
 
