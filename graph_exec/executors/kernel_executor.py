@@ -9,8 +9,9 @@ pynative give the same numbers.
 Differentiation goes through MindSpore's autograd tape (:class:`~graph_exec.executors.tape.Tape`)
 around the kernel. By default a stage forward is recorded and its backward runs the recorded
 bprop: no recompute. With ``recompute=True`` the forward runs plainly and keeps only its inputs;
-the backward records the forward again and takes its gradient at once. The preprocess backward
-is always that recompute (its forward ran elsewhere, or long before), unless the caller used the
+the backward runs the forward again and takes its gradient in the same call, one compiled graph
+in graph mode (:meth:`~graph_exec.executors.tape.Tape.recompute`). The preprocess backward is
+always that recompute (its forward ran elsewhere, or long before), unless the caller used the
 taped preprocess hooks.
 
 Weight gradients come back from the tape as tensors and are added into the accumulators by
@@ -114,6 +115,10 @@ def _run_backward(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...]
     return tape.backward(args, sens)
 
 
+def _run_recompute(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    return tape.recompute(args, sens)
+
+
 class KernelExecutor(Executor):
     """Implements every hook over the shared kernels; subclasses choose how kernels run."""
 
@@ -192,11 +197,11 @@ class KernelExecutor(Executor):
         return outputs, self._kernels[key]
 
     def _backward(self, key: Hashable, kept: KeptForward, sens: Any) -> tuple[tuple, tuple]:
-        """Input and weight gradients of a kept forward for upstream gradient ``sens``;
-        records the forward first when it was not (recompute)."""
-        if not kept.recorded:
-            kept.tape(*kept.args)
-        return self._call(key, lambda: _run_backward, kept.tape, kept.args, sens)
+        """Input and weight gradients of a kept forward for upstream gradient ``sens``: from
+        its recorded bprop, or, when it was not recorded, recomputed and differentiated in one
+        go (one compiled graph in graph mode). Which of the two is fixed per ``key``."""
+        run = _run_backward if kept.recorded else _run_recompute
+        return self._call(key, lambda: run, kept.tape, kept.args, sens)
 
     def _accumulate(self, grads: GradBuffers, weight_grads: tuple) -> None:
         """The same adds in both modes: the fastest exact candidate (module docstring)."""
@@ -293,7 +298,7 @@ class KernelExecutor(Executor):
         return signature, args, lambda: make_preprocess_forward(cell, len(inputs), names, constants)
 
     def _preprocess_tape_for(self, make: Callable[[], Callable[..., Any]]) -> Tape:
-        return Tape(self._prepare(make()), self._preprocess_grads.params, grad_inputs=False)
+        return Tape(make(), self._preprocess_grads.params, grad_inputs=False, prepare=self._prepare)
 
     def _preprocess_tape(self, signature: Hashable, make: Callable[[], Callable[..., Any]]) -> Tape:
         """The (unrecorded) preprocess tape of ``signature``, cached like a kernel."""
@@ -319,7 +324,7 @@ class KernelExecutor(Executor):
             tape_key = ("stage_tape", stage, specs, bool(grad_inputs))
 
             def make_tape() -> Tape:
-                return Tape(self._prepare(make_stage_forward(cell)), weights, bool(grad_inputs))
+                return Tape(make_stage_forward(cell), weights, bool(grad_inputs), self._prepare)
 
             if not self.recompute:
                 outputs, tape = self._taped(tape_key, make_tape, *inputs)
@@ -393,7 +398,7 @@ class KernelExecutor(Executor):
             return loss, tuple(result)
         loss, tape = self._taped(
             ("loss_tape", stage, specs, label_specs, bool(grad_inputs)),
-            lambda: Tape(self._prepare(make_loss()), grads.params, bool(grad_inputs)),
+            lambda: Tape(make_loss(), grads.params, bool(grad_inputs), self._prepare),
             *args,
         )
         kept = KeptForward(args, (TensorSpec.of(loss),), tape, recorded=True)
