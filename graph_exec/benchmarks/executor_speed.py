@@ -16,6 +16,8 @@ alternate round by round in one process, so machine noise hits them alike):
   accumulation, or returning the gradients to a jitted add) against the taped loss forward
   followed by its bprop;
 * :func:`slow_mode_candidates` — what a jitted recompute backward's outputs cost;
+* :func:`recompute_backward` — the one-graph recompute backward against recording the forward
+  and running its bprop;
 * :func:`memory_per_micro` — bytes held per in-flight micro-batch, tape against recompute
   (each in a fresh process: MindSpore's allocator never returns memory, so growth only shows
   in a process that has not needed it before).
@@ -240,7 +242,7 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
 
     cell, shape = build_chunk(name)
     params = ParameterTuple(cell.trainable_params())
-    tape = Tape(ms.jit(make_stage_forward(cell)), params, grad_inputs=True)
+    tape = Tape(make_stage_forward(cell), params, True, ms.jit)
     buffers = ParameterTuple(
         [Parameter(ops.zeros_like(p), name="cand." + p.name, requires_grad=False) for p in params]
     )
@@ -447,7 +449,7 @@ def slow_mode_candidates(rounds: int, warmup: int) -> dict[str, dict[str, float]
             ops.assign_add(buffers[index], dws[index])
         return dx
 
-    tape = Tape(ms.jit(make_stage_forward(cell)), params, grad_inputs=True)
+    tape = Tape(make_stage_forward(cell), params, True, ms.jit)
     rng = np.random.default_rng(4)
     jitted = {
         "jit: input grad only": ms.jit(input_grad),
@@ -473,6 +475,109 @@ def slow_mode_candidates(rounds: int, warmup: int) -> dict[str, dict[str, float]
     labels = [*jitted, "taped bprop"]
     samples = _interleaved({label: case(label) for label in labels}, rounds, warmup)
     return _print_table("slow-mode candidates, one dense32 backward", samples, "jit: input grad only")
+
+
+def recompute_backward(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """One recompute backward per sample (a forward that kept only its inputs), graph mode.
+
+    ``Tape.recompute`` (forward and gradient in one compiled graph, what the executors run)
+    against recording the jitted forward under the tape and running its bprop (what they ran
+    before), on the ``embed_lm`` tiny preprocess (embedding and one block, 2x32 tokens, weight
+    gradients only) and on the dense32 chunk (input and weight gradients), each once idle and
+    once while two taped forwards of another chunk are in flight, as in a pipeline step. The
+    two give the same gradients bit for bit (checked here on the first sample).
+    """
+    import mindspore as ms
+    from mindspore import ParameterTuple, Tensor
+
+    from graph_exec.examples.embed_lm import EmbeddingAndBlock
+    from graph_exec.examples.lm import LMConfig
+    from graph_exec.executors.tape import Tape
+    from graph_exec.kernels import make_preprocess_forward, make_stage_forward
+
+    rng = np.random.default_rng(5)
+    preprocess = EmbeddingAndBlock(LMConfig(vocab=128, width=32, heads=4, layers=2, seq=32))
+    preprocess.update_parameters_name("rc_pre.")
+    dense, dense_shape = build_chunk("dense32")
+    subjects = {
+        "embed_lm preprocess": (
+            Tape(
+                make_preprocess_forward(preprocess, 1, (), {}),
+                ParameterTuple(preprocess.trainable_params()),
+                False,
+                ms.jit,
+            ),
+            lambda: (Tensor(rng.integers(0, 128, (2, 32), dtype=np.int32)),),
+            (2, 32, 32),
+        ),
+        "dense32": (
+            Tape(make_stage_forward(dense), ParameterTuple(dense.trainable_params()), True, ms.jit),
+            lambda: (Tensor(rng.standard_normal(dense_shape, dtype=np.float32)),),
+            dense_shape,
+        ),
+    }
+    summary = {}
+    for in_flight in (False, True):
+        other, other_shape = build_chunk("dense32")
+        kept = Tape(make_stage_forward(other), ParameterTuple(other.trainable_params()), True, ms.jit)
+        held = [(Tensor(rng.standard_normal(other_shape, dtype=np.float32)),) for _ in range(2)]
+        if in_flight:
+            for args in held:
+                _sync(kept(*args))
+        for name, (tape, make_args, out_shape) in subjects.items():
+
+            def case(
+                differentiate: Callable[..., Any],
+                tape: Tape = tape,
+                make_args: Any = make_args,
+                out_shape: Any = out_shape,
+                name: str = name,
+            ) -> Callable[[], float]:
+                checked: list[bool] = []
+
+                def run() -> float:
+                    args = make_args()
+                    sens = (Tensor(rng.standard_normal(out_shape, dtype=np.float32)),)
+                    start = time.perf_counter()
+                    grads = differentiate(tape, args, sens)
+                    _sync(grads)
+                    elapsed = time.perf_counter() - start
+                    if differentiate is _one_go_gradient and not checked:  # same gradients both ways
+                        checked.append(True)
+                        _require_equal(name, grads, _taped_gradient(tape, args, sens))
+                    return elapsed
+
+                return run
+
+            cases = {
+                "tape: record + bprop": case(_taped_gradient),
+                "Tape.recompute (one graph)": case(_one_go_gradient),
+            }
+            samples = _interleaved(cases, rounds, warmup)
+            where = "two taped forwards in flight" if in_flight else "idle"
+            summary[f"{name}, {where}"] = _print_table(
+                f"recompute backward, {name}, {where}", samples, "tape: record + bprop"
+            )
+        if in_flight:
+            for args in held:
+                _sync(kept.backward(args, (ms.ops.zeros(other_shape, ms.float32),)))
+    return summary
+
+
+def _taped_gradient(tape: Any, args: tuple, sens: tuple) -> tuple:
+    tape(*args)
+    return tape.backward(args, sens)
+
+
+def _one_go_gradient(tape: Any, args: tuple, sens: tuple) -> tuple:
+    return tape.recompute(args, sens)
+
+
+def _require_equal(name: str, got: tuple, want: tuple) -> None:
+    """Raise unless two ``(input grads, weight grads)`` pairs are equal bit for bit."""
+    for left, right in zip((*got[0], *got[1]), (*want[0], *want[1]), strict=True):
+        if not np.array_equal(left.asnumpy(), right.asnumpy()):
+            raise AssertionError(f"{name}: the two ways of differentiating give different gradients")
 
 
 def memory_probe(mode: str, recompute: bool, in_flight: int) -> float:
@@ -544,7 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=32, help="micro-batches held for the memory probe")
-    parser.add_argument("--only", choices=("chunks", "accumulation", "last", "slow", "memory"), default=None)
+    parser.add_argument(
+        "--only", choices=("chunks", "accumulation", "last", "slow", "recompute", "memory"), default=None
+    )
     parser.add_argument("--memory-probe", nargs=3, metavar=("MODE", "RECOMPUTE", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--chunk-run", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -572,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
             last_stage_fused_vs_tape(name, args.rounds, args.warmup)
     if args.only in (None, "slow"):
         slow_mode_candidates(args.rounds * 4, args.warmup)
+    if args.only in (None, "recompute"):
+        recompute_backward(args.rounds * 3, args.warmup)
     if args.only in (None, "memory"):
         memory_per_micro(args.in_flight)
     return 0
