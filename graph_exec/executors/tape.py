@@ -23,11 +23,12 @@ itself up again (measured: tens of milliseconds for a small chunk).
 A forward that kept only its inputs (``recompute=True``, the preprocess backward) is not
 recorded and then differentiated: :meth:`Tape.recompute` runs forward and gradient in one go,
 ``GradOperation`` inside the function that ``prepare`` turns into one compiled graph in graph
-mode (eager in pynative mode). Measured with MindSpore 2.10 on CPU, one call against recording
-the jitted chunk and running its bprop (p50, same gradients bit for bit): the ``embed_lm``
-preprocess (embedding and one block, 32 wide, 2x32 tokens) 3.2 against 4.9 ms, eight
-Dense+Tanh layers 32 wide on 4 rows 1.2 against 2.1 ms; the same with taped forwards of
-another chunk in flight.
+mode (eager in pynative mode). Against recording the jitted chunk and running its bprop, p50 of
+one call (``python -m graph_exec.benchmarks.executor_speed --only recompute``, two runs, MindSpore
+2.10 on CPU, same gradients bit for bit): the ``embed_lm`` preprocess (embedding and one block,
+32 wide, 2x32 tokens) 4.5-7.0 against 7.2-11.1 ms (1.57-1.63x), eight Dense+Tanh layers 32 wide
+on 4 rows 2.1-2.8 against 3.7-4.8 ms (1.63-1.78x), idle or with taped forwards of another chunk
+in flight.
 """
 
 from __future__ import annotations
