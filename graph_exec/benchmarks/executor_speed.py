@@ -13,8 +13,8 @@ alternate round by round in one process, so machine noise hits them alike):
   path written here (a jitted recompute ``value_and_grad`` with in-graph ``assign_add``);
 * :func:`accumulation_candidates` — ways of adding returned weight gradients into accumulators;
 * :func:`last_stage_fused_vs_tape` — the fused jitted forward+loss+backward (with in-graph
-  accumulation, or returning the gradients to a jitted add) against the taped loss forward
-  followed by its bprop;
+  accumulation, or returning the gradients to an eager add), the taped loss forward followed by
+  its bprop (the executors' previous way) and the executor's one-graph loss and gradient;
 * :func:`slow_mode_candidates` — what a jitted recompute backward's outputs cost;
 * :func:`recompute_backward` — the one-graph recompute backward against recording the forward
   and running its bprop;
@@ -348,7 +348,9 @@ def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, d
     from mindspore import Parameter, ParameterTuple, ops
 
     from graph_exec.executors import create_executor
-    from graph_exec.kernels import make_accumulate
+    from graph_exec.executors.tape import Tape
+    from graph_exec.kernels import make_accumulate, make_stage_loss
+    from graph_exec.kernels.grad_buffers import make_host_accumulate
 
     fused_cell, loss_fn, hidden, labels = _last_stage(name, "fused.")
     fused_params = ParameterTuple(fused_cell.trainable_params())
@@ -388,8 +390,21 @@ def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, d
         returning_add(*dws)
         return [loss, dx, *returning_buffers]
 
+    executor_cell = _last_stage(name, "executor.")[0]
+    executor = create_executor("graph", {2: executor_cell}, loss_fn=loss_fn, loss_scale=0.25)
     taped_cell = _last_stage(name, "taped.")[0]
-    executor = create_executor("graph", {2: taped_cell}, loss_fn=loss_fn, loss_scale=0.25)
+    taped_params = ParameterTuple(taped_cell.trainable_params())
+    tape = Tape(make_stage_loss(taped_cell, 1, loss_fn), taped_params, True, ms.jit)
+    taped_add = make_host_accumulate(
+        [Parameter(ops.zeros_like(p), name="tacc." + p.name, requires_grad=False) for p in taped_params]
+    )
+    scale = ops.full((), 0.25, dtype=ms.float32)
+
+    def taped_then_add() -> Any:
+        loss = tape(hidden, labels)
+        (dx, _), dws = tape.backward((hidden, labels), scale)
+        taped_add(*dws)
+        return [loss, dx]
 
     def timed(step: Callable[[], Any]) -> Callable[[], float]:
         def run() -> float:
@@ -402,7 +417,10 @@ def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, d
     cases = {
         "fused jit, in-graph assign_add": timed(lambda: fused(hidden, labels)),
         "fused jit returning grads, eager add": timed(fused_then_add),
-        "taped loss + bprop (executor)": timed(lambda: executor.last_stage_step(2, 0, (hidden,), (labels,))),
+        "taped loss + bprop, host adds": timed(taped_then_add),
+        "executor (one graph, host adds)": timed(
+            lambda: executor.last_stage_step(2, 0, (hidden,), (labels,))
+        ),
     }
     samples = _interleaved(cases, rounds, warmup)
     return _print_table(

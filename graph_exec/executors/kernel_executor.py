@@ -49,20 +49,22 @@ memory, so it was not kept. A flat buffer per chunk was not tried: the accumulat
 one live Parameter per parameter (optimizers, the broadcast and the gradient all-reduce read
 them by name).
 
-The last stage runs its loss forward under the tape and its bprop at once; a fused jitted
-forward+loss+backward was kept out because it did not beat that. Same script (``--only last``),
-one micro-batch, ms, p10 / p50 / p90 / mean, two runs under load:
+The last stage runs its loss and gradient in one call, one compiled graph in graph mode
+(:meth:`~graph_exec.executors.tape.Tape.value_and_gradient`), which returns the weight gradients
+for the same host adds; nothing is recorded. Same script (``--only last``), one micro-batch, ms,
+p10 / p50 / p90, one run on 2026-12-01:
 
-    last stage   fused jit, in-graph assign_add      taped loss + bprop (this executor)
-    LM, 3 blocks  6.4 / 7.9 / 76.2 / 24.5            13.0 / 14.7 / 17.5 / 15.4
-                  7.1 / 19.3 / 75.9 / 40.7           13.7 / 21.9 / 74.4 / 39.1
-    dense32      1.5 / 4.6 / 29.7 / 12.2             3.9 / 5.3 / 12.1 / 7.1
-                  1.9 / 2.9 / 30.4 / 12.2            4.1 / 6.7 / 14.4 / 7.7
+    last stage     fused jit,               taped loss + bprop,    one graph, host adds
+                   in-graph assign_add      host adds (before)     (this executor)
+    LM, 3 blocks   13.3 / 17.0 / 21.0       20.3 / 27.9 / 33.4     13.6 / 18.6 / 23.4
+    dense32         3.6 /  4.3 /  5.3        5.6 /  9.2 / 10.2      3.4 /  5.6 /  6.3
 
-The fused graph is faster when it is fast but falls into a slow mode often enough that its mean
-is the same or worse; a fused graph that returns the weight gradients instead of writing them
-was slower still (p50 14-140 ms on the LM stage): returning weight gradients from a compiled
-graph is what is slow here (see the README's executor section).
+Before ``MS_DEV_HOST_BLOCKING_RUN`` (see the README's executor section) a compiled graph that
+wrote or returned weight gradients fell into a slow mode at random (the fused graph's p90 was
+about 75 ms on the LM stage, p50 14-140 ms when it returned the gradients), so the last stage
+used the tape. With it, the one graph is 1.5-1.7x faster than the tape here; writing the
+accumulators inside the graph would save another 5-25 %, but the executors keep one way of
+accumulating (host adds) for every hook and both modes.
 """
 
 from __future__ import annotations
@@ -117,6 +119,10 @@ def _run_backward(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...]
 
 def _run_recompute(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return tape.recompute(args, sens)
+
+
+def _run_loss_step(tape: Tape, args: Tensors, scale: float) -> tuple[Any, tuple[tuple, tuple]]:
+    return tape.value_and_gradient(args, scale)
 
 
 class KernelExecutor(Executor):
@@ -396,15 +402,14 @@ class KernelExecutor(Executor):
             )
             _check_scalar_loss(where, loss)
             return loss, tuple(result)
-        loss, tape = self._taped(
+        tape = self._kernel(
             ("loss_tape", stage, specs, label_specs, bool(grad_inputs)),
             lambda: Tape(make_loss(), grads.params, bool(grad_inputs), self._prepare),
-            *args,
         )
-        kept = KeptForward(args, (TensorSpec.of(loss),), tape, recorded=True)
-        _check_scalar_loss(where, loss, kept)
-        sens = ops.full((), self._loss_scale, dtype=loss.dtype)
-        input_grads, weight_grads = self._backward(("loss_backward", stage, specs, label_specs), kept, sens)
+        loss, (input_grads, weight_grads) = self._call(
+            ("loss_step", stage, specs, label_specs), lambda: _run_loss_step, tape, args, self._loss_scale
+        )
+        _check_scalar_loss(where, loss)
         self._accumulate(grads, weight_grads)
         for position in grad_inputs:
             result[position] = input_grads[position]
@@ -478,10 +483,8 @@ def _release(kept: KeptForward) -> bool:
     return True
 
 
-def _check_scalar_loss(where: str, loss: Any, kept: KeptForward | None = None) -> None:
+def _check_scalar_loss(where: str, loss: Any) -> None:
     if tuple(loss.shape) != ():
-        if kept is not None:
-            kept.tape.backward(kept.args, ops.zeros(loss.shape, loss.dtype))  # consume the tape
         raise HookArgumentError(
             f"last_stage_step({where}): the loss must be a scalar, got shape {list(loss.shape)}"
         )

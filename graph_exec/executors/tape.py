@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 
@@ -79,6 +80,7 @@ class Tape:
         self._cell = _TapeCell(self.kernel)
         self._grad = self._grad_operation(self._cell)
         self._one_go: Callable[..., Any] | None = None
+        self._value_and_gradient: Callable[..., Any] | None = None
 
     def _grad_operation(self, cell: nn.Cell) -> Callable[..., Any]:
         """``GradOperation`` over ``cell`` for the gradients this tape returns (sens last)."""
@@ -116,6 +118,34 @@ class Tape:
 
             self._one_go = self._prepare(forward_and_gradient)
         return self._split(self._one_go(*args, *(sens if tupled else (sens,))))
+
+    def value_and_gradient(self, args: tuple[Any, ...], scale: float) -> tuple[Any, tuple[tuple, tuple]]:
+        """The kernel's output and the gradients :meth:`backward` would return for upstream
+        gradient ``scale``, in one call (one compiled graph in graph mode), for a kernel run
+        once and differentiated at once (the last stage's loss). Nothing is recorded.
+
+        The graph differentiates ``output * scale`` and returns ``output`` beside it: the
+        product's backward hands ``scale`` on unchanged, so the gradients equal the recorded
+        bprop's with ``sens = scale`` bit for bit (tested).
+        """
+        if self._value_and_gradient is None:
+            positions = tuple(range(len(args))) if self._inputs else None
+            weights = self._weights if len(self._weights) else None
+            kernel = self._raw_kernel
+
+            def scaled(*tensors: Any) -> tuple[Any, Any]:
+                output = kernel(*tensors)
+                return output * scale, output
+
+            differentiate = ms.value_and_grad(scaled, positions, weights, has_aux=True)
+
+            def value_and_gradient(*tensors: Any) -> Any:
+                (_, output), grads = differentiate(*tensors)
+                return output, grads
+
+            self._value_and_gradient = self._prepare(value_and_gradient)
+        output, grads = self._value_and_gradient(*args)
+        return output, self._split(grads)
 
     def _split(self, grads: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         if self._inputs and len(self._weights):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from graph_exec.kernels import make_stage_forward
+from graph_exec.kernels import make_stage_forward, make_stage_loss
 from mindspore import ParameterTuple, Tensor, nn
 
 import graph_exec as ge
@@ -108,6 +108,29 @@ def test_recompute_in_one_go_gives_the_recorded_backward_bit_for_bit(mode: str) 
         assert_close(g, w, f"in-flight forward: input gradient {index}")
     for param, grad in zip(cell.trainable_params(), got_weights, strict=True):
         assert_close(grad, want_weights[param.name], f"in-flight forward: gradient of {param.name}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_loss_and_gradient_in_one_go_give_the_recorded_backward_bit_for_bit(mode: str) -> None:
+    """``Tape.value_and_gradient`` (the last stage's loss and gradients in one call) against the
+    recorded loss forward and its bprop with the loss scale as upstream gradient: the same loss
+    and the same input and weight gradients, exactly."""
+    ms.set_seed(24)
+    cell = named(Classifier(), f"loss_onego_{mode}.")
+    prepare = ms.jit if mode == "graph" else (lambda kernel: kernel)
+    tape = Tape(make_stage_loss(cell, 1, loss_fn), ParameterTuple(cell.trainable_params()), True, prepare)
+    for seed in range(2):
+        args = (random(4, WIDTH, seed=50 + seed), Tensor(np.array([0, 2, 1, seed], np.int32)))
+        loss, (input_grads, weight_grads) = tape.value_and_gradient(args, 0.25)
+        recorded_loss = tape(*args)
+        want_inputs, want_weights = tape.backward(args, ms.ops.full((), 0.25, dtype=ms.float32))
+        assert np.array_equal(loss.asnumpy(), recorded_loss.asnumpy()), f"call {seed}: loss differs"
+        assert np.array_equal(input_grads[0].asnumpy(), want_inputs[0].asnumpy()), (
+            f"call {seed}: input gradient"
+        )
+        for got, want in zip(weight_grads, want_weights, strict=True):
+            assert np.array_equal(got.asnumpy(), want.asnumpy()), f"call {seed}: a weight gradient differs"
+        assert np.abs(weight_grads[0].asnumpy()).max() > 0
 
 
 @pytest.mark.parametrize("mode", MODES)
