@@ -29,6 +29,9 @@ one call (``python -m graph_exec.benchmarks.executor_speed --only recompute``, t
 32 wide, 2x32 tokens) 4.5-7.0 against 7.2-11.1 ms (1.57-1.63x), eight Dense+Tanh layers 32 wide
 on 4 rows 2.1-2.8 against 3.7-4.8 ms (1.63-1.78x), idle or with taped forwards of another chunk
 in flight.
+
+The last stage's loss is run and differentiated at once, so it is not recorded either:
+:meth:`Tape.value_and_gradient` returns the loss and its gradients from one call.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ class Tape:
 
     ``kernel`` is the plain function; ``prepare`` turns a function into what runs it (compiled
     with ``mindspore.jit`` in graph mode, as is in pynative mode) and is applied to the recorded
-    forward and, on first use, to the one-go gradient of :meth:`recompute`. ``grad_inputs``:
+    forward and, on first use, to the one-call functions of :meth:`recompute` and
+    :meth:`value_and_gradient`. ``grad_inputs``:
     whether input gradients are wanted (``GradOperation`` then returns one per positional
     argument; the caller keeps those it needs). At least one of the two kinds of gradient must
     be wanted, or there is nothing to record.
@@ -81,6 +85,7 @@ class Tape:
         self._grad = self._grad_operation(self._cell)
         self._one_go: Callable[..., Any] | None = None
         self._value_and_gradient: Callable[..., Any] | None = None
+        self._scale = 1.0
 
     def _grad_operation(self, cell: nn.Cell) -> Callable[..., Any]:
         """``GradOperation`` over ``cell`` for the gradients this tape returns (sens last)."""
@@ -126,9 +131,13 @@ class Tape:
 
         The graph differentiates ``output * scale`` and returns ``output`` beside it: the
         product's backward hands ``scale`` on unchanged, so the gradients equal the recorded
-        bprop's with ``sens = scale`` bit for bit (tested).
+        bprop's with ``sens = scale`` bit for bit (tested). ``scale`` is compiled into the graph,
+        so it must be the same at every call.
         """
+        if self._value_and_gradient is not None and scale != self._scale:
+            raise ValueError(f"this tape's loss scale is {self._scale}, got {scale}")
         if self._value_and_gradient is None:
+            self._scale = scale
             positions = tuple(range(len(args))) if self._inputs else None
             weights = self._weights if len(self._weights) else None
             kernel = self._raw_kernel

@@ -131,6 +131,8 @@ def test_loss_and_gradient_in_one_go_give_the_recorded_backward_bit_for_bit(mode
         for got, want in zip(weight_grads, want_weights, strict=True):
             assert np.array_equal(got.asnumpy(), want.asnumpy()), f"call {seed}: a weight gradient differs"
         assert np.abs(weight_grads[0].asnumpy()).max() > 0
+    with pytest.raises(ValueError, match=r"this tape's loss scale is 0.25, got 0.5"):
+        tape.value_and_gradient(args, 0.5)
 
 
 @pytest.mark.parametrize("mode", MODES)
