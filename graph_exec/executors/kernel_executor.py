@@ -52,19 +52,21 @@ them by name).
 The last stage runs its loss and gradient in one call, one compiled graph in graph mode
 (:meth:`~graph_exec.executors.tape.Tape.value_and_gradient`), which returns the weight gradients
 for the same host adds; nothing is recorded. Same script (``--only last``), one micro-batch, ms,
-p10 / p50 / p90, one run on 2026-12-01:
+p10 / p50 / p90 of the first of three runs on 2026-12-01, then the p50 of the other two:
 
     last stage     fused jit,               taped loss + bprop,    one graph, host adds
                    in-graph assign_add      host adds (before)     (this executor)
     LM, 3 blocks   13.3 / 17.0 / 21.0       20.3 / 27.9 / 33.4     13.6 / 18.6 / 23.4
+                   16.4, 22.8               29.1, 40.9             19.9, 27.9
     dense32         3.6 /  4.3 /  5.3        5.6 /  9.2 / 10.2      3.4 /  5.6 /  6.3
+                    5.9,  6.6               12.6, 13.6              7.2,  7.7
 
 Before ``MS_DEV_HOST_BLOCKING_RUN`` (see the README's executor section) a compiled graph that
 wrote or returned weight gradients fell into a slow mode at random (the fused graph's p90 was
 about 75 ms on the LM stage, p50 14-140 ms when it returned the gradients), so the last stage
-used the tape. With it, the one graph is 1.5-1.7x faster than the tape here; writing the
-accumulators inside the graph would save another 5-25 %, but the executors keep one way of
-accumulating (host adds) for every hook and both modes.
+used the tape. With it, the one graph is 1.46-1.50x (LM) and 1.66-1.78x (dense32) faster than
+the tape here; writing the accumulators inside the graph would save another 9-23 % of its
+time, but the executors keep one way of accumulating (host adds) for every hook and both modes.
 """
 
 from __future__ import annotations

@@ -61,10 +61,10 @@ class Tape:
     ``kernel`` is the plain function; ``prepare`` turns a function into what runs it (compiled
     with ``mindspore.jit`` in graph mode, as is in pynative mode) and is applied to the recorded
     forward and, on first use, to the one-call functions of :meth:`recompute` and
-    :meth:`value_and_gradient`. ``grad_inputs``:
-    whether input gradients are wanted (``GradOperation`` then returns one per positional
-    argument; the caller keeps those it needs). At least one of the two kinds of gradient must
-    be wanted, or there is nothing to record.
+    :meth:`value_and_gradient`. ``grad_inputs``: whether input gradients are wanted
+    (``GradOperation`` then returns one per positional argument; the caller keeps those it
+    needs). At least one of the two kinds of gradient must be wanted, or there is nothing to
+    record.
     """
 
     def __init__(
