@@ -9,7 +9,7 @@ each pinned to its share of the cores as ``graph-exec run`` does) and, in one jo
    same global batch of 32 sequences in micro-batches of 4 (``M = 8 / dp`` per replica).
    Step time: first rank into ``run()`` to last rank out of it, the optimizer step excluded;
 2. averages a synthetic gradient set (48 tensors, 6.2 MiB) over all 4 ranks with
-   :class:`~graph_exec.transport.buckets.BucketedAverage`, for each bucket size in turn,
+   :meth:`~graph_exec.transport.buckets.PackedTensors.average`, for each bucket size in turn,
    ``per tensor`` meaning one all-reduce per tensor.
 
 Prints p10/p50/p90 over the measured steps (rounds) and each median's ratio to the first
@@ -87,7 +87,7 @@ def _buckets(rank: int) -> None:
     from mindspore import Parameter
 
     from graph_exec.transport import DeviceMesh, Transport, barrier
-    from graph_exec.transport.buckets import BucketedAverage
+    from graph_exec.transport.buckets import PackedTensors
 
     mesh = DeviceMesh(dp=4, pp=1)
     group = Transport(timeout_s=300, group=mesh.dp)
@@ -98,13 +98,13 @@ def _buckets(rank: int) -> None:
         for i, s in enumerate(shapes)
     ]
     total = sum(int(g.nbytes) for g in grads)
-    averages = [(name, BucketedAverage(grads, size)) for name, size in BUCKETS]
+    averages = [(name, PackedTensors(grads, size)) for name, size in BUCKETS]
     times: dict[str, list[float]] = {name: [] for name, _ in BUCKETS}
     for _ in range(ROUNDS):
         for name, average in averages:
             barrier()
             start = time.perf_counter()
-            average(group)
+            average.average(group)
             for g in grads:
                 g.asnumpy()  # wait for the copies back
             times[name].append(time.perf_counter() - start)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graph_exec.transport.buckets import BucketedAverage
+from graph_exec.transport.buckets import PackedTensors
 
 
 @dataclass
@@ -52,20 +52,19 @@ class DataParallelGrads:
         bucket_bytes: int,
     ) -> None:
         self.transport = transport
-        self.params = list(params)
-        self._average = BucketedAverage(accumulators(), bucket_bytes)
+        self.params = PackedTensors(params, bucket_bytes)
+        self._grads = PackedTensors(accumulators(), bucket_bytes)
         self.stats = DataParallelStats(
-            buckets=len(self._average.buckets), bytes=sum(b.nbytes for b in self._average.buckets)
+            buckets=len(self._grads.buckets), bytes=sum(b.nbytes for b in self._grads.buckets)
         )
 
     def start_in_sync(self) -> None:
         """Give every replica replica 0's parameter values (once, at set-up)."""
-        if self.params:
-            self.transport.broadcast(self.params, src=0)
+        self.params.broadcast(self.transport, src=0)
 
     def average(self) -> None:
         """Replace every gradient accumulator with its mean over the replicas."""
         start = time.perf_counter()
-        self._average(self.transport)
+        self._grads.average(self.transport)
         self.stats.steps += 1
         self.stats.seconds += time.perf_counter() - start

@@ -22,6 +22,7 @@ from graph_exec.runtime.microbatch import MicroBatches
 from graph_exec.runtime.state import StepCaches
 from graph_exec.schedule import Plan, Step, StepKind
 from graph_exec.schedule.routing import partner
+from graph_exec.transport.buckets import PackedTensors
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class RankRuntime:
         self._batch: MicroBatches | None = None
         self._index = 0
         self._contribution: StepContribution | None = None
+        self._preprocess_params: PackedTensors | None = None
         self._handlers: dict[StepKind, Callable[[Step], None]] = {
             StepKind.F: self._forward,
             StepKind.B: self._backward,
@@ -107,7 +109,7 @@ class RankRuntime:
         self._batch = batch
         self.timeline = []
         if any(step.kind is StepKind.GRADREDUCE for step in self.order) and self._preprocess_grads:
-            self._contribution = StepContribution(self._preprocess_grads())
+            self._contribution = StepContribution(PackedTensors(self._preprocess_grads()))
         origin = time.perf_counter()
         for index, step in enumerate(self.order):
             self._index = index
@@ -181,11 +183,13 @@ class RankRuntime:
         self.caches.body_inputs[(0, step.micro)] = self._recv(step)
 
     def _broadcast(self, step: Step) -> None:
-        self.transport.broadcast(self.executor.broadcast_tensors(), src=0)
+        if self._preprocess_params is None:  # the executor's list is fixed: pack it once
+            self._preprocess_params = PackedTensors(self.executor.broadcast_tensors())
+        self._preprocess_params.broadcast(self.transport, src=0)
 
     def _grad_reduce(self, step: Step) -> None:
         if self._contribution is not None:
-            self._contribution.all_reduce(self.transport.all_reduce_sum)
+            self._contribution.all_reduce(self.transport)
             self._contribution = None
 
     def _settle(self, *results: Any) -> None:

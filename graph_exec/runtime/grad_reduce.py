@@ -3,29 +3,25 @@
 Gradients accumulate across ``run()`` calls until ``zero_grad()``. With owner backward, every
 rank holds part of this step's preprocess gradient, and a SUM all-reduce of the whole buffer
 would also multiply the already-reduced gradient of earlier steps by ``P``. So the buffers are
-snapshotted when the step starts and only the difference travels.
+snapshotted when the step starts and only the difference travels, in flat buckets
+(:class:`~graph_exec.transport.buckets.PackedTensors`: one collective per bucket, not per
+parameter).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
+
+from graph_exec.transport.buckets import PackedTensors
 
 
 class StepContribution:
     """Snapshot of accumulating buffers; :meth:`all_reduce` sums only the increment since."""
 
-    def __init__(self, buffers: list[Any]) -> None:
-        from mindspore import ops
-
+    def __init__(self, buffers: PackedTensors) -> None:
         self._buffers = buffers
-        self._base = [ops.deepcopy(buffer) for buffer in buffers]
+        self._base = buffers.snapshot()
 
-    def all_reduce(self, reduce_sum: Callable[[list[Any]], None]) -> None:
+    def all_reduce(self, transport: Any) -> None:
         """Replace each buffer by ``snapshot + sum over ranks of (buffer - snapshot)``."""
-        from mindspore import ops
-
-        deltas = [buffer - base for buffer, base in zip(self._buffers, self._base, strict=True)]
-        reduce_sum(deltas)
-        for buffer, base, delta in zip(self._buffers, self._base, deltas, strict=True):
-            ops.assign(buffer, base + delta)
+        self._buffers.sum_increments(transport, self._base)

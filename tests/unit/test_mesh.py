@@ -14,7 +14,7 @@ import graph_exec as ge
 from graph_exec.cli import jobs, main
 from graph_exec.errors import CommunicationNotInitializedError
 from graph_exec.launch import Nodes
-from graph_exec.transport.buckets import BucketedAverage, plan_buckets
+from graph_exec.transport.buckets import PackedTensors, plan_buckets
 from graph_exec.transport.mesh import data_parallel_ranks, mesh_layout, replica_ranks
 
 
@@ -83,44 +83,102 @@ def test_buckets_keep_order_split_on_size_and_dtype():
 
 
 class _TwoRanks:
-    """Stands in for a 2-rank group: the peer's values are added in place, as a SUM would."""
+    """Stands in for group rank ``rank`` of a 2-rank group whose peer holds ``peer`` (flat per
+    bucket): a SUM adds the peer's values in place, a broadcast from the peer copies them."""
 
     size = 2
 
-    def __init__(self, peer: list[np.ndarray], average: BucketedAverage) -> None:
-        self.peer_flats = [np.concatenate([peer[i].ravel() for i in b.indices]) for b in average.buckets]
+    def __init__(self, peer: list[np.ndarray], packed: PackedTensors, rank: int = 0) -> None:
+        self.peer_flats = [np.concatenate([peer[i].ravel() for i in b.indices]) for b in packed.buckets]
+        self.rank = rank
         self.calls = 0
 
-    def all_reduce_sum(self, flats):
-        self.calls += 1
-        assert len(flats) == len(self.peer_flats)
+    def all_reduce_sum(self, flats) -> None:
+        self._check(flats)
         for flat, peer in zip(flats, self.peer_flats, strict=True):
             flat.asnumpy()[...] += peer  # a writable view on CPU
 
+    def broadcast(self, flats, src: int) -> None:
+        self._check(flats)
+        if src != self.rank:
+            for flat, peer in zip(flats, self.peer_flats, strict=True):
+                flat.asnumpy()[...] = peer
 
-def test_bucketed_average_writes_the_mean_back_in_place():
+    def _check(self, flats) -> None:
+        self.calls += 1
+        assert len(flats) == len(self.peer_flats)
+
+
+def _arrays(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in [(3, 4), (4,), (5, 2), (7,)]]
+
+
+def _params(arrays: list[np.ndarray]) -> list:
     from mindspore import Parameter, Tensor
 
-    rng = np.random.default_rng(0)
-    shapes = [(3, 4), (4,), (5, 2), (7,)]
-    mine = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    peer = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    params = [Parameter(Tensor(a.copy()), name=f"g{i}") for i, a in enumerate(mine)]
-    average = BucketedAverage(params, bucket_bytes=64)  # 48 + 16 | 40 (+ 28 > 64) | 28 bytes
-    assert [b.indices for b in average.buckets] == [(0, 1), (2,), (3,)]
-    group = _TwoRanks(peer, average)
-    average(group)
+    return [Parameter(Tensor(a.copy()), name=f"g{i}") for i, a in enumerate(arrays)]
+
+
+@pytest.fixture(params=["by address", "through ops"])
+def packing(request: pytest.FixtureRequest):
+    """Makes PackedTensors (64-byte buckets) on the CPU path (by address) or the generic one."""
+
+    def make(params: list) -> PackedTensors:
+        packed = PackedTensors(params, bucket_bytes=64)
+        assert packed._by_address  # float32 parameters on CPU
+        packed._by_address = request.param == "by address"
+        return packed
+
+    return make
+
+
+def test_packed_average_writes_the_mean_back_in_place(packing) -> None:
+    mine, peer = _arrays(0), _arrays(1)
+    params = _params(mine)
+    packed = packing(params)
+    assert [b.indices for b in packed.buckets] == [(0, 1), (2,), (3,)]  # 48 + 16 | 40 (+ 28 > 64) | 28
+    group = _TwoRanks(peer, packed)
+    packed.average(group)
     assert group.calls == 1  # one collective call for all buckets
     for param, a, b in zip(params, mine, peer, strict=True):
         np.testing.assert_allclose(param.asnumpy(), (a + b) / 2, rtol=1e-6)
 
 
-def test_bucketed_average_alone_is_a_no_op():
-    from mindspore import Parameter, Tensor
+@pytest.mark.parametrize("rank", [0, 1])
+def test_packed_broadcast_overwrites_all_but_the_source(packing, rank: int) -> None:
+    mine, peer = _arrays(0), _arrays(1)
+    params = _params(mine)
+    packed = packing(params)
+    packed.broadcast(_TwoRanks(peer, packed, rank=rank), src=0)
+    for param, a, b in zip(params, mine, peer, strict=True):
+        np.testing.assert_array_equal(param.asnumpy(), a if rank == 0 else b)
 
-    param = Parameter(Tensor(np.ones(3, np.float32)), name="solo")
-    BucketedAverage([param])(None)
-    np.testing.assert_array_equal(param.asnumpy(), np.ones(3))
+
+def test_packed_sum_of_increments_counts_what_was_there_once(packing) -> None:
+    """At the snapshot the buffers hold ``before``, at the reduce ``before + mine``, and the peer
+    added ``peer``: each must end at ``before + ((before + mine) - before + peer)``, the same
+    float32 operations in the same order, so bit for bit."""
+    from mindspore import Tensor, ops
+
+    before, mine, peer = _arrays(0), _arrays(1), _arrays(2)
+    params = _params(before)
+    packed = packing(params)
+    snapshot = packed.snapshot()
+    for param, added in zip(params, mine, strict=True):
+        ops.assign(param, param + Tensor(added))
+    packed.sum_increments(_TwoRanks(peer, packed), snapshot)
+    for param, b, m, p in zip(params, before, mine, peer, strict=True):
+        np.testing.assert_array_equal(param.asnumpy(), b + ((b + m) - b + p))
+
+
+def test_packed_tensors_alone_do_nothing() -> None:
+    params = _params([np.ones(3, np.float32)])
+    packed = PackedTensors(params)
+    packed.average(None)
+    packed.broadcast(None)
+    packed.sum_increments(None, packed.snapshot())
+    np.testing.assert_array_equal(params[0].asnumpy(), np.ones(3))
 
 
 # -- CLI -----------------------------------------------------------------------------------------
