@@ -171,6 +171,22 @@ def test_received_tensors_are_views_of_the_allocated_memory(pair):
         assert np.shares_memory(got[0].asnumpy(), given[-1])
 
 
+@pytest.mark.parametrize("floats", [16, comm.LANDING_MAX_BYTES // 4 - 16, comm.LANDING_MAX_BYTES // 4 + 16])
+def test_each_received_group_keeps_its_values_while_later_ones_arrive(pair, floats):
+    """Small frames land in one kept buffer per size and are copied out, large ones are
+    received in place: either way a group received earlier must not change when the next
+    transfer of the same layout arrives."""
+    a, b, _ = pair
+    got = []
+    for step in range(3):
+        a.send((tensor(np.full(floats, step)),), 1, "Fsend0.0")
+        got.append(b.recv(0, "Fsend0.0")[0])
+    for step, received in enumerate(got):
+        assert np.array_equal(received.asnumpy(), np.full(floats, step, np.float32)), step
+    frame_bytes = max(comm.CONTROL_BYTES, b._inbound[0].known["Fsend0.0"].layout.nbytes)
+    assert (frame_bytes in b._landings) == (frame_bytes <= comm.LANDING_MAX_BYTES)
+
+
 def test_mislabelled_header_names_both_labels_and_keeps_the_channel_in_order(pair):
     a, b, link = pair
     a.send((tensor([1.0]),), 1, "Fsend0.3")
@@ -259,3 +275,18 @@ def test_a_restart_skips_what_the_failed_step_left_then_exchanges_cleanly(pair):
     link.block_s = 0.0
     a.send((tensor([7.0]),), 1, "Fsend0.0")
     assert float(b.recv(0, "Fsend0.0")[0].asnumpy()[0]) == 7.0
+
+
+def test_the_exit_barrier_is_skipped_after_an_abort(pair, monkeypatch):
+    """A rank that gave up on a step must not join a collective at exit: a peer may still sit in
+    ``GRADreduce``, and the barrier would complete that all-reduce with wrong data."""
+    a, _, _ = pair
+    barriers = []
+    monkeypatch.setattr(comm, "world_barrier", lambda dist, group: barriers.append(group))
+    exit_barrier = comm._ExitBarrier()
+    exit_barrier.latest = a
+    exit_barrier()
+    assert len(barriers) == 1
+    a.abort("step B0.1 raised ValueError: boom", grace_s=0.0)
+    exit_barrier()
+    assert len(barriers) == 1
