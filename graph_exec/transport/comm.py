@@ -326,11 +326,6 @@ class _Staging:
 #: A "Recv failed." this close to the back end's own limit (``backend_wait_limit``) is a silent
 #: peer, not a message larger than the buffer.
 BACKEND_LIMIT_SLACK_S = 1.0
-#: Frames up to this size are received into a buffer the transport keeps per size, then copied
-#: into the caller's memory. MindSpore's receive into a tensor object it has not seen before costs
-#: about 20 us more on CPU than into one it has (measured with 2.10, 1 KiB on loopback), more
-#: than copying 64 KiB; a larger frame is received in place.
-LANDING_MAX_BYTES = 64 << 10
 #: Stale messages a restarting transport skips per peer before it gives up.
 MAX_STALE_MESSAGES = 10_000
 #: Transports created per group (name, global ranks) in this process: the next one's epoch.
@@ -409,7 +404,6 @@ class Transport:
         self._inbound = [_Inbound() for _ in self.ranks]
         self._staging: dict[FrameLayout, list[_Staging]] = {}
         self._label_words: dict[str, list[int]] = {}
-        self._landings: dict[int, tuple[np.ndarray, Any]] = {}
         self._host_addresses = tensors_in_host_memory()
         self._p2p = point_to_point(dist, self.group, self.ranks)
         import mindspore as ms
@@ -540,10 +534,9 @@ class Transport:
         raises for an abort notice."""
         size = max(nbytes, CONTROL_BYTES)
         frame = alloc(size)[:size]
-        landing = self._landing(size) if size <= LANDING_MAX_BYTES else None
         start = time.monotonic()
         try:
-            self._p2p.recv(self._from_numpy(frame) if landing is None else landing[1], src)
+            self._p2p.recv(self._from_numpy(frame), src)
         except RuntimeError as exc:  # the back end's "Recv failed."
             waited = time.monotonic() - start
             if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
@@ -556,8 +549,6 @@ class Transport:
                 f"({str(exc).strip()}): either a larger message arrived (the ranks' plans disagree) or "
                 "the connection broke"
             ) from exc
-        if landing is not None:
-            ctypes.memmove(frame.ctypes.data, landing[0].ctypes.data, size)
         words = frame[:PREFIX_BYTES].view(np.int64).tolist()
         kind = split_first_word(words[0])[0]
         self.stats.messages_received += 1
@@ -566,15 +557,6 @@ class Transport:
             notice = decode(frame[:CONTROL_BYTES].view(np.int64).copy())
             raise RemoteRankError(f"rank {src} failed: {notice.text}")
         return frame, words
-
-    def _landing(self, nbytes: int) -> tuple[np.ndarray, Any]:
-        """The buffer of ``nbytes`` that small frames are received into, and its tensor (made
-        once per size: see :data:`LANDING_MAX_BYTES`)."""
-        landing = self._landings.get(nbytes)
-        if landing is None:
-            memory = numpy_allocator(nbytes)
-            landing = self._landings[nbytes] = (memory, self._from_numpy(memory))
-        return landing
 
     def _refuse_frame(
         self, src: int, expect: str, words: list[int], frame: np.ndarray, known: _Expected | None, due: int
