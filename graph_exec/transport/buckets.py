@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 #: Default bucket size. Averaging 6 MiB over 4 loopback ranks here
-#: (``python -m graph_exec.benchmarks.mesh_speed``, shared 2-core machine): one call per tensor
-#: 1.4 s, 1 MiB buckets 0.48 s, 4 MiB 0.27 s, 16 MiB 0.26 s (medians). Beyond 4 MiB the gain is
-#: within the noise, while every bucket costs a flat copy of its size.
+#: (``python -m graph_exec.benchmarks.mesh_speed``, idle 2-core machine, packed by address): one
+#: call per tensor 262 ms, 1 MiB buckets 161 ms, 4 MiB 152 ms, 16 MiB 142 ms (medians). Beyond
+#: 4 MiB the gain is within the noise, while every bucket costs a flat copy of its size.
 DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
 
 
