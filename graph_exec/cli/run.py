@@ -230,9 +230,7 @@ def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
         return f"resumed from checkpoint step {line['resumed']} (loaded in {line['seconds'] * 1e3:.0f} ms)"
     loss = "-" if line["loss"] is None else f"{line['loss']:.4f}"
     where = f"  [{mesh}]" if mesh else ""
-    text = (
-        f"step {line['step'] + 1:>3}/{total}{where}  loss {loss}  step time {line['seconds'] * 1e3:8.1f} ms"
-    )
+    text = f"step {line['step'] + 1:>3}/{total}{where}  loss {loss}  last stage's run() {line['seconds'] * 1e3:8.1f} ms"
     saved = line.get("checkpoint")
     if saved:
         text += (

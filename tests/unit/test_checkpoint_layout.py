@@ -211,7 +211,7 @@ def test_progress_lines_say_when_a_checkpoint_was_written():
         "checkpoint": {"path": "d/step_4", "seconds": 0.04, "bytes": 2**20},
     }
     assert progress_text(line, 8) == (
-        "step   4/8  loss 1.5000  step time    250.0 ms  checkpoint written to d/step_4 in 40 ms (1.00 MiB, all ranks)"
+        "step   4/8  loss 1.5000  last stage's run()    250.0 ms  checkpoint written to d/step_4 in 40 ms (1.00 MiB, all ranks)"
     )
     assert (
         progress_text({"resumed": 4, "seconds": 0.5}, 8)
