@@ -64,11 +64,6 @@ def plan_buckets(sizes: Sequence[tuple[int, str]], bucket_bytes: int) -> list[Bu
     return buckets
 
 
-#: Dtypes packed by address on CPU, with numpy arithmetic identical to MindSpore's (numpy has no
-#: bfloat16 and adds float16 through float32).
-HOST_DTYPES = ("Float32", "Float64")
-
-
 class PackedTensors:
     """A fixed list of tensors that collectives act on in flat buckets, one call per bucket.
 
@@ -82,8 +77,10 @@ class PackedTensors:
 
         self.tensors = list(tensors)
         self.buckets = plan_buckets([(int(t.nbytes), str(t.dtype)) for t in self.tensors], bucket_bytes)
+        # Packed by address only where numpy's arithmetic is MindSpore's: float32 and float64
+        # (numpy has no bfloat16 and adds float16 through float32).
         self._by_address = ms.get_context("device_target") == "CPU" and all(
-            str(t.dtype) in HOST_DTYPES and t.is_contiguous() for t in self.tensors
+            t.dtype in (ms.float32, ms.float64) and t.is_contiguous() for t in self.tensors
         )
 
     def average(self, transport: Any) -> None:
@@ -127,6 +124,8 @@ class PackedTensors:
             from mindspore import ops
 
             return [ops.cat([self.tensors[i].reshape(-1) for i in b.indices]) for b in self.buckets]
+        import mindspore as ms
+
         _wait_for_queued_ops()
         flats = []
         for bucket in self.buckets:
@@ -136,7 +135,7 @@ class PackedTensors:
                 tensor = self.tensors[i]
                 ctypes.memmove(flat.ctypes.data + offset, tensor.data_ptr(), int(tensor.nbytes))
                 offset += int(tensor.nbytes)
-            flats.append(flat.view(_numpy_dtype(self.tensors[bucket.indices[0]])))
+            flats.append(flat.view(ms.dtype_to_nptype(self.tensors[bucket.indices[0]].dtype)))
         return flats
 
     def _store(self, flats: list[Any]) -> None:
@@ -170,10 +169,6 @@ class PackedTensors:
         import mindspore as ms
 
         collective([ms.from_numpy(value) for value in values])
-
-
-def _numpy_dtype(tensor: Any) -> np.dtype:
-    return np.dtype(np.float32 if str(tensor.dtype) == "Float32" else np.float64)
 
 
 def _wait_for_queued_ops() -> None:
