@@ -1,12 +1,13 @@
-"""One place that prepares MindSpore's execution settings for this library."""
+"""One place that prepares MindSpore's execution settings for this library.
+
+Which settings a target gets is decided in :mod:`graph_exec.device`; this module applies them.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from collections.abc import Iterable
-from typing import Any
 
 _prepared: str | None = None
 
@@ -40,36 +41,26 @@ def quiet_logs(verbose: bool = False) -> None:
 def prepare_mindspore(device: str | None = None, *, verbose: bool = False) -> str:
     """Select ``device`` (if given) and apply the settings this library relies on.
 
-    Logs are quiet (errors only, see :func:`quiet_logs`) unless ``verbose``. On CPU, PyNative
-    dispatch is made synchronous (``launch_blocking``): the default asynchronous pipeline was
-    measured 2.5–15x slower on small CPU machines, for eager compute and for communication
-    alike. Also on CPU, MindSpore's host tasks run on the calling thread
-    (:data:`HOST_BLOCKING_ENV` = 1, unless the user set it): otherwise every taped call and
-    bprop hands work to MindSpore's pipeline threads and the caller spins until they are done,
-    which on a 2-core machine made a 2-rank ``embed_lm`` step in graph mode 1.5x slower
-    (71.9 against 46.3 ms, back to back) and gave the old compiled backward its slow mode.
-    Returns the device target in use. Idempotent.
+    Logs are quiet (errors only, see :func:`quiet_logs`) unless ``verbose``. Where the device
+    policy asks for synchronous dispatch (:attr:`~graph_exec.device.DevicePolicy.synchronous_dispatch`:
+    CPU with its fast paths on), PyNative dispatch is made synchronous (``launch_blocking``) and
+    MindSpore's host tasks run on the calling thread (:data:`HOST_BLOCKING_ENV` = 1, unless the
+    user set it): on small CPU machines the asynchronous pipeline was measured 2.5-15x slower,
+    and handing every taped call and bprop to MindSpore's pipeline threads made a 2-rank
+    ``embed_lm`` step in graph mode 1.5x slower (71.9 against 46.3 ms, back to back). Elsewhere
+    MindSpore's asynchronous dispatch is kept. Returns the device target in use. Idempotent.
     """
     global _prepared
     quiet_logs(verbose)
     import mindspore as ms
 
+    from graph_exec.device import policy
+
     if device is not None:
         ms.set_device(device)
-    target = str(ms.get_context("device_target"))
-    if target == "CPU" and _prepared != target:
+    current = policy()
+    if current.synchronous_dispatch and _prepared != current.target:
         ms.runtime.launch_blocking()
         os.environ.setdefault(HOST_BLOCKING_ENV, "1")
-    _prepared = target
-    return target
-
-
-def wait_for(tensors: Iterable[Any]) -> None:
-    """Block until every tensor (``None`` entries skipped) has been computed, in order.
-
-    A compiled MindSpore call may return before its graph has run; ``asnumpy()`` is the wait
-    that works on CPU (``mindspore.runtime.synchronize()`` does not wait on its first call).
-    """
-    for tensor in tensors:
-        if tensor is not None:
-            tensor.asnumpy()
+    _prepared = current.target
+    return current.target

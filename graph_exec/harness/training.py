@@ -33,11 +33,11 @@ from mindspore import nn
 import graph_exec as ge
 from graph_exec.checkpoint import SavedCheckpoint
 from graph_exec.cli.status import CompileWatch, announce
+from graph_exec.device import wait_for
 from graph_exec.errors import GraphExecError
 from graph_exec.examples import load
 from graph_exec.examples.common import ExampleModel
 from graph_exec.executors import create_executor
-from graph_exec.msenv import wait_for
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.records import Event, RankRecord, StepRecord
 from graph_exec.transport import DeviceMesh, Transport, all_gather_objects, barrier, bound_backend_waits

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from graph_exec.device import wait_for
 from graph_exec.errors import GraphExecError, PipelineStepError
 from graph_exec.executors.base import Executor
-from graph_exec.msenv import wait_for
 from graph_exec.runtime.buffers import ReceiveBuffers
 from graph_exec.runtime.grad_reduce import StepContribution
 from graph_exec.runtime.microbatch import MicroBatches

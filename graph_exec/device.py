@@ -1,0 +1,231 @@
+"""Every device-dependent decision of the library, made in one place, once per process.
+
+The library runs on MindSpore's CPU, GPU and Ascend targets. Most of its code is the same on
+all of them; where it is not, the choice is a named field of :class:`DevicePolicy`, and every
+other module asks :func:`policy` instead of comparing ``device_target`` itself. Two kinds of
+decision live here:
+
+*CPU fast paths.* Shortcuts that are right only because MindSpore's CPU target keeps a tensor in
+this process's host memory and (with ``launch_blocking``) runs each op before it returns:
+reading received bytes through the numpy array a tensor was made from, copying by
+``data_ptr()``, adding gradients and packing buckets by address, synchronous dispatch, sends
+that complete when posted, a waits-bounding back end. They were each measured to save time on
+CPU (see the field docs). ``GRAPH_EXEC_CPU_FAST_PATHS=0`` (read once per process) turns every
+one of them off, so that a CPU process takes exactly the path an Ascend or GPU rank takes:
+no reads of memory behind a tensor, no ``data_ptr()``, MindSpore's asynchronous dispatch, the
+real barrier. That is how the device path is tested on a machine without an accelerator (the
+test suite runs its multi-rank numerics and failure tests both ways).
+
+*Target primitives.* Things every target does, in its own way: waiting until dispatched work
+has run (a stream synchronisation on GPU/Ascend, draining MindSpore's op queue on CPU, which has
+no streams), marking a point in the work (an event), binding ranks to cores (CPU only: a device
+rank owns its device). These do not depend on the fast-path switch.
+
+Nothing here imports ``mindspore.communication``; MindSpore itself is imported only when a
+policy is first needed, so this module is importable anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+#: Environment variable that turns the CPU fast paths off (``0``); read once per process.
+FAST_PATHS_ENV = "GRAPH_EXEC_CPU_FAST_PATHS"
+#: Device targets MindSpore offers (``mindspore.set_device`` names).
+TARGETS = ("CPU", "GPU", "Ascend")
+
+
+def fast_paths_requested() -> bool:
+    """Whether the environment leaves the CPU fast paths on (anything but ``0``, ``false``,
+    ``off`` or ``no``; unset means on)."""
+    value = os.environ.get(FAST_PATHS_ENV, "1").strip().lower()
+    return value not in ("0", "false", "off", "no")
+
+
+@dataclass(frozen=True)
+class DevicePolicy:
+    """What this process does where targets differ (build with :meth:`for_target`)."""
+
+    target: str
+    """MindSpore's device target: ``"CPU"``, ``"GPU"`` or ``"Ascend"``."""
+    cpu_fast_paths: bool
+    """Whether the CPU fast paths below are on (CPU, and ``GRAPH_EXEC_CPU_FAST_PATHS`` not 0)."""
+
+    host_memory_aliasing: bool
+    """A tensor made with ``mindspore.from_numpy(array)`` is that array's memory, and a
+    communication op that writes the tensor has written the array by the time it returns; a
+    tensor's ``data_ptr()`` is a host address. The transport then receives into pool blocks
+    (host memory), reads a frame's prefix through its numpy view (about 5 us saved per receive
+    against ``asnumpy``) and copies a contiguous tensor into its send frame by address. Off:
+    receive into MindSpore tensors (one per buffer slot) and read them only with ``asnumpy``
+    after the op that wrote them."""
+    synchronous_dispatch: bool
+    """``mindspore.runtime.launch_blocking()`` and ``MS_DEV_HOST_BLOCKING_RUN=1``: every op runs
+    before its call returns, on the calling thread. On a small CPU machine the asynchronous
+    pipeline was measured 2.5-15x slower (eager compute and communication alike), and the host
+    tasks handed to MindSpore's pipeline threads made a 2-rank ``embed_lm`` graph-mode step 1.5x
+    slower. Off: MindSpore's default asynchronous dispatch (what Ascend runs)."""
+    sends_complete_on_post: bool
+    """An ``isend`` has taken its data when it returns (MCCL, measured), so the transport waits
+    it at once and reuses its staging memory. Off: sends stay queued with their handles and are
+    drained (with a deadline) before a buffer they read is reused and at the end of a step."""
+    backend_bounds_waits: bool
+    """MindSpore's CPU back end fails a send, receive or collective after
+    ``MS_CPU_COMM_OP_TIMEOUT`` seconds, so the transport can call it on the caller's thread
+    (no hand-off to a deadline thread, about 50 us each way saved per transfer). Off: every
+    call goes through the communication thread that keeps the transport's deadline."""
+    host_barrier: bool
+    """A barrier is a blocking one-element all-reduce (``mint.distributed.barrier`` ends in a
+    stream synchronisation that on CPU only logs "CPU device is not supported" as an error).
+    Off: MindSpore's own ``barrier``."""
+    host_accumulation: bool
+    """Gradients of float32/float64 parameters are added into their accumulators in host
+    memory, by address, in C++ (about 1.5 us per parameter against an eager ``assign_add``'s
+    dispatch). Off: eager ``ops.assign_add``."""
+    packing_by_address: bool
+    """Flat collective buckets (broadcast, gradient reduce, data-parallel average) are packed
+    and unpacked by address with the arithmetic in numpy (``ops.cat``/``ops.assign`` cost more
+    than the collective itself on CPU). Off: packed and written back with MindSpore ops."""
+    storage_by_address: bool
+    """The graph executor notices a ``Parameter.set_data`` (which swaps the storage a compiled
+    graph still reads) by comparing the parameters' ``data_ptr()`` before each call: on CPU it
+    costs well under a microsecond. Off: ``data_ptr()`` waits for the ops that write a tensor,
+    which would serialise asynchronous dispatch, so the executor counts the parameters'
+    ``set_data`` calls instead."""
+    sync_steps_default: bool
+    """The schedules' ``sync_steps=None`` default: wait for each compute step's results before
+    the next step (measured 2-3x faster on CPU, where asynchronous dispatch is slow). Off:
+    steps are dispatched without waiting."""
+    pin_cores: bool
+    """Bind each local rank to its own share of the CPU cores (``graph-exec run``/``bench``), as
+    ranks on separate devices would be: the target is the CPU itself."""
+    has_streams: bool
+    """The target has device streams and events (GPU, Ascend); on CPU there is only
+    MindSpore's op queue to wait for."""
+
+    @classmethod
+    def for_target(cls, target: str, cpu_fast_paths: bool = True) -> DevicePolicy:
+        """The policy of a process on ``target`` (``cpu_fast_paths`` matters on CPU only)."""
+        if target not in TARGETS:
+            raise ValueError(f"device target must be one of {', '.join(TARGETS)}, got {target!r}")
+        fast = target == "CPU" and bool(cpu_fast_paths)
+        return cls(
+            target=target,
+            cpu_fast_paths=fast,
+            host_memory_aliasing=fast,
+            synchronous_dispatch=fast,
+            sends_complete_on_post=fast,
+            backend_bounds_waits=fast,
+            host_barrier=fast,
+            host_accumulation=fast,
+            packing_by_address=fast,
+            storage_by_address=fast,
+            sync_steps_default=fast,
+            pin_cores=target == "CPU",
+            has_streams=target != "CPU",
+        )
+
+    def describe(self) -> str:
+        """One line for logs and reports."""
+        if self.target != "CPU":
+            return f"{self.target} (device path)"
+        return "CPU (fast paths)" if self.cpu_fast_paths else f"CPU (device path: {FAST_PATHS_ENV}=0)"
+
+
+_policies: dict[str, DevicePolicy] = {}
+_fast_paths: bool | None = None
+
+
+def current_target() -> str:
+    """MindSpore's device target now (imports MindSpore)."""
+    import mindspore as ms
+
+    return str(ms.get_context("device_target"))
+
+
+def policy() -> DevicePolicy:
+    """This process's policy for MindSpore's current device target.
+
+    The fast-path switch is read from the environment at the first call; a policy is made once
+    per target (a process that calls ``mindspore.set_device`` after a first call gets the new
+    target's policy from then on). Objects on hot paths keep the decisions they need from the
+    policy they were built with.
+    """
+    global _fast_paths
+    if _fast_paths is None:
+        _fast_paths = fast_paths_requested()
+    target = current_target()
+    made = _policies.get(target)
+    if made is None:
+        made = _policies[target] = DevicePolicy.for_target(target, _fast_paths)
+    return made
+
+
+def wait_until_run() -> None:
+    """Block until every op dispatched so far by this process has run.
+
+    On GPU and Ascend: MindSpore's synchronisation of every stream of the device. On CPU there
+    are no streams; draining MindSpore's op queue is the same wait (``mindspore.runtime
+    .synchronize`` is not supported there: its first call only logs an error).
+    """
+    if policy().has_streams:
+        import mindspore as ms
+
+        ms.runtime.synchronize()
+        return
+    from mindspore.common.api import _pynative_executor
+
+    _pynative_executor.sync()
+
+
+def wait_for(tensors: Iterable[Any]) -> None:
+    """Block until every tensor of ``tensors`` (``None`` entries skipped) has been computed.
+
+    On CPU each tensor is read (``asnumpy`` waits for the op that makes it and copies nothing
+    off a device); on GPU and Ascend reading would copy every tensor to the host, so the
+    device's streams are synchronised instead.
+    """
+    present = [tensor for tensor in tensors if tensor is not None]
+    if not present:
+        return
+    if policy().has_streams:
+        wait_until_run()
+        return
+    for tensor in present:
+        tensor.asnumpy()
+
+
+class Fence:
+    """A mark after the work dispatched so far; :meth:`wait` returns once that work has run.
+
+    Used before a buffer is written again (a receive into a reused slot) while earlier ops may
+    still read it. With synchronous dispatch everything has run already and the fence is free.
+    On GPU and Ascend it is a MindSpore event recorded on the current stream (waiting blocks
+    the host until the stream reaches it). On CPU with asynchronous dispatch MindSpore offers no
+    events, so waiting drains the op queue (:func:`wait_until_run`), which covers the mark.
+    """
+
+    __slots__ = ("_event", "_pending")
+
+    def __init__(self) -> None:
+        current = policy()
+        self._pending = not current.synchronous_dispatch
+        self._event = None
+        if self._pending and current.has_streams:
+            import mindspore as ms
+
+            self._event = ms.runtime.Event()
+            self._event.record()
+
+    def wait(self) -> None:
+        """Return once the work dispatched before this fence was made has run."""
+        if not self._pending:
+            return
+        if self._event is not None:
+            self._event.synchronize()
+        else:
+            wait_until_run()
+        self._pending = False
