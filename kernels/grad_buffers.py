@@ -4,8 +4,9 @@ MindSpore has no ``param.grad``; gradients are values returned by the autograd t
 To sum them over micro-batches, every trainable parameter gets one accumulator ``Parameter``
 (named ``gacc.<param name>``: graphs need unique names, and optimizer state such as momentum
 already uses other prefixes). ``GradBuffers.add`` updates them the fastest exact way measured
-(see ``graph_exec.executors.kernel_executor``): on CPU host adds straight into their memory
-(:func:`make_host_accumulate`), elsewhere eager ``ops.assign_add`` (:func:`make_accumulate`).
+(see ``graph_exec.executors.kernel_executor``): on the CPU fast path host adds straight into their
+memory (:func:`make_host_accumulate`; :attr:`graph_exec.device.DevicePolicy.host_accumulation`),
+elsewhere eager ``ops.assign_add`` (:func:`make_accumulate`).
 ``Tensor.add_`` is not in place on CPU, so the accumulators must only ever change through the
 functions here.
 
@@ -23,6 +24,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, ops
 from mindspore.common.api import _pynative_executor
 
 from graph_exec import _hostadd
+from graph_exec.device import policy
 
 #: Prefix of every accumulator name.
 BUFFER_PREFIX = "gacc."
@@ -51,8 +53,7 @@ class GradBuffers:
             raise ValueError(f"{len(params)} parameters but {len(buffers)} gradient buffers")
         self.params = ParameterTuple(params)
         self.buffers = ParameterTuple(buffers)
-        on_cpu = ms.get_context("device_target") == "CPU"
-        host = make_host_accumulate(self.buffers) if on_cpu else None
+        host = make_host_accumulate(self.buffers) if policy().host_accumulation else None
         #: ``add(*grads)``: ``buffers[i] += grads[i]`` in place, eagerly, the fastest exact way.
         self.add: Callable[..., None] = host or make_accumulate(self.buffers)
 
@@ -77,7 +78,7 @@ def make_accumulate(buffers: ParameterTuple) -> Callable[..., None]:
 
 def make_host_accumulate(buffers: ParameterTuple) -> Callable[..., None] | None:
     """``add(*grads)`` on the host, straight into the accumulators' memory; only for MindSpore
-    on CPU, and ``None`` unless every accumulator is float32 or float64.
+    on CPU with its fast paths on, and ``None`` unless every accumulator is float32 or float64.
 
     On CPU a tensor's ``data_ptr()`` is its host memory, and writes there are seen by later
     eager ops and compiled graphs alike (measured with MindSpore 2.10). Waiting for the queued

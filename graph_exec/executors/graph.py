@@ -10,15 +10,14 @@ reused for every later call with that signature. Compiling costs far more than a
 (hundreds of milliseconds to seconds against milliseconds), so :attr:`compile_stats` counts
 compilations and their seconds for the benchmarks and for spotting shape churn.
 
-A compiled graph holds on to the storage its parameters had when it was compiled: writes in
-place (``ops.assign``, an optimizer, a broadcast into the parameter) are seen, but
-``Parameter.set_data`` (checkpoint loading, for one) swaps the storage and the old graph keeps
-reading the old values (measured with MindSpore 2.10 on CPU). Before every call this executor
-compares the storage addresses of the parameters that call's kernel reads (its stage's, the
-preprocess's, or all of them) with those it last saw and drops all compiled kernels when one
-moved; they recompile on next use and are counted. Checking only the kernel's own parameters
-keeps the check at a few microseconds per call (checking all of them took ~5 % of the
-profiled time of a single-process ``embed_lm`` step, by cProfile).
+A compiled graph holds on to the storage its parameters had when it was compiled, so a
+``Parameter.set_data`` would leave it reading old values: before every call this executor
+compares a token of the parameters that call's kernel reads (its stage's, the preprocess's, or all
+of them) with the one it last saw and drops all compiled kernels when it changed; they recompile
+on next use and are counted (:mod:`graph_exec.executors.storage` says how the token is taken on
+each device). Checking only the kernel's own parameters keeps the check at a few microseconds
+per call (checking all of them took ~5 % of the profiled time of a single-process ``embed_lm``
+step, by cProfile).
 
 ``MS_JIT=0`` in the environment turns ``mindspore.jit`` off: the same kernels then run eagerly
 (the counters still count first calls per signature).
@@ -32,8 +31,11 @@ from typing import Any
 
 import mindspore as ms
 
+from graph_exec.device import policy
+
 from .base import CompileStats
 from .kernel_executor import KernelExecutor
+from .storage import storage_token
 
 #: Process-wide numbering of made kernels (several executors may live in one process).
 _kernel_numbers = itertools.count()
@@ -50,10 +52,6 @@ def _watch_group(key: Hashable) -> Hashable:
     if kind.startswith("preprocess"):
         return _PREPROCESS
     return _EVERYTHING
-
-
-def _addresses(params: tuple[Any, ...]) -> tuple[int, ...]:
-    return tuple(param.data_ptr() for param in params)
 
 
 class GraphExecutor(KernelExecutor):
@@ -74,13 +72,14 @@ class GraphExecutor(KernelExecutor):
         every = {id(p): p for params in self._watched.values() for p in params}
         every.update({id(p): p for p in self._buffers.values()})
         self._watched[_EVERYTHING] = tuple(every.values())
-        self._storage = {group: _addresses(params) for group, params in self._watched.items()}
+        self._token = storage_token(policy().storage_by_address)
+        self._storage = {group: self._token(params) for group, params in self._watched.items()}
 
     def _cached(self, key: Hashable) -> Any:
         group = _watch_group(key)
-        if _addresses(self._watched[group]) != self._storage[group]:
+        if self._token(self._watched[group]) != self._storage[group]:
             self._kernels.clear()  # kept forwards hold their own tapes and finish on them
-            self._storage = {g: _addresses(params) for g, params in self._watched.items()}
+            self._storage = {g: self._token(params) for g, params in self._watched.items()}
         return super()._cached(key)
 
     def _prepare(self, kernel: Callable[..., Any]) -> Callable[..., Any]:

@@ -179,9 +179,9 @@ class Trainer:
         mean = statistics.fmean(float(x.asnumpy()) for x in losses)
         if self._loss_group is None:
             return mean
-        total = np.array([mean], dtype=np.float32)
-        self._loss_group.all_reduce_sum([ms.from_numpy(total)])
-        return float(total[0]) / self.mesh.dp_size
+        total = ms.Tensor(np.array([mean], dtype=np.float32))
+        self._loss_group.all_reduce_sum([total])
+        return float(total.asnumpy()[0]) / self.mesh.dp_size
 
     def _update(self) -> None:
         grads = self.schedule.grads()

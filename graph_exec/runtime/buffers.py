@@ -1,40 +1,149 @@
-"""Receive buffers from the pool, handed back at the step that last reads them.
+"""Receive buffers, reused from step to step and handed back at the step that last reads them.
 
 The plan says, for every receive, which later step is the last to read what arrived (a stage
-input is read again by the stage's backward, which recomputes the forward from it). A buffer
-is taken from the pool when the receive happens and given back right after that step, so
-from the second training step on (same shapes) every receive reuses memory: no allocation.
+input is read again by the stage's backward). A buffer is taken when the receive happens and
+given back right after that step, so from the second training step on (same shapes) every
+receive reuses memory: no allocation.
+
+A buffer is a *slot*, realised in one of two ways (chosen by the device policy's
+:attr:`~graph_exec.device.DevicePolicy.host_memory_aliasing`, the same choice as the transport's
+frames):
+
+- :class:`HostBlocks` (CPU fast path): blocks of the C++ size-class pool (:mod:`graph_exec.bufpool`),
+  viewed as uint8 numpy arrays; MindSpore receives straight into them.
+- :class:`DeviceSlots` (every device, and CPU with the fast paths off): uint8 MindSpore tensors,
+  one per slot, made once and reused. A slot holds exactly the bytes of its message (NCCL and HCCL
+  match a receive by its byte count, so a message cannot land in a larger size-class block), and
+  asynchronous dispatch means the ops that read a slot may not have run when the step that
+  dispatched them ends: a slot given back carries a :class:`~graph_exec.device.Fence`, and is
+  written again only after the fence has passed.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from graph_exec.bufpool import Block, BufferPool
+from graph_exec.bufpool import BufferPool, PoolStats
+from graph_exec.device import Fence
+
+
+class Slots(Protocol):
+    """Memory for receives: ``acquire`` a slot of ``nbytes`` and its frame memory, ``release`` it."""
+
+    def acquire(self, nbytes: int) -> tuple[Any, Any]:
+        """``(slot, frame memory of exactly nbytes)``; the memory is what the transport's frames use."""
+
+    def release(self, slot: Any) -> None:
+        """Give ``slot`` back once every step that reads it has been dispatched."""
+
+    def stats(self) -> PoolStats:
+        """Counters (the pool's; ``allocations`` stops growing in steady state)."""
+
+
+class HostBlocks:
+    """Slots realised as blocks of the C++ buffer pool (host memory, the CPU fast path)."""
+
+    def __init__(self, pool: BufferPool | None = None) -> None:
+        self.pool = pool or BufferPool()
+
+    def acquire(self, nbytes: int) -> tuple[Any, np.ndarray]:
+        block = self.pool.acquire(nbytes)
+        return block, block.view(np.uint8, (nbytes,))
+
+    def release(self, slot: Any) -> None:
+        self.pool.release(slot)
+
+    def stats(self) -> PoolStats:
+        return self.pool.stats()
+
+
+class _DeviceSlot:
+    """One reusable uint8 tensor and the fence its last readers left on it."""
+
+    __slots__ = ("fence", "nbytes", "tensor")
+
+    def __init__(self, tensor: Any, nbytes: int) -> None:
+        self.tensor = tensor
+        self.nbytes = nbytes
+        self.fence: Fence | None = None
+
+
+class DeviceSlots:
+    """Slots realised as MindSpore tensors, one per slot, reused by exact size.
+
+    ``allocate(nbytes)`` makes a slot's tensor (default: ``ops.zeros`` of uint8). A released
+    slot goes on the free list of its size with a fence; :meth:`acquire` reuses the most recently
+    released one of the size asked for, after waiting for its fence, or makes a new one. The
+    counters follow :class:`~graph_exec.bufpool.PoolStats` (capacities are exact sizes here).
+    """
+
+    def __init__(self, allocate: Callable[[int], Any] | None = None) -> None:
+        if allocate is None:
+            from graph_exec.transport.frame_memory import tensor_allocator as allocate
+        self._allocate = allocate
+        self._free: dict[int, list[_DeviceSlot]] = defaultdict(list)
+        self._counts = dict.fromkeys(
+            ("acquires", "allocations", "reuses", "releases", "live_blocks", "live_bytes", "peak_bytes"), 0
+        )
+        self._reserved = 0
+
+    def acquire(self, nbytes: int) -> tuple[_DeviceSlot, Any]:
+        free = self._free.get(nbytes)
+        if free:
+            slot = free.pop()
+            slot.fence.wait()  # the ops that read its previous message have run
+            slot.fence = None
+            self._counts["reuses"] += 1
+        else:
+            slot = _DeviceSlot(self._allocate(nbytes), nbytes)
+            self._counts["allocations"] += 1
+            self._reserved += nbytes
+        counts = self._counts
+        counts["acquires"] += 1
+        counts["live_blocks"] += 1
+        counts["live_bytes"] += nbytes
+        counts["peak_bytes"] = max(counts["peak_bytes"], counts["live_bytes"])
+        return slot, slot.tensor
+
+    def release(self, slot: _DeviceSlot) -> None:
+        slot.fence = Fence()  # after every op dispatched so far, the slot's last readers among them
+        self._free[slot.nbytes].append(slot)
+        self._counts["releases"] += 1
+        self._counts["live_blocks"] -= 1
+        self._counts["live_bytes"] -= slot.nbytes
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            **self._counts,
+            auto_releases=0,
+            reserved_bytes=self._reserved,
+            free_blocks=sum(len(free) for free in self._free.values()),
+        )
 
 
 class ReceiveBuffers:
-    """Hands out pool-backed receive tensors for one rank's plan and reclaims them on time."""
+    """Hands out receive memory for one rank's plan and reclaims it on time."""
 
-    def __init__(self, pool: BufferPool, last_use: Sequence[tuple[int, int]]) -> None:
+    def __init__(self, slots: Slots, last_use: Sequence[tuple[int, int]]) -> None:
         """``last_use``: ``(receive step index, index of the last step reading it)`` pairs."""
-        self.pool = pool
+        self.slots = slots
         self._release_after: dict[int, list[int]] = defaultdict(list)
         for recv_index, last_index in last_use:
             self._release_after[last_index].append(recv_index)
-        self._held: dict[int, list[Block]] = defaultdict(list)
+        self._held: dict[int, list[Any]] = defaultdict(list)
 
-    def allocator(self, recv_index: int) -> Callable[[int], np.ndarray]:
+    def allocator(self, recv_index: int) -> Callable[[int], Any]:
         """The allocator for the receive at ``recv_index`` (message memory for the transport,
-        see :data:`graph_exec.transport.comm.Allocator`): its blocks are tracked under it."""
+        see :data:`graph_exec.transport.frame_memory.Allocator`): its slots are tracked under it."""
 
-        def allocate(nbytes: int) -> np.ndarray:
-            block = self.pool.acquire(nbytes)
-            self._held[recv_index].append(block)
-            return block.view(np.uint8, (nbytes,))
+        def allocate(nbytes: int) -> Any:
+            slot, memory = self.slots.acquire(nbytes)
+            self._held[recv_index].append(slot)
+            return memory
 
         return allocate
 
@@ -45,17 +154,24 @@ class ReceiveBuffers:
     def release_after(self, step_index: int) -> None:
         """Give back every buffer whose last reader was ``step_index``."""
         for recv_index in self._release_after.get(step_index, ()):
-            for block in self._held.pop(recv_index, ()):
-                self.pool.release(block)
+            for slot in self._held.pop(recv_index, ()):
+                self.slots.release(slot)
 
     def release_all(self) -> None:
         """Give back everything (end of an aborted step)."""
-        for blocks in self._held.values():
-            for block in blocks:
-                self.pool.release(block)
+        for held in self._held.values():
+            for slot in held:
+                self.slots.release(slot)
         self._held.clear()
 
     @property
     def held(self) -> int:
-        """How many blocks are out right now."""
-        return sum(len(blocks) for blocks in self._held.values())
+        """How many slots are out right now."""
+        return sum(len(held) for held in self._held.values())
+
+
+def receive_slots() -> Slots:
+    """The slots this process's receives use, as the device policy decides."""
+    from graph_exec.device import policy
+
+    return HostBlocks() if policy().host_memory_aliasing else DeviceSlots()

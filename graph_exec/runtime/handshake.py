@@ -47,9 +47,11 @@ def _ranks_flagged(groups: Sequence[Any], flagged: bool) -> list[int]:
     world = int(np.prod([group.size for group in groups]))
     flags = np.zeros(world, dtype=np.float32)
     flags[groups[0].ranks[groups[0].rank]] = float(flagged)
+    tensor = ms.Tensor(flags)
     for group in groups:
-        group.all_reduce_sum([ms.from_numpy(flags)])
-    return [rank for rank, flag in enumerate(flags) if flag > 0]
+        group.all_reduce_sum([tensor])
+    # Read through the tensor: on a device the result is not in the array it was made from.
+    return [rank for rank, flag in enumerate(tensor.asnumpy()) if flag > 0]
 
 
 def share_setup_outcome(groups: Sequence[Any], local_error: BaseException | None) -> None:
@@ -74,9 +76,9 @@ def _differing(group: Any, facts: Mapping[str, str]) -> list[str]:
     import mindspore as ms
 
     own = np.array([zlib.crc32(f"{k}={v}".encode()) for k, v in facts.items()], dtype=np.int64)
-    reference = own.copy()
-    group.broadcast([ms.from_numpy(reference)], src=0)
-    return [name for name, a, b in zip(facts, own, reference, strict=True) if a != b]
+    reference = ms.Tensor(own)
+    group.broadcast([reference], src=0)
+    return [name for name, a, b in zip(facts, own, reference.asnumpy(), strict=True) if a != b]
 
 
 def check_ranks_agree(checks: Sequence[tuple[Any, Mapping[str, str]]]) -> None:

@@ -18,11 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from graph_exec import checks
-from graph_exec.bufpool import BufferPool
 from graph_exec.errors import CommunicationNotInitializedError, GraphExecError
 from graph_exec.executors import MODES, Executor, create_executor
 from graph_exec.executors.jit_callable import jit_parseable
-from graph_exec.runtime.buffers import ReceiveBuffers
+from graph_exec.runtime.buffers import ReceiveBuffers, Slots, receive_slots
 from graph_exec.runtime.data_parallel import DataParallelGrads
 from graph_exec.runtime.driver import RankRuntime, TimelineEvent
 from graph_exec.runtime.handshake import (
@@ -95,7 +94,7 @@ class _Setup:
     executor: Executor
     runtime: RankRuntime
     transport: Any | None
-    pool: BufferPool
+    slots: Slots
     data_parallel: DataParallelGrads | None
 
 
@@ -121,7 +120,8 @@ class ScheduleMPipeTranspose:
         scale_grads: divide the gradients by ``micro_batch_num``.
         timeout_s: bound, in seconds, on every wait for a peer.
         sync_steps: wait for each compute step's results before the next, so :attr:`timeline`
-            shows each step's own time; ``None``: on for CPU (measured 2-3x faster), off elsewhere.
+            shows each step's own time; ``None``: the device policy's default (on for CPU, where it
+            was measured 2-3x faster; off on devices and with the CPU fast paths off).
         mesh: a :class:`~graph_exec.DeviceMesh` (this rank is pipeline rank ``mesh.pp_rank`` of
             replica ``mesh.dp_rank``); ``None``: one pipeline over the whole world.
         dp_bucket_bytes: size of the flat buckets in which gradients are averaged over ``mesh.dp``.
@@ -278,7 +278,7 @@ class ScheduleMPipeTranspose:
         out: dict[str, Any] = {
             "compilations": compile_stats.compilations,
             "compile_seconds": compile_stats.compile_seconds,
-            "pool": setup.pool.stats(),
+            "pool": setup.slots.stats(),
         }
         if setup.transport is not None:
             out["transport"] = setup.transport.stats
@@ -296,9 +296,9 @@ class ScheduleMPipeTranspose:
     def _sync_steps(self) -> bool:
         if self.sync_steps is not None:
             return bool(self.sync_steps)
-        import mindspore as ms
+        from graph_exec.device import policy
 
-        return ms.get_context("device_target") == "CPU"
+        return policy().sync_steps_default
 
     def _preprocess_kind(self) -> str:
         if self.preprocess_module is None:
@@ -344,7 +344,7 @@ class ScheduleMPipeTranspose:
                 dp_transport, params, lambda: [executor.grads()[p.name] for p in params], self.dp_bucket_bytes
             )
             data_parallel.start_in_sync()
-        pool = BufferPool()
+        slots = receive_slots()
         lifetimes = [(lt.recv_index, lt.last_index) for lt in buffer_lifetimes(plan, rank)]
         preprocess_names = [p.name for p in executor.broadcast_tensors()]
         runtime = RankRuntime(
@@ -352,12 +352,12 @@ class ScheduleMPipeTranspose:
             rank,
             executor,
             transport,
-            ReceiveBuffers(pool, lifetimes),
+            ReceiveBuffers(slots, lifetimes),
             preprocess_grads=lambda: [executor.grads()[n] for n in preprocess_names],
             sync_steps=self._sync_steps(),
             keep_preprocess_tape=self.keep_preprocess_tape,
         )
-        self._setup = _Setup(plan, rank, executor, runtime, transport, pool, data_parallel)
+        self._setup = _Setup(plan, rank, executor, runtime, transport, slots, data_parallel)
         return self._setup
 
     def _build_local(self, pp: int, rank: int) -> tuple[Plan, Executor]:

@@ -7,7 +7,6 @@ from graph_exec.transport.comm import (
     all_gather_objects,
     barrier,
     is_initialized,
-    numpy_allocator,
     pipeline_rank,
     require_initialized,
 )
@@ -26,7 +25,6 @@ __all__ = [
     "barrier",
     "bound_backend_waits",
     "is_initialized",
-    "numpy_allocator",
     "pipeline_rank",
     "require_initialized",
 ]

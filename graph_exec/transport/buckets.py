@@ -9,12 +9,13 @@ bucket, and writes the results back in place. Every rank of the group must hand 
 the same shapes and dtypes in the same order (the schedules check that in their set-up
 handshake).
 
-On MindSpore's CPU back end, float32 and float64 tensors are packed and unpacked by address
-and the arithmetic around the collective runs in numpy: a tensor's ``data_ptr()`` is its host
-memory there, and writes to it are seen by later eager ops and compiled graphs (see
-:mod:`kernels.grad_buffers`, which adds gradients the same way). Packing the same tower with
-``ops.cat`` and writing back with ``ops.assign`` cost more than the collective itself
-(``StepContribution`` with eager ops: 22 ms in all). Elsewhere the packing uses MindSpore ops.
+On the CPU fast path (:attr:`~graph_exec.device.DevicePolicy.packing_by_address`), float32 and
+float64 tensors are packed and unpacked by address and the arithmetic around the collective runs
+in numpy: a tensor's ``data_ptr()`` is its host memory there, and writes to it are seen by later
+eager ops and compiled graphs (see :mod:`kernels.grad_buffers`, which adds gradients the same
+way). Packing the same tower with ``ops.cat`` and writing back with ``ops.assign`` cost more than
+the collective itself (``StepContribution`` with eager ops: 22 ms in all). Elsewhere the packing
+uses MindSpore ops, and every value stays a MindSpore tensor.
 """
 
 from __future__ import annotations
@@ -75,11 +76,13 @@ class PackedTensors:
     def __init__(self, tensors: Sequence[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         import mindspore as ms
 
+        from graph_exec.device import policy
+
         self.tensors = list(tensors)
         self.buckets = plan_buckets([(int(t.nbytes), str(t.dtype)) for t in self.tensors], bucket_bytes)
         # Packed by address only where numpy's arithmetic is MindSpore's: float32 and float64
         # (numpy has no bfloat16 and adds float16 through float32).
-        self._by_address = ms.get_context("device_target") == "CPU" and all(
+        self._by_address = policy().packing_by_address and all(
             t.dtype in (ms.float32, ms.float64) and t.is_contiguous() for t in self.tensors
         )
 

@@ -12,15 +12,15 @@ gradients) act in place.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from graph_exec import checks
+from graph_exec.device import policy
 from graph_exec.errors import (
     CommunicationError,
     CommunicationNotInitializedError,
@@ -34,20 +34,16 @@ from graph_exec.transport.cpu_workarounds import (
     backend_wait_limit,
     bound_backend_waits,
     rebind_default_groups,
-    sends_complete_on_post,
-    tensors_in_host_memory,
     world_barrier,
 )
+from graph_exec.transport.frame_memory import Allocator, HostFrames, TensorFrames
 from graph_exec.transport.frames import (
     DATA,
-    LABEL_START,
-    PREFIX_BYTES,
-    SEQ_WORD,
+    PREFIX_WORDS,
     FrameLayout,
     layout_of,
+    prefix_from_words,
     prefix_words,
-    read_prefix,
-    write_prefix,
 )
 from graph_exec.transport.mesh import CommGroup
 from graph_exec.transport.meta import (
@@ -55,7 +51,6 @@ from graph_exec.transport.meta import (
     CONTROL_BYTES,
     HEADER,
     HELLO,
-    LABEL_WORDS,
     GroupMeta,
     TensorMeta,
     decode,
@@ -67,11 +62,6 @@ from graph_exec.transport.meta import (
 )
 from graph_exec.transport.p2p import point_to_point
 
-#: Gives the memory of one incoming message: a writable, C-contiguous uint8 array of at least
-#: ``nbytes`` bytes, 64-byte aligned, that stays reserved while the received tensors are in
-#: use (the runtime passes a pool-backed one). The received tensors are views into it.
-Allocator = Callable[[int], np.ndarray]
-
 LAUNCH_HINT = (
     "call mindspore.communication.init() at the start of the script and launch one process per "
     "rank with msrun, e.g. `msrun --worker_num=2 --local_worker_num=2 --master_addr=127.0.0.1 "
@@ -82,13 +72,6 @@ LAUNCH_HINT = (
 def dtype_name(dtype: Any) -> str:
     """Our name for a MindSpore dtype (``mindspore.float32`` -> ``"float32"``)."""
     return str(dtype).lower()
-
-
-def numpy_allocator(nbytes: int) -> np.ndarray:
-    """Fresh 64-byte aligned memory for one message (used where no buffer pool is wired in)."""
-    raw = np.empty(nbytes + 64, dtype=np.uint8)
-    start = -raw.ctypes.data % 64
-    return raw[start : start + nbytes]
 
 
 def is_initialized() -> bool:
@@ -145,10 +128,9 @@ def world_all_reduce_sum(values: np.ndarray, timeout_s: float, what: str) -> np.
 
     rebind_default_groups()
     bound_backend_waits(timeout_s)
-    out = np.ascontiguousarray(values).copy()
-    tensor = ms.from_numpy(out)
+    tensor = ms.Tensor(np.ascontiguousarray(values))
     _shared_worker().run(lambda: dist.all_reduce(tensor, group=world_group_name()), timeout_s, what)
-    return out
+    return tensor.asnumpy().copy()  # through the tensor: on a device the result is not in host memory
 
 
 def all_gather_objects(value: Any, timeout_s: float, what: str) -> list[Any]:
@@ -245,31 +227,15 @@ class _Outbound:
 class _Expected:
     """The layout of one label's transfers from a peer, and the prefix its frames must carry."""
 
-    __slots__ = ("bfloat16", "layout", "prefix")
+    __slots__ = ("layout", "prefix")
 
     def __init__(self, layout: FrameLayout, prefix: list[int]) -> None:
-        import mindspore as ms
-
         self.layout = layout
         self.prefix = prefix
-        self.bfloat16 = (
-            ms.bfloat16 if any(e is not None and e.dtype == "bfloat16" for e in layout.entries) else None
-        )
-
-    def tensors(self, frame: np.ndarray, from_numpy: Callable[[np.ndarray], Any]) -> tuple[Any | None, ...]:
-        """The MindSpore tensors of a received ``frame`` (``from_numpy`` is ``mindspore.from_numpy``):
-        views of its memory, no copy."""
-        out = tuple(None if view is None else from_numpy(view) for view in self.layout.views(frame))
-        if self.bfloat16 is None:
-            return out
-        return tuple(  # bfloat16 travels as uint16 bits (numpy has no bfloat16)
-            tensor.view(self.bfloat16) if entry is not None and entry.dtype == "bfloat16" else tensor
-            for entry, tensor in zip(self.layout.entries, out, strict=True)
-        )
 
     def matches(self, words: list[int], seq: int) -> bool:
         """Whether a frame's prefix ``words`` are those of transfer ``seq`` under this label."""
-        self.prefix[SEQ_WORD] = seq
+        self.prefix[1] = seq
         return words == self.prefix
 
 
@@ -279,48 +245,6 @@ class _Inbound:
 
     seq: int = 0
     known: dict[str, _Expected] = field(default_factory=dict)
-
-
-class _Staging:
-    """A reusable send frame of one layout: its memory, tensor, prefix words and tensor slots.
-
-    The prefix's kind, epoch and layout words are written once; :meth:`stamp` rewrites the
-    label only when it changed since the last send from this frame, and the sequence number.
-    """
-
-    __slots__ = ("addresses", "frame", "label", "layout", "prefix", "slots", "tensor")
-
-    def __init__(self, layout: FrameLayout, epoch: int) -> None:
-        import mindspore as ms
-
-        self.layout = layout
-        self.frame = numpy_allocator(layout.nbytes)
-        self.prefix = self.frame[:PREFIX_BYTES].view(np.int64)
-        write_prefix(self.prefix, layout, [0] * LABEL_WORDS, epoch, 0)
-        self.label: str | None = None
-        self.slots = tuple(v if v is None or v.size else None for v in layout.views(self.frame))
-        self.addresses = tuple(None if v is None else v.ctypes.data for v in self.slots)
-        self.tensor = ms.from_numpy(self.frame)
-
-    def stamp(self, label: str, label_words: list[int], seq: int) -> None:
-        """Make the prefix say transfer ``seq`` under ``label``."""
-        if label != self.label:
-            self.prefix[LABEL_START:] = label_words
-            self.label = label
-        self.prefix[SEQ_WORD] = seq
-
-    def fill(self, tensors: Sequence[Any | None], from_host_address: bool) -> None:
-        """Copy ``tensors`` (of this frame's layout) into their slots (bfloat16 bits travel as
-        uint16). With ``from_host_address`` a contiguous tensor is copied from its
-        ``data_ptr()`` (see :func:`~graph_exec.transport.cpu_workarounds.tensors_in_host_memory`)."""
-        for slot, address, tensor in zip(self.slots, self.addresses, tensors, strict=True):
-            if slot is None:
-                continue
-            if from_host_address and tensor.is_contiguous():
-                ctypes.memmove(address, tensor.data_ptr(), slot.nbytes)
-                continue
-            values = tensor.asnumpy()
-            np.copyto(slot, values if values.dtype == slot.dtype else values.view(slot.dtype))
 
 
 #: A "Recv failed." this close to the back end's own limit (``backend_wait_limit``) is a silent
@@ -396,19 +320,18 @@ class Transport:
         self.aborted = False
         self._worker = CommWorker()
         self.epoch = _register(self.group, self.ranks, self._worker)
-        self._sends_complete_on_post = sends_complete_on_post()
+        chosen = policy()
+        self._sends_complete_on_post = chosen.sends_complete_on_post
         self.direct = self._sends_complete_on_post and backend_ends_waits(timeout_s)
         self._run = self._worker.run_here if self.direct else self._worker.run
-        self._pending: list[tuple[Any, Any, _Staging | None]] = []  # (handle, tensor, staging)
+        self._host_barrier = chosen.host_barrier
+        #: Where frames live: host memory on the CPU fast path, MindSpore tensors elsewhere.
+        self.frames = HostFrames(self.epoch) if chosen.host_memory_aliasing else TensorFrames(self.epoch)
+        self._pending: list[tuple[Any, Any, Any]] = []  # (handle, tensor, staging frame or None)
         self._outbound = [_Outbound() for _ in self.ranks]
         self._inbound = [_Inbound() for _ in self.ranks]
-        self._staging: dict[FrameLayout, list[_Staging]] = {}
         self._label_words: dict[str, list[int]] = {}
-        self._host_addresses = tensors_in_host_memory()
         self._p2p = point_to_point(dist, self.group, self.ranks)
-        import mindspore as ms
-
-        self._from_numpy = ms.from_numpy
         _exit_barrier.track(self)
         if self.epoch > 0:
             self._resync()
@@ -431,27 +354,38 @@ class Transport:
             )
             known = (signature, layout_of(meta.entries))  # both raise ValueError before any message
             header = encode_header(meta, self.epoch, out.seq)
-        staging = self._take_staging(known[1])
-        staging.stamp(label, self._label(label), out.seq)
-        staging.fill(tensors, self._host_addresses)
-        header_tensor = None if header is None else self._from_numpy(header)
+        frame, staging = self.frames.compose(known[1], label, self._label(label), out.seq, tensors)
+        header_tensor = None if header is None else self.frames.control_tensor(header)
         # With a deadline: isend usually returns at once, but to a peer that has died it blocks
         # (measured: well past 16 s), which must end in a time-out.
         self._run(
-            self._post_frame, self.timeout_s, ("sending", label, "to rank", dst), header_tensor, staging, dst
+            self._post_frame,
+            self.timeout_s,
+            ("sending", label, "to rank", dst),
+            header_tensor,
+            frame,
+            staging,
+            dst,
         )
         if header is not None:
             self.stats.headers_sent += 1
             out.known[label] = known
         out.seq += 1
 
-    def recv(self, src: int, expect: str, alloc: Allocator = numpy_allocator) -> tuple[Any | None, ...]:
+    def recv(self, src: int, expect: str, alloc: Allocator | None = None) -> tuple[Any | None, ...]:
         """Receive the tensor group that pipeline rank ``src`` sent with label ``expect``.
 
-        ``alloc(nbytes)`` gives the frame's memory; the tensors returned are views into it.
+        ``alloc(nbytes)`` gives each message's memory (see
+        :data:`~graph_exec.transport.frame_memory.Allocator`: host arrays or MindSpore tensors, as
+        :attr:`frames` needs; default: fresh memory); the tensors returned are views into it.
         """
         return self._run(
-            self._fetch, self.timeout_s, ("waiting for", expect, "from rank", src), src, expect, alloc
+            self._fetch,
+            self.timeout_s,
+            ("waiting for", expect, "from rank", src),
+            src,
+            expect,
+            alloc or self.frames.allocate,
         )
 
     def _fetch(self, src: int, expect: str, alloc: Allocator) -> tuple[Any | None, ...]:
@@ -465,15 +399,15 @@ class Transport:
             known = self._learn_layout(src, expect, frame, inbound)
             frame, words = self._receive(src, expect, alloc, known.layout.nbytes)
         if known is None or not known.matches(words, inbound.seq):
-            self._refuse_frame(src, expect, words, frame, known, inbound.seq)
+            self._refuse_frame(src, expect, words, known, inbound.seq)
         inbound.seq += 1
-        return known.tensors(frame, self._from_numpy)
+        return self.frames.tensors(known.layout, frame)
 
-    def _post_frame(self, header: Any | None, staging: _Staging, dst: int) -> None:
+    def _post_frame(self, header: Any | None, frame: Any, staging: Any, dst: int) -> None:
         """:meth:`send`'s messages: the header, if any, then the frame."""
         if header is not None:
             self._post(header, dst, None)
-        self._post(staging.tensor, dst, staging)
+        self._post(frame, dst, staging)
 
     def drain(self) -> None:
         """Wait until every queued send has left (end of a step, or before reusing buffers)."""
@@ -484,30 +418,21 @@ class Transport:
             while self._pending:
                 handle, _, staging = self._pending.pop(0)
                 handle.wait()
-                if staging is not None:
-                    self._give_staging(staging)
+                self.frames.reuse(staging)
 
         self._run(wait_all, self.timeout_s, "draining pending sends")
 
-    def _post(self, tensor: Any, dst: int, staging: _Staging | None) -> None:
+    def _post(self, tensor: Any, dst: int, staging: Any) -> None:
         """Send one message to pipeline rank ``dst``; on a backend whose sends complete when
-        posted, wait at once."""
+        posted, wait at once (and reuse its staging frame), else keep it until :meth:`drain`."""
         handle = self._p2p.isend(tensor, dst)
         self.stats.messages_sent += 1
         self.stats.bytes_sent += tensor.nbytes
         if self._sends_complete_on_post:
             handle.wait()
-            if staging is not None:
-                self._give_staging(staging)
+            self.frames.reuse(staging)
         else:
             self._pending.append((handle, tensor, staging))
-
-    def _take_staging(self, layout: FrameLayout) -> _Staging:
-        free = self._staging.get(layout)
-        return free.pop() if free else _Staging(layout, self.epoch)
-
-    def _give_staging(self, staging: _Staging) -> None:
-        self._staging.setdefault(staging.layout, []).append(staging)
 
     def _label(self, label: str) -> list[int]:
         """The prefix words of ``label`` (cached: labels repeat every step)."""
@@ -516,27 +441,27 @@ class Transport:
             words = self._label_words[label] = pack_label(label).tolist()
         return words
 
-    def _learn_layout(self, src: int, expect: str, header_frame: np.ndarray, inbound: _Inbound) -> _Expected:
+    def _learn_layout(self, src: int, expect: str, header_frame: Any, inbound: _Inbound) -> _Expected:
         """Take the header in ``header_frame`` as the layout of ``expect`` from now on (after
         checking it announces the transfer due)."""
-        header = decode(header_frame[:CONTROL_BYTES].view(np.int64))
+        header = decode(self.frames.control(header_frame))
         layout = layout_of(header.meta.entries)
         if header.meta.label != expect:  # take its frame too: the channel stays in order
-            self._receive(src, expect, numpy_allocator, layout.nbytes)
+            self._receive(src, expect, self.frames.allocate, layout.nbytes)
         self._check(src, expect, header.epoch, header.seq, header.meta.label, inbound.seq)
         self.stats.headers_received += 1
         inbound.known[expect] = _Expected(layout, prefix_words(layout, self._label(expect), self.epoch, 0))
         return inbound.known[expect]
 
-    def _receive(self, src: int, expect: str, alloc: Allocator, nbytes: int) -> tuple[np.ndarray, list[int]]:
+    def _receive(self, src: int, expect: str, alloc: Allocator, nbytes: int) -> tuple[Any, list[int]]:
         """One message from ``src`` and its first :data:`PREFIX_WORDS` words, into fresh memory of
-        at least ``nbytes`` (and of a control message's size, so that an abort notice fits);
-        raises for an abort notice."""
+        ``nbytes`` or, if that is less, of a control message's size (what a sender pads a frame
+        to, and what an abort notice needs); raises for an abort notice."""
         size = max(nbytes, CONTROL_BYTES)
-        frame = alloc(size)[:size]
+        frame = alloc(size)
         start = time.monotonic()
         try:
-            self._p2p.recv(self._from_numpy(frame), src)
+            self._p2p.recv(self.frames.target(frame), src)
         except RuntimeError as exc:  # the back end's "Recv failed."
             waited = time.monotonic() - start
             if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
@@ -549,26 +474,27 @@ class Transport:
                 f"({str(exc).strip()}): either a larger message arrived (the ranks' plans disagree) or "
                 "the connection broke"
             ) from exc
-        words = frame[:PREFIX_BYTES].view(np.int64).tolist()
+        words = self.frames.words(frame, PREFIX_WORDS)
         kind = split_first_word(words[0])[0]
         self.stats.messages_received += 1
         self.stats.bytes_received += words[2] if kind == DATA else CONTROL_BYTES
         if kind == ABORT:
-            notice = decode(frame[:CONTROL_BYTES].view(np.int64).copy())
+            notice = decode(self.frames.control(frame))
             raise RemoteRankError(f"rank {src} failed: {notice.text}")
         return frame, words
 
     def _refuse_frame(
-        self, src: int, expect: str, words: list[int], frame: np.ndarray, known: _Expected | None, due: int
+        self, src: int, expect: str, words: list[int], known: _Expected | None, due: int
     ) -> None:
-        """Raise the :class:`ProtocolError` that says why ``frame`` is not the expected transfer."""
+        """Raise the :class:`ProtocolError` that says why the frame whose prefix is ``words`` is
+        not the expected transfer."""
         kind = split_first_word(words[0])[0]
         if kind != DATA:
             raise ProtocolError(
                 f"rank {self.rank} expected {expect} from rank {src} but received a message of kind "
                 f"{kind:#x}: the message order is broken"
             )
-        prefix = read_prefix(frame)
+        prefix = prefix_from_words(words)
         self._check(src, expect, prefix.epoch, prefix.seq, prefix.label, due)
         if known is None:
             raise ProtocolError(
@@ -599,23 +525,20 @@ class Transport:
 
     def _resync(self) -> None:
         """Exchange hellos with every peer, skipping messages an earlier transport left behind."""
-        import mindspore as ms
-
-        hello = ms.from_numpy(encode_hello(self.epoch))
+        hello = self.frames.control_tensor(encode_hello(self.epoch))
         peers = [r for r in range(self.size) if r != self.rank]
 
         def run() -> int:
             for rank in peers:
                 self._dist.isend(hello, dst=self.ranks[rank], group=self.group).wait()
-            buffer = np.empty(CONTROL_BYTES, np.uint8)
-            tensor = ms.from_numpy(buffer)
+            buffer = self.frames.allocate(CONTROL_BYTES)
             skipped = 0
             for rank in peers:
                 while True:
                     start = time.monotonic()
                     try:
-                        self._dist.recv(tensor, src=self.ranks[rank], group=self.group)
-                        kind, epoch = split_first_word(buffer[:8].view(np.int64)[0])
+                        self._dist.recv(self.frames.target(buffer), src=self.ranks[rank], group=self.group)
+                        kind, epoch = split_first_word(self.frames.words(buffer, 1)[0])
                     except RuntimeError as exc:  # a stale message larger than a control message
                         if time.monotonic() - start >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
                             raise PeerTimeoutError(f"rank {rank} sent no hello ({str(exc).strip()})") from exc
@@ -665,7 +588,9 @@ class Transport:
 
     def barrier(self) -> None:
         """Wait until every rank of the group gets here (with the transport's deadline)."""
-        self._run(lambda: world_barrier(self._dist, self.group), self.timeout_s, "in a barrier")
+        self._run(
+            lambda: world_barrier(self._dist, self.group, self._host_barrier), self.timeout_s, "in a barrier"
+        )
 
     # -- failure --------------------------------------------------------------------------
 
@@ -678,9 +603,7 @@ class Transport:
         self.aborted = True
         if self._worker.broken is not None:
             return
-        import mindspore as ms
-
-        notice = ms.from_numpy(encode_abort(f"rank {self.rank}: {reason}", self.epoch))
+        notice = self.frames.control_tensor(encode_abort(f"rank {self.rank}: {reason}", self.epoch))
 
         def post() -> None:
             for rank in range(self.size):

@@ -1,6 +1,7 @@
-"""MindSpore 2.10 communication traps and backend facts the transport relies on, in one place.
+"""MindSpore 2.10 communication traps and back-end facts the transport relies on.
 
-``mindspore.mint.distributed`` binds ``"hccl_world_group"`` as the default group of its
+Which of them a process uses is decided by :mod:`graph_exec.device`; this module holds the
+mechanisms. ``mindspore.mint.distributed`` binds ``"hccl_world_group"`` as the default group of its
 rank/size cache helpers when it is imported. On the CPU backend that group does not exist,
 so ``send``/``isend`` raise — and the peer then consumes the *next* message instead, silently
 corrupting the order. Rebinding the defaults to the real world group after ``init()`` fixes
@@ -14,6 +15,8 @@ import os
 from typing import Any
 
 import numpy as np
+
+from graph_exec.device import policy
 
 #: MindSpore's CPU back end fails a send or receive that has not completed after this many
 #: seconds (default 30, measured with 2.10). It reads the variable once, at the process's
@@ -49,14 +52,13 @@ def backend_ends_waits(timeout_s: float) -> bool:
     """Whether the back end itself fails a call that waits longer than ``timeout_s`` (rounded
     up to whole seconds), so that the call needs no deadline thread.
 
-    True on CPU once :func:`bound_backend_waits` (or the user) set a limit no longer than that;
-    measured with MindSpore 2.10: a receive from a silent peer, a send to a dead one, an
-    all-reduce and a broadcast missing a rank all raise ``RuntimeError`` at the limit. Elsewhere
-    the limit is not known to hold.
+    True where the device policy relies on it (:attr:`~graph_exec.device.DevicePolicy.backend_bounds_waits`:
+    CPU with its fast paths on) once :func:`bound_backend_waits` (or the user) set a limit no
+    longer than that; measured with MindSpore 2.10: a receive from a silent peer, a send to a
+    dead one, an all-reduce and a broadcast missing a rank all raise ``RuntimeError`` at the
+    limit. Elsewhere the limit is not known to hold.
     """
-    import mindspore as ms
-
-    return ms.get_context("device_target") == "CPU" and backend_wait_limit() <= math.ceil(timeout_s)
+    return policy().backend_bounds_waits and backend_wait_limit() <= math.ceil(timeout_s)
 
 
 def rebind_default_groups() -> None:
@@ -72,48 +74,21 @@ def rebind_default_groups() -> None:
                 helper.__defaults__ = (GlobalComm.WORLD_COMM_GROUP,)
 
 
-def world_barrier(dist: Any, group: str) -> None:
-    """Block until every rank of ``group`` gets here, without the CPU ``[ERROR]`` line.
+def world_barrier(dist: Any, group: str, host_barrier: bool | None = None) -> None:
+    """Block until every rank of ``group`` gets here.
 
-    ``mint.distributed.barrier`` ends with ``mindspore.runtime.synchronize()``, a stream call
-    that on CPU does nothing but log "CPU device is not supported" (as ``[ERROR]``, on every
-    rank of every successful run). On CPU a blocking all-reduce of one element is the same
-    rendezvous (no rank can finish it before all have started it) and ``asnumpy()`` waits for
-    it; elsewhere MindSpore's own barrier is used.
+    With the policy's :attr:`~graph_exec.device.DevicePolicy.host_barrier` (``None``: ask it), a
+    blocking all-reduce of one element: ``mint.distributed.barrier`` ends with
+    ``mindspore.runtime.synchronize()``, which on CPU does nothing but log "CPU device is not
+    supported" (as ``[ERROR]``, on every rank of every run), while no rank can finish the
+    all-reduce before all have started it, and reading its result waits for it. Otherwise
+    MindSpore's own barrier.
     """
-    import mindspore as ms
-
-    if ms.get_context("device_target") != "CPU":
+    if not (policy().host_barrier if host_barrier is None else host_barrier):
         dist.barrier(group=group)
         return
+    import mindspore as ms
+
     token = ms.Tensor(np.zeros(1, dtype=np.int32))
     dist.all_reduce(token, group=group)
     token.asnumpy()
-
-
-def sends_complete_on_post() -> bool:
-    """Whether an ``isend`` has taken its data by the time it returns, so its buffer is free.
-
-    True on the CPU backend (MCCL): measured with MindSpore 2.10, a 1 KiB and a 1 MiB ``isend``
-    overwritten right after the call still arrived intact while the receiver slept, a 4 MiB one
-    returned only once the data was handed over, and the handle's ``wait()`` returned at once.
-    The transport then waits each send right away, in the caller, and reuses its staging memory,
-    instead of keeping handles for a drain on the communication thread. Elsewhere sends really
-    are asynchronous and are drained with a deadline.
-    """
-    import mindspore as ms
-
-    return ms.get_context("device_target") == "CPU"
-
-
-def tensors_in_host_memory() -> bool:
-    """Whether ``Tensor.data_ptr()`` is a host address that this process can copy from.
-
-    True on CPU: measured with MindSpore 2.10, ``data_ptr()`` first waits for the op that makes
-    the tensor (like ``asnumpy``) and already includes a view's storage offset. It costs about
-    0.3 µs against ``asnumpy``'s 4.6 µs (most of it numpy parsing the buffer's format string),
-    which is a large share of a small transfer. Elsewhere it is a device address.
-    """
-    import mindspore as ms
-
-    return ms.get_context("device_target") == "CPU"

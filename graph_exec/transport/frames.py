@@ -127,6 +127,11 @@ def write_prefix(
 
 def read_prefix(frame: np.ndarray) -> Prefix:
     """The prefix of ``frame`` (a uint8 array of at least :data:`PREFIX_BYTES`)."""
-    words = frame[:PREFIX_BYTES].view(np.int64)
+    return prefix_from_words(frame[:PREFIX_BYTES].view(np.int64).tolist())
+
+
+def prefix_from_words(words: list[int]) -> Prefix:
+    """The prefix whose :data:`PREFIX_WORDS` int64 words are ``words``."""
     kind, epoch = split_first_word(words[0])
-    return Prefix(kind, epoch, int(words[1]), int(words[2]), int(words[3]), unpack_text(words[4:]))
+    label = unpack_text(np.array(words[LABEL_START:PREFIX_WORDS], dtype=np.int64))
+    return Prefix(kind, epoch, int(words[SEQ_WORD]), int(words[2]), int(words[3]), label)

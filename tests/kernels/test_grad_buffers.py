@@ -86,7 +86,11 @@ def test_other_dtypes_keep_assign_add() -> None:
     np.testing.assert_array_equal(buffers[0].asnumpy(), np.full(3, 0.75, np.float16))
 
 
-def test_float32_accumulators_take_the_host_path_on_cpu() -> None:
-    params = [Parameter(Tensor(np.ones(2, np.float32)), name="path.p")]
+def test_float32_accumulators_take_the_host_path_only_on_the_cpu_fast_path(cpu_path) -> None:
+    params = [Parameter(Tensor(np.ones(2, np.float32)), name=f"path.{cpu_path.cpu_fast_paths}")]
     grads = GradBuffers(params, [make_buffer(params[0])])
-    assert grads.add.__qualname__.startswith("make_host_accumulate")
+    maker = "make_host_accumulate" if cpu_path.cpu_fast_paths else "make_accumulate"
+    assert grads.add.__qualname__.startswith(maker)
+    grads.add(Tensor(np.full(2, 0.5, np.float32)))
+    grads.add(Tensor(np.full(2, 0.25, np.float32)))
+    np.testing.assert_array_equal(grads.buffers[0].asnumpy(), np.full(2, 0.75, np.float32))

@@ -154,10 +154,11 @@ def test_drop_kept_forgets_every_forward(mode: str, recompute: bool) -> None:
 
 @pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_parameter_updates_are_seen_by_cached_kernels(mode: str, recompute: bool) -> None:
+def test_parameter_updates_are_seen_by_cached_kernels(mode: str, recompute: bool, cpu_path) -> None:
     """An optimizer step or a broadcast writes parameters between calls; a cached (compiled)
     kernel must read the new values. In-place writes need nothing; ``set_data`` swaps the
-    storage, which a compiled graph would not see, so the graph executor recompiles once."""
+    storage, which a compiled graph would not see, so the graph executor recompiles once (noticed
+    by address on the CPU fast path, by counting ``set_data`` calls on the device path)."""
     cell = named(Mixer(), f"upd_{mode}.")
     inputs = (random(2, WIDTH, seed=12), random(2, WIDTH, seed=13))
     executor = create_executor(mode, {0: cell}, recompute=recompute)

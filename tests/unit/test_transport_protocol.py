@@ -5,6 +5,14 @@ CPU back end was measured to: per-pair FIFO order, message boundaries kept, a me
 into a larger buffer (the rest untouched), a too-small buffer fails with "Recv failed." and the
 message is consumed. So these tests check the protocol logic in seconds; the multi-rank test
 ``tests/multirank/test_transport_steady.py`` checks the same behaviour over real messages.
+
+Every test runs on both frame realisations (:mod:`graph_exec.transport.frame_memory`): host
+frames (the CPU fast path) over a fake that writes a received message into the memory behind the
+receiving tensor, as MindSpore's CPU back end does, and tensor frames (the device path) over that
+fake and over one that behaves like a device: the received bytes replace the tensor's data and
+the numpy array the tensor may have been made from stays as it was, so code that reads received
+data anywhere but through the tensor fails (shown by
+:func:`test_host_reads_fail_where_the_received_memory_is_not_host_memory`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import pytest
 import graph_exec.transport.comm as comm
 from graph_exec.errors import ProtocolError, RemoteRankError
 from graph_exec.msenv import prepare_mindspore
+from graph_exec.transport.frame_memory import HostFrames, TensorFrames, numpy_allocator, tensor_allocator
+from graph_exec.transport.meta import CONTROL_BYTES
 from graph_exec.transport.p2p import PublicPointToPoint
 
 prepare_mindspore("CPU")
@@ -31,11 +41,16 @@ class _Done:
 
 
 class FakeLink:
-    """Two ranks' ordered channels, with the CPU back end's observed receive semantics."""
+    """Two ranks' ordered channels, with the CPU back end's observed receive semantics.
 
-    def __init__(self) -> None:
+    ``device_like``: a receive replaces the receiving tensor's data (``Tensor.assign_value``)
+    instead of writing the memory behind it, as on a device whose memory is not host memory.
+    """
+
+    def __init__(self, device_like: bool = False) -> None:
         self.queues: dict[tuple[int, int], deque[bytes]] = defaultdict(deque)
         self.block_s = 0.0  # how long a receive waits for a message from another thread
+        self.device_like = device_like
 
     def endpoint(self, rank: int) -> FakeDist:
         return FakeDist(self, rank)
@@ -57,15 +72,29 @@ class FakeDist:
                 raise AssertionError(f"rank {self.rank} would block: nothing from rank {src}")
             time.sleep(0.001)
         message = queue.popleft()
-        target = tensor.asnumpy().reshape(-1).view(np.uint8)
-        if len(message) > target.nbytes:
+        if len(message) > tensor.nbytes:
             raise RuntimeError("Recv failed.")
+        if self.link.device_like:
+            values = tensor.asnumpy().reshape(-1).view(np.uint8).copy()
+            values[: len(message)] = np.frombuffer(message, np.uint8)
+            tensor.assign_value(ms.Tensor(values.view(tensor.asnumpy().dtype).reshape(tensor.shape)))
+            return
+        target = tensor.asnumpy().reshape(-1).view(np.uint8)
         target[: len(message)] = np.frombuffer(message, np.uint8)
 
 
-@pytest.fixture
-def pair(monkeypatch):
-    """Transports for ranks 0 and 1 of a 2-rank world, joined by a :class:`FakeLink`."""
+#: (frame realisation, fake semantics) of every protocol test.
+REALISATIONS = {
+    "host-frames": (HostFrames, False),
+    "tensor-frames": (TensorFrames, False),
+    "tensor-frames-device-like": (TensorFrames, True),
+}
+
+
+def make_pair(monkeypatch, frames, device_like):
+    """Transports for ranks 0 and 1 of a 2-rank world, joined by a :class:`FakeLink`, with frames
+    of the class ``frames`` (host frames send as soon as they are posted, tensor frames queue
+    their sends until drained, as on the paths that use them)."""
     import mindspore.mint.distributed as dist
 
     monkeypatch.setattr(comm, "require_initialized", lambda: None)
@@ -73,7 +102,7 @@ def pair(monkeypatch):
     monkeypatch.setattr(comm, "_workers", {})
     monkeypatch.setattr(comm._exit_barrier, "track", lambda transport: None)
     monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
-    link = FakeLink()
+    link = FakeLink(device_like)
     transports = []
     for rank in (0, 1):  # each rank's process counts its own transports: both are epoch 0
         monkeypatch.setattr(comm, "_epochs", {})
@@ -81,8 +110,16 @@ def pair(monkeypatch):
         transport = comm.Transport(timeout_s=10.0)
         transport._dist = link.endpoint(rank)
         transport._p2p = PublicPointToPoint(transport._dist, "fake", (0, 1))
+        transport.frames = frames(transport.epoch)
+        transport._sends_complete_on_post = frames is HostFrames
         transports.append(transport)
     return transports[0], transports[1], link
+
+
+@pytest.fixture(params=list(REALISATIONS))
+def pair(request, monkeypatch):
+    """A pair of transports (see :func:`make_pair`) in each realisation."""
+    return make_pair(monkeypatch, *REALISATIONS[request.param])
 
 
 def as_restarted(transport, epoch):
@@ -90,7 +127,7 @@ def as_restarted(transport, epoch):
     transport.epoch = epoch
     transport._outbound = [comm._Outbound() for _ in range(2)]
     transport._inbound = [comm._Inbound() for _ in range(2)]
-    transport._staging = {}
+    transport.frames = type(transport.frames)(epoch)
 
 
 def tensor(values, dtype=np.float32):
@@ -157,18 +194,58 @@ def test_labels_alternating_on_one_layout_each_arrive_under_their_own_name(pair)
         b.recv(0, "Fsend0.0")
 
 
-def test_received_tensors_are_views_of_the_allocated_memory(pair):
-    a, b, _ = pair
+def test_received_host_tensors_are_views_of_the_allocated_memory(monkeypatch):
+    a, b, _ = make_pair(monkeypatch, HostFrames, device_like=False)
     given = []
 
     def alloc(nbytes):
-        given.append(comm.numpy_allocator(nbytes))
+        given.append(numpy_allocator(nbytes))
         return given[-1]
 
     for _ in range(2):
         a.send((tensor(np.ones(64)),), 1, "Fsend0.1")
         got = b.recv(0, "Fsend0.1", alloc)
         assert np.shares_memory(got[0].asnumpy(), given[-1])
+
+
+def test_sender_and_receiver_name_the_same_message_sizes(pair):
+    """NCCL and HCCL match a point-to-point message by its byte count: every message a receiver
+    asks its allocator for has exactly the size of the message sent (small frames are padded to a
+    control message, which an abort notice needs)."""
+    a, b, link = pair
+    asked = []
+    allocate = b.frames.allocate
+
+    def alloc(nbytes):
+        asked.append(nbytes)
+        return allocate(nbytes)
+
+    for values in (np.ones(3), np.ones(3), np.ones((40, 40)), np.ones((40, 40))):
+        a.send((tensor(values),), 1, "Fsend0.1")
+        a.drain()
+        sent = [len(message) for message in link.queues[(0, 1)]]
+        before = len(asked)
+        b.recv(0, "Fsend0.1", alloc)
+        assert asked[before:] == sent
+    assert asked == [CONTROL_BYTES, CONTROL_BYTES, CONTROL_BYTES, CONTROL_BYTES, 6464, 6464]
+
+
+def test_host_reads_fail_where_the_received_memory_is_not_host_memory(monkeypatch):
+    """The device-like fake catches a transport that reads received bytes through host memory:
+    host frames (the CPU fast path, which does) fail over it, while the tensor frames pass every
+    test above over the same fake."""
+    a, b, _ = make_pair(monkeypatch, HostFrames, device_like=True)
+    a.send((tensor([1.0, 2.0]),), 1, "Fsend0.0")
+    with pytest.raises(ProtocolError, match=r"expected Fsend0\.0 from rank 0 but received a message of kind"):
+        b.recv(0, "Fsend0.0")
+
+
+def test_tensor_frames_hold_their_values_in_fresh_device_tensors(monkeypatch):
+    a, b, _ = make_pair(monkeypatch, TensorFrames, device_like=True)
+    a.send((tensor([[1.5, 2.5]]), tensor([7, 8], np.int64)), 1, "Fsend0.0")
+    got = b.recv(0, "Fsend0.0", tensor_allocator)
+    assert got[0].dtype == ms.float32 and got[0].shape == (1, 2) and got[1].dtype == ms.int64
+    assert got[0].asnumpy().tolist() == [[1.5, 2.5]] and got[1].asnumpy().tolist() == [7, 8]
 
 
 @pytest.mark.parametrize("floats", [16, 20_000])
