@@ -28,7 +28,7 @@ policy is first needed, so this module is importable anywhere.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,10 @@ FAST_PATHS_ENV = "GRAPH_EXEC_CPU_FAST_PATHS"
 TARGETS = ("CPU", "GPU", "Ascend")
 
 
-def fast_paths_requested() -> bool:
-    """Whether the environment leaves the CPU fast paths on (anything but ``0``, ``false``,
-    ``off`` or ``no``; unset means on)."""
-    value = os.environ.get(FAST_PATHS_ENV, "1").strip().lower()
+def fast_paths_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment (default: this process's) leaves the CPU fast paths on: anything
+    but ``0``, ``false``, ``off`` or ``no``; unset means on."""
+    value = (os.environ if environ is None else environ).get(FAST_PATHS_ENV, "1").strip().lower()
     return value not in ("0", "false", "off", "no")
 
 
@@ -102,6 +102,9 @@ class DevicePolicy:
     pin_cores: bool
     """Bind each local rank to its own share of the CPU cores (``graph-exec run``/``bench``), as
     ranks on separate devices would be: the target is the CPU itself."""
+    device_per_rank: bool
+    """Each rank owns one device of its host and selects it by its local rank (``device_id`` of
+    ``mindspore.set_device``); on CPU there is nothing to select."""
     has_streams: bool
     """The target has device streams and events (GPU, Ascend); on CPU there is only
     MindSpore's op queue to wait for."""
@@ -125,6 +128,7 @@ class DevicePolicy:
             storage_by_address=fast,
             sync_steps_default=fast,
             pin_cores=target == "CPU",
+            device_per_rank=target != "CPU",
             has_streams=target != "CPU",
         )
 

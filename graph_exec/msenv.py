@@ -38,8 +38,11 @@ def quiet_logs(verbose: bool = False) -> None:
         log._get_logger().setLevel(logging.ERROR)
 
 
-def prepare_mindspore(device: str | None = None, *, verbose: bool = False) -> str:
-    """Select ``device`` (if given) and apply the settings this library relies on.
+def prepare_mindspore(
+    device: str | None = None, *, device_id: int | None = None, verbose: bool = False
+) -> str:
+    """Select ``device`` (if given; ``device_id`` picks one of the host's devices, see
+    :func:`local_device_id`) and apply the settings this library relies on.
 
     Logs are quiet (errors only, see :func:`quiet_logs`) unless ``verbose``. Where the device
     policy asks for synchronous dispatch (:attr:`~graph_exec.device.DevicePolicy.synchronous_dispatch`:
@@ -57,10 +60,24 @@ def prepare_mindspore(device: str | None = None, *, verbose: bool = False) -> st
     from graph_exec.device import policy
 
     if device is not None:
-        ms.set_device(device)
+        ms.set_device(device, device_id)
     current = policy()
     if current.synchronous_dispatch and _prepared != current.target:
         ms.runtime.launch_blocking()
         os.environ.setdefault(HOST_BLOCKING_ENV, "1")
     _prepared = current.target
     return current.target
+
+
+def local_device_id(device: str, local_workers: int | None = None) -> int | None:
+    """The device a rank launched by msrun selects on ``device``: its local rank (its rank modulo
+    the workers of its host, ``local_workers``; default: msrun's ``DEVICE_ID``, which is the local
+    rank), where the device policy gives each rank a device of its own; ``None`` on CPU and outside
+    msrun."""
+    from graph_exec.device import DevicePolicy
+
+    if not DevicePolicy.for_target(device).device_per_rank:
+        return None
+    if local_workers is not None and "RANK_ID" in os.environ:
+        return int(os.environ["RANK_ID"]) % local_workers
+    return int(os.environ["DEVICE_ID"]) if "DEVICE_ID" in os.environ else None

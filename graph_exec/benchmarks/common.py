@@ -72,10 +72,12 @@ def launch_and_report(
     timeout_s: float,
     heading: str,
     ranks: Sequence[int] | None = None,
+    sink: Callable[[str], None] = print,
 ) -> int:
-    """Run ``script`` under msrun on ``nproc`` local ranks, then print ``heading`` and the
-    ``RESULT`` lines of ``ranks`` (default: every rank); on failure print msrun's report to
-    stderr. Returns the process exit status."""
+    """Run ``script`` under msrun on ``nproc`` local ranks, then print ``heading`` and hand the
+    ``RESULT`` lines of ``ranks`` (default: every rank), without their prefix, to ``sink``
+    (default: print them); on failure print msrun's report to stderr. Returns the process exit
+    status."""
     from graph_exec.launch import launch
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,5 +89,5 @@ def launch_and_report(
         for rank in sorted(result.worker_logs) if ranks is None else ranks:
             for line in result.worker_logs[rank].splitlines():
                 if line.startswith(RESULT):
-                    print(line[len(RESULT) :])
+                    sink(line[len(RESULT) :])
     return 0

@@ -15,6 +15,11 @@ per-round means and the transport's ratio to each bare exchange (medians), plus 
 messages and headers the transport sent per round trip. A last pass times the sends and
 receives inside the transport, to show how much of a round trip is the transport's own Python
 on rank 0 (the timing wrappers' own cost, about 1 µs per round trip, is counted in it).
+
+With ``GRAPH_EXEC_CPU_FAST_PATHS=0`` the transport takes the device path
+(:mod:`graph_exec.device`): frames are MindSpore tensors, receives land in reused receive
+slots, MindSpore's dispatch is asynchronous; the floor, which copies by host address, is then
+left out. Run it both ways to see what the CPU fast paths buy.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ def _worker() -> None:
     import numpy as np
     from mindspore.communication import init
 
-    from graph_exec.bufpool import BufferPool
+    from graph_exec.device import policy
     from graph_exec.msenv import prepare_mindspore
+    from graph_exec.runtime.buffers import receive_slots
     from graph_exec.transport import Transport
     from graph_exec.transport.frames import PREFIX_BYTES
 
@@ -45,12 +51,17 @@ def _worker() -> None:
     tp = Transport(timeout_s=60)
     rank, peer = tp.rank, 1 - tp.rank
     ops = tp._p2p
-    pool = BufferPool()
+    slots = receive_slots()  # what a pipeline's receives use on this path
+    host_path = policy().host_memory_aliasing
 
-    def alloc(nbytes: int) -> np.ndarray:
-        block = pool.acquire(nbytes)
-        held.append(block)
-        return block.view(np.uint8, (nbytes,))
+    def alloc(nbytes: int):
+        slot, memory = slots.acquire(nbytes)
+        held.append(slot)
+        return memory
+
+    def release_all() -> None:
+        while held:
+            slots.release(held.pop())
 
     held: list = []
 
@@ -62,8 +73,7 @@ def _worker() -> None:
             got = tp.recv(0, "Fsend0.0", alloc)
             tp.send(got, 0, "Bsend1.0")
         tp.drain()
-        while held:
-            pool.release(held.pop())
+        release_all()
 
     def send_staged(tensor, frame: np.ndarray, frame_tensor, nbytes: int) -> None:
         ctypes.memmove(frame.ctypes.data + PREFIX_BYTES, tensor.data_ptr(), nbytes)
@@ -105,14 +115,16 @@ def _worker() -> None:
                 receive_fresh(nbytes)
             else:
                 send_staged(receive_fresh(nbytes), frame, frame_tensor, nbytes)
-            while held:
-                pool.release(held.pop())
+            release_all()
 
         via_transport(tensor)  # the first transfer of a label carries its header
         sent, headers = tp.stats.messages_sent, tp.stats.headers_sent
-        times: dict[str, list[float]] = {"transport": [], "raw": [], "ops": [], "floor": []}
+        variants = [("transport", via_transport), ("raw", raw), ("ops", raw_ops)]
+        if host_path:
+            variants.append(("floor", floor))
+        times: dict[str, list[float]] = {name: [] for name, _ in variants}
         for _ in range(ROUNDS):
-            for name, fn in (("transport", via_transport), ("raw", raw), ("ops", raw_ops), ("floor", floor)):
+            for name, fn in variants:
                 dist.barrier()
                 start = time.perf_counter()
                 for _ in range(REPEATS):
@@ -129,11 +141,13 @@ def _worker() -> None:
         own = (time.perf_counter() - start - sum(inside.values())) / (ROUNDS * REPEATS)
         tp._p2p = ops
         if rank == 0:
-            ours, bare, op, least = (p10_p50_p90(times[n]) for n in ("transport", "raw", "ops", "floor"))
+            ours, bare, op = (p10_p50_p90(times[n]) for n in ("transport", "raw", "ops"))
+            least = p10_p50_p90(times["floor"]) if host_path else None
+            floor_text = f"floor {_ms(least)} ms = {least[1] / bare[1]:4.2f}x raw  " if least else ""
             print(
-                f"RESULT {nbytes >> 10:>6} KiB  transport {_ms(ours)} ms  raw {_ms(bare)} ms  "
-                f"ratio(p50) {ours[1] / bare[1]:5.2f}  raw ops ({type(ops).__name__}) {_ms(op)} ms  "
-                f"ratio(p50) {ours[1] / op[1]:5.2f}  floor {_ms(least)} ms = {least[1] / bare[1]:4.2f}x raw  "
+                f"RESULT {nbytes >> 10:>6} KiB  [{policy().describe()}]  transport {_ms(ours)} ms  raw "
+                f"{_ms(bare)} ms  ratio(p50) {ours[1] / bare[1]:5.2f}  raw ops ({type(ops).__name__}) "
+                f"{_ms(op)} ms  ratio(p50) {ours[1] / op[1]:5.2f}  {floor_text}"
                 f"messages sent/round trip {per_trip:.1f}, headers {header_trips}; "
                 f"rank 0's own Python {own * 1e6:.0f} us/round trip",
                 flush=True,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from graph_exec.cli.argtypes import non_negative_int, port, positive_int, seconds
 from graph_exec.cli.status import STATUS, StatusPrinter
+from graph_exec.device import TARGETS
 from graph_exec.launch import DEFAULT_MASTER_PORT, LaunchResult, Nodes, launch
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.schedule import PlanConfigError
@@ -104,10 +105,17 @@ def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> N
         help="keep MindSpore's warnings in the worker logs (quiet by default: errors only)",
     )
     parser.add_argument(
+        "--device",
+        choices=TARGETS,
+        default="CPU",
+        help="MindSpore device target of every rank; on GPU and Ascend rank r of a host uses its device r "
+        "(default CPU)",
+    )
+    parser.add_argument(
         "--no-pin",
         dest="pin_cores",
         action="store_false",
-        help="do not bind each rank to its own share of the CPU cores (bound by default: ranks then "
+        help="on CPU, do not bind each rank to its own share of the cores (bound by default: ranks then "
         "do not slow each other down, as ranks on separate devices would not)",
     )
 
@@ -143,6 +151,7 @@ def checked_job(
         dp=args.dp,
         nodes=args.nodes,
         verbose=args.verbose,
+        device=args.device,
     )
     for spec in job.runs:
         try:

@@ -29,6 +29,7 @@ from graph_exec.cli.jobs import (
     output_file,
     run_directory,
 )
+from graph_exec.device import DevicePolicy, fast_paths_requested
 from graph_exec.report.analysis import summarize
 from graph_exec.report.job import JobSpec, RunSpec
 from graph_exec.report.records import read_run
@@ -219,7 +220,8 @@ def describe(job: JobSpec) -> str:
     )
     return (
         f"{job.example} ({job.size}, {'trainable' if spec.trainable else 'frozen'} preprocess) on "
-        f"{job.ranks} ranks ({job.mesh}{f', {job.nodes} nodes' if job.nodes > 1 else ''}), {spec.mode} mode, "
+        f"{job.ranks} ranks ({job.mesh}{f', {job.nodes} nodes' if job.nodes > 1 else ''}), {spec.mode} mode "
+        f"on {DevicePolicy.for_target(job.device, fast_paths_requested()).describe()}, "
         f"V={job.vpp} M={job.micro} per replica, batch {job.batch}, {schedule}"
     )
 

@@ -35,17 +35,19 @@ def pin_cores(local_workers: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    from graph_exec.device import DevicePolicy
     from graph_exec.report.job import JOB_FILE, JobSpec
 
     run_dir = Path(argv[0])
     job = JobSpec.read(run_dir / JOB_FILE)
-    if job.pin_cores:
-        pin_cores(job.ranks // job.nodes)
+    local_workers = job.ranks // job.nodes
+    if job.pin_cores and DevicePolicy.for_target(job.device).pin_cores:
+        pin_cores(local_workers)
     from mindspore.communication import init
 
-    from graph_exec.msenv import prepare_mindspore
+    from graph_exec.msenv import local_device_id, prepare_mindspore
 
-    prepare_mindspore("CPU", verbose=job.verbose)
+    prepare_mindspore(job.device, device_id=local_device_id(job.device, local_workers), verbose=job.verbose)
     init()
     from graph_exec.cli.status import announce
 

@@ -67,6 +67,7 @@ class JobSpec:
     dp: int = 1  #: pipeline replicas (data parallel); each has ranks / dp pipeline ranks
     nodes: int = 1  #: hosts the job spans (ranks / nodes workers on each)
     verbose: bool = False  #: keep MindSpore's warnings in the worker logs
+    device: str = "CPU"  #: MindSpore device target of every rank (each rank takes its local device)
 
     @property
     def pp(self) -> int:

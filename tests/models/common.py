@@ -26,3 +26,11 @@ def assert_close(actual: Tensor | np.ndarray, expected: Tensor | np.ndarray, wha
     actual = actual.asnumpy() if isinstance(actual, Tensor) else actual
     expected = expected.asnumpy() if isinstance(expected, Tensor) else expected
     np.testing.assert_allclose(actual, expected, atol=ATOL, rtol=RTOL, err_msg=what)
+
+
+def announce_policy() -> None:
+    """Print this process's device policy (``POLICY <description>``), so that a multi-rank test
+    can check that its workers took the path it asked for (see ``run_launch(device_path=...)``)."""
+    from graph_exec.device import policy
+
+    print(f"POLICY {policy().describe()}", flush=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from graph_exec.device import FAST_PATHS_ENV, DevicePolicy, fast_paths_requested
 from graph_exec.launch import LaunchResult, launch
 from graph_exec.transport.cpu_workarounds import BACKEND_TIMEOUT_ENV
 
@@ -62,6 +63,17 @@ def failed_checks(result: LaunchResult) -> list[str]:
     ]
 
 
+def policy_problems(result: LaunchResult, expected: DevicePolicy) -> list[str]:
+    """Workers whose ``POLICY`` line (see ``tests.models.common.announce_policy``) is not ``expected``'s."""
+    want = f"POLICY {expected.describe()}"
+    problems = []
+    for rank, log in sorted(result.worker_logs.items()):
+        lines = [line.strip() for line in log.splitlines() if line.startswith("POLICY ")]
+        if lines and lines[0] != want:
+            problems.append(f"rank {rank} ran with {lines[0]!r}, not {want!r}")
+    return problems
+
+
 def launch_problems(result: LaunchResult, expect_ok: bool = True) -> list[str]:
     """Why a launch fails its test: a time-out, a FAIL line, a non-zero exit (if not expected)."""
     problems = []
@@ -81,17 +93,23 @@ def run_launch(
     timeout_s: float = 240,
     expect_ok: bool = True,
     env: dict[str, str] | None = None,
+    device_path: bool = False,
 ) -> LaunchResult:
-    """Launch ``workers/script`` on ``nproc`` ranks and fail the test on any :func:`launch_problems`."""
+    """Launch ``workers/script`` on ``nproc`` ranks and fail the test on any :func:`launch_problems`
+    or :func:`policy_problems`. ``device_path``: the workers run with the CPU fast paths off
+    (``GRAPH_EXEC_CPU_FAST_PATHS=0``), the path every GPU and Ascend rank takes; otherwise they
+    inherit the switch from this process's environment."""
     # Workers import shared test models as `tests.…`: put the repository root on their path. The
     # back end's wait limit comes from the workers' own time-outs unless a test passes one.
     full_env = {
         **{k: v for k, v in os.environ.items() if k != BACKEND_TIMEOUT_ENV},
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **({FAST_PATHS_ENV: "0"} if device_path else {}),
         **(env or {}),
     }
     result = launch(WORKERS / script, args, nproc=nproc, log_dir=log_dir, timeout_s=timeout_s, env=full_env)
-    problems = launch_problems(result, expect_ok)
+    expected = DevicePolicy.for_target("CPU", fast_paths_requested(full_env))
+    problems = launch_problems(result, expect_ok) + policy_problems(result, expected)
     if problems:
         pytest.fail("\n".join([*problems, result.describe()]), pytrace=False)
     return result
@@ -99,7 +117,8 @@ def run_launch(
 
 @pytest.fixture
 def run_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., LaunchResult]:
-    """``run_workers(script, nproc, *args, timeout_s=..., expect_ok=True, env=None)``: see :func:`run_launch`.
+    """``run_workers(script, nproc, *args, timeout_s=..., expect_ok=True, env=None, device_path=False)``:
+    see :func:`run_launch`.
 
     ``expect_ok=False`` only tolerates a non-zero exit (a job that is meant to fail); FAIL lines
     and time-outs still fail the test. Workers run in ``tmp_path``: what MindSpore writes into

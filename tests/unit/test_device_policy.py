@@ -26,7 +26,7 @@ FAST_PATHS = [
 
 def test_every_decision_is_either_a_fast_path_or_a_target_primitive() -> None:
     fields = {f.name for f in dataclasses.fields(DevicePolicy)}
-    assert fields == {"target", "cpu_fast_paths", "pin_cores", "has_streams", *FAST_PATHS}
+    assert fields == {"target", "cpu_fast_paths", "pin_cores", "device_per_rank", "has_streams", *FAST_PATHS}
 
 
 @pytest.mark.parametrize(
@@ -42,8 +42,8 @@ def test_fast_paths_only_on_cpu_and_only_when_asked(target: str, fast: bool, exp
 @pytest.mark.parametrize("fast", [True, False])
 def test_target_primitives_do_not_depend_on_the_switch(fast: bool) -> None:
     cpu, gpu = DevicePolicy.for_target("CPU", fast), DevicePolicy.for_target("GPU", fast)
-    assert (cpu.pin_cores, cpu.has_streams) == (True, False)
-    assert (gpu.pin_cores, gpu.has_streams) == (False, True)
+    assert (cpu.pin_cores, cpu.device_per_rank, cpu.has_streams) == (True, False, False)
+    assert (gpu.pin_cores, gpu.device_per_rank, gpu.has_streams) == (False, True, True)
 
 
 def test_an_unknown_target_is_refused_naming_the_choices() -> None:

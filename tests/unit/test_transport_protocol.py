@@ -233,11 +233,12 @@ def test_sender_and_receiver_name_the_same_message_sizes(pair):
 def test_host_reads_fail_where_the_received_memory_is_not_host_memory(monkeypatch):
     """The device-like fake catches a transport that reads received bytes through host memory:
     host frames (the CPU fast path, which does) fail over it, while the tensor frames pass every
-    test above over the same fake."""
+    test above over the same fake. The receive memory starts zeroed here: memory fresh from numpy
+    may still hold an earlier message, which a stale read would take for this one."""
     a, b, _ = make_pair(monkeypatch, HostFrames, device_like=True)
     a.send((tensor([1.0, 2.0]),), 1, "Fsend0.0")
-    with pytest.raises(ProtocolError, match=r"expected Fsend0\.0 from rank 0 but received a message of kind"):
-        b.recv(0, "Fsend0.0")
+    with pytest.raises(ProtocolError, match=r"expected Fsend0\.0 from rank 0 but received a message of kind 0x0"):
+        b.recv(0, "Fsend0.0", lambda nbytes: np.zeros(nbytes, np.uint8))
 
 
 def test_tensor_frames_hold_their_values_in_fresh_device_tensors(monkeypatch):

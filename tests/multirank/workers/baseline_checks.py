@@ -21,7 +21,7 @@ from mindspore.communication import get_group_size, get_rank, init
 
 import graph_exec as ge
 from graph_exec.msenv import prepare_mindspore
-from tests.models.common import loss_fn
+from tests.models.common import announce_policy, loss_fn
 from tests.models.pipeline import batch, build, reference, sgd_step
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, run_suite
 
@@ -117,6 +117,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
 
 def main() -> int:
     prepare_mindspore("CPU")
+    announce_policy()
     init()
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)

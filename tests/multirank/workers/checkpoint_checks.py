@@ -42,7 +42,7 @@ from graph_exec.checkpoint import (
 )
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport import barrier
-from tests.models.common import loss_fn
+from tests.models.common import announce_policy, loss_fn
 from tests.models.pipeline import batch, build
 
 RANKS, MICRO, BATCH, LR, ATOL = 2, 4, 8, 1e-2, 1e-6
@@ -311,6 +311,7 @@ def resume_phase(root: Path) -> None:
 def main() -> None:
     phase, root = sys.argv[1], Path(sys.argv[2])
     prepare_mindspore("CPU")
+    announce_policy()
     init()
     {"train": train_phase, "resume": resume_phase}[phase](root)
     print(f"ALL DONE failures={failures}", flush=True)

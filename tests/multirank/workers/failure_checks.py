@@ -30,7 +30,7 @@ from graph_exec.errors import (
 )
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport.comm import Transport
-from tests.models.common import loss_fn
+from tests.models.common import announce_policy, loss_fn
 from tests.models.pipeline import FEATURES, Projector, batch, build
 
 #: Bound on every wait for a peer; short, so that a time-out path ends the job quickly.
@@ -381,6 +381,7 @@ SCENARIOS: dict[str, tuple[int, Callable[[int, int], None]]] = {
 
 def main() -> int:
     prepare_mindspore("CPU")
+    announce_policy()
     init()
     ranks, scenario = SCENARIOS[sys.argv[1]]
     if get_group_size() != ranks:

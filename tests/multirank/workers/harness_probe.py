@@ -9,8 +9,11 @@ import time
 from mindspore.communication import get_rank, init
 
 from graph_exec.msenv import prepare_mindspore
+from tests.models.common import announce_policy
 
 prepare_mindspore("CPU")
+
+announce_policy()
 init()
 if get_rank() == 0:
     print("CHECK probe FAIL deliberately", flush=True)

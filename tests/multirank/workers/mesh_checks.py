@@ -24,7 +24,7 @@ from mindspore import nn
 import graph_exec as ge
 from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError
 from graph_exec.msenv import prepare_mindspore
-from tests.models.common import loss_fn
+from tests.models.common import announce_policy, loss_fn
 from tests.models.pipeline import batch, build, reference, sgd_step
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy
 
@@ -184,6 +184,7 @@ def bad_inputs(checker: Checker, rank: int) -> None:
 
 def main() -> int:
     prepare_mindspore("CPU")
+    announce_policy()
     checker = Checker(-1)
     # Before init(): a mesh with a layout cannot exist yet.
     try:

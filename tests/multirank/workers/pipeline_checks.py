@@ -24,7 +24,7 @@ from mindspore.communication import get_group_size, get_rank, init
 import graph_exec as ge
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.schedule import PlanConfig
-from tests.models.common import ATOL, RTOL, loss_fn
+from tests.models.common import ATOL, RTOL, announce_policy, loss_fn
 from tests.models.pipeline import batch, build, reference, sgd_step
 
 
@@ -316,6 +316,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker, results: dict) ->
 
 def main() -> int:
     prepare_mindspore("CPU")
+    announce_policy()
     init()
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)

@@ -16,8 +16,11 @@ from mindspore.communication import init
 from graph_exec.errors import ProtocolError, RemoteRankError
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport import Transport
+from tests.models.common import announce_policy
 
 prepare_mindspore("CPU")
+
+announce_policy()
 init()
 tp = Transport(timeout_s=60.0)
 rank = tp.rank

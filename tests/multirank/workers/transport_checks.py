@@ -18,8 +18,11 @@ from mindspore.communication import init
 from graph_exec.errors import PeerTimeoutError, ProtocolError, RemoteRankError
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport import Transport
+from tests.models.common import announce_policy
 
 prepare_mindspore("CPU")
+
+announce_policy()
 init()
 scenario = sys.argv[1]
 tp = Transport(timeout_s=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
