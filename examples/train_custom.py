@@ -26,7 +26,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.communication import get_group_size, get_rank, init
 
 import graph_exec as ge
-from graph_exec.msenv import prepare_mindspore
+from graph_exec.msenv import local_device_id, prepare_mindspore
 
 VOCAB, TOKENS, WIDTH, CLASSES = 64, 8, 32, 4
 
@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # --- Usage: begin (README.md shows this block verbatim) ---
-    prepare_mindspore(args.device, verbose=args.verbose)  # quiet logs; synchronous dispatch on CPU
+    prepare_mindspore(args.device, device_id=local_device_id(args.device), verbose=args.verbose)
     launched_by_msrun = "MS_ROLE" in os.environ  # else: one process holding every stage
     if launched_by_msrun:
         init()  # MindSpore communication: MCCL on CPU, HCCL on Ascend

@@ -237,7 +237,9 @@ def test_host_reads_fail_where_the_received_memory_is_not_host_memory(monkeypatc
     may still hold an earlier message, which a stale read would take for this one."""
     a, b, _ = make_pair(monkeypatch, HostFrames, device_like=True)
     a.send((tensor([1.0, 2.0]),), 1, "Fsend0.0")
-    with pytest.raises(ProtocolError, match=r"expected Fsend0\.0 from rank 0 but received a message of kind 0x0"):
+    with pytest.raises(
+        ProtocolError, match=r"expected Fsend0\.0 from rank 0 but received a message of kind 0x0"
+    ):
         b.recv(0, "Fsend0.0", lambda nbytes: np.zeros(nbytes, np.uint8))
 
 
