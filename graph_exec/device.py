@@ -69,9 +69,10 @@ class DevicePolicy:
     tasks handed to MindSpore's pipeline threads made a 2-rank ``embed_lm`` graph-mode step 1.5x
     slower. Off: MindSpore's default asynchronous dispatch (what Ascend runs)."""
     sends_complete_on_post: bool
-    """An ``isend`` has taken its data when it returns (MCCL, measured), so the transport waits
-    it at once and reuses its staging memory. Off: sends stay queued with their handles and are
-    drained (with a deadline) before a buffer they read is reused and at the end of a step."""
+    """An ``isend`` has taken its data when it returns (MCCL, measured), so waiting its handle
+    is all the transport does before reusing the staging memory. Off: the transport also waits
+    until the send op has run (:func:`wait_until_run`), within the send's deadline, so that a
+    send to a dead or silent peer fails in its own call and not in whatever op waits next."""
     backend_bounds_waits: bool
     """MindSpore's CPU back end fails a send, receive or collective after
     ``MS_CPU_COMM_OP_TIMEOUT`` seconds, so the transport can call it on the caller's thread

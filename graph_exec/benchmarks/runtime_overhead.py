@@ -11,7 +11,7 @@ splits it into
   signature check, staging copy, prefix words);
 - ``wait``: communication: MindSpore's ``isend`` (on CPU it hands the data over before it
   returns, so a large message's transfer is here) and the other transport calls (receives,
-  including waiting for the peer; drains; collectives);
+  including waiting for the peer; collectives);
 - ``runtime``: the rest of ``run()``, i.e. the driver's own work per step (walking the plan,
   caches, receive buffers, timeline, batch splitting).
 
@@ -31,7 +31,7 @@ from collections import defaultdict
 from graph_exec.benchmarks.common import CommTimed, argument_parser, launch_and_report, p10_p50_p90, timed
 
 HOOKS = ("stage_forward", "stage_backward", "last_stage_step", "preprocess_forward", "preprocess_backward")
-TRANSPORT = ("send", "recv", "drain", "broadcast", "all_reduce_sum")
+TRANSPORT = ("send", "recv", "broadcast", "all_reduce_sum")
 WARMUP = 2
 
 

@@ -107,8 +107,10 @@ class Executor(ABC):
         stage forwards, and the keys of taped preprocess forwards."""
 
     @abstractmethod
-    def drop_kept(self) -> None:
-        """Forget every held forward state (abort path and start of a step)."""
+    def drop_kept(self, consume: bool = True) -> None:
+        """Forget every held forward state (abort path and start of a step). ``consume=False``
+        forgets it without running anything, for an abort while a communication call that timed
+        out may still be running on another thread."""
 
     @property
     @abstractmethod

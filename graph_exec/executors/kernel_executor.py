@@ -432,11 +432,21 @@ class KernelExecutor(Executor):
         backward has not run."""
         return [*self._kept, *self._kept_preprocess]
 
-    def drop_kept(self) -> None:
+    def drop_kept(self, consume: bool = True) -> None:
         """Forget every kept forward; a recorded tape is consumed by a backward with zero
         upstream gradients whose results are discarded (this frees it without touching other
-        executors' tapes, as :func:`free_tapes` would); if that fails, every tape is freed."""
-        recorded = [k for k in (*self._kept.values(), *self._kept_preprocess.values()) if k.recorded]
+        executors' tapes, as :func:`free_tapes` would); if that fails, every tape is freed.
+
+        ``consume=False`` runs none of that: with asynchronous dispatch, a backward run while a
+        timed-out receive was still blocked in MindSpore on the communication thread crashed the
+        process (seen on CPU with the fast paths off). The recorded forwards then stay in
+        MindSpore's state until the process ends, which after such a failure is the next thing
+        to happen anyway."""
+        recorded = (
+            [k for k in (*self._kept.values(), *self._kept_preprocess.values()) if k.recorded]
+            if consume
+            else []
+        )
         self._kept.clear()
         self._backward_done.clear()
         self._kept_preprocess.clear()

@@ -117,8 +117,6 @@ class RankRuntime:
             try:
                 self._handlers[step.kind](step)
                 if self.buffers is not None and self.buffers.due(self._index):
-                    if self.transport is not None:
-                        self.transport.drain()  # a queued send may still read the buffer
                     self.buffers.release_after(self._index)
             except Exception as exc:
                 self.abort(f"step {step.token} raised {type(exc).__name__}: {exc}")
@@ -129,8 +127,6 @@ class RankRuntime:
             self.timeline.append(
                 TimelineEvent(self.rank, step.token, start - origin, time.perf_counter() - origin)
             )
-        if self.transport is not None:
-            self.transport.drain()
         losses = dict(self.caches.losses)
         self.caches.losses.clear()
         leftovers = self.caches.leftovers()
@@ -143,9 +139,10 @@ class RankRuntime:
         return losses
 
     def abort(self, reason: str) -> None:
-        """Drop every cache, return every buffer and tell the peers (best effort)."""
+        """Drop every cache, return every buffer and tell the peers (best effort). While a
+        timed-out communication call may still run, no MindSpore op is started here."""
         self.caches.clear()
-        self.executor.drop_kept()
+        self.executor.drop_kept(consume=self.transport is None or not self.transport.call_in_flight)
         self._contribution = None
         if self.buffers is not None:
             self.buffers.release_all()

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from graph_exec import checks
-from graph_exec.device import policy
+from graph_exec.device import policy, wait_for, wait_until_run
 from graph_exec.errors import (
     CommunicationError,
     CommunicationNotInitializedError,
@@ -325,9 +325,9 @@ class Transport:
         self.direct = self._sends_complete_on_post and backend_ends_waits(timeout_s)
         self._run = self._worker.run_here if self.direct else self._worker.run
         self._host_barrier = chosen.host_barrier
+        self._synchronous_dispatch = chosen.synchronous_dispatch
         #: Where frames live: host memory on the CPU fast path, MindSpore tensors elsewhere.
         self.frames = HostFrames(self.epoch) if chosen.host_memory_aliasing else TensorFrames(self.epoch)
-        self._pending: list[tuple[Any, Any, Any]] = []  # (handle, tensor, staging frame or None)
         self._outbound = [_Outbound() for _ in self.ranks]
         self._inbound = [_Inbound() for _ in self.ranks]
         self._label_words: dict[str, list[int]] = {}
@@ -335,6 +335,13 @@ class Transport:
         _exit_barrier.track(self)
         if self.epoch > 0:
             self._resync()
+
+    @property
+    def call_in_flight(self) -> bool:
+        """Whether a call of this transport timed out on its communication thread and may still
+        be running there (the transport is then unusable; calls on the caller's thread end with
+        their time-out)."""
+        return self._worker.broken is not None and not self.direct
 
     # -- point to point -------------------------------------------------------------------
 
@@ -409,30 +416,33 @@ class Transport:
             self._post(header, dst, None)
         self._post(frame, dst, staging)
 
-    def drain(self) -> None:
-        """Wait until every queued send has left (end of a step, or before reusing buffers)."""
-        if not self._pending:
-            return
-
-        def wait_all() -> None:
-            while self._pending:
-                handle, _, staging = self._pending.pop(0)
-                handle.wait()
-                self.frames.reuse(staging)
-
-        self._run(wait_all, self.timeout_s, "draining pending sends")
-
     def _post(self, tensor: Any, dst: int, staging: Any) -> None:
-        """Send one message to pipeline rank ``dst``; on a backend whose sends complete when
-        posted, wait at once (and reuse its staging frame), else keep it until :meth:`drain`."""
+        """Send one message to pipeline rank ``dst`` and wait until the send has run.
+
+        On a back end whose sends complete when posted (MCCL), waiting its handle is enough.
+        Elsewhere the transport also waits until the send op has run
+        (:func:`~graph_exec.device.wait_until_run`): with asynchronous dispatch a send to a dead
+        or silent peer would otherwise fail later, inside whatever op waits next, instead of in
+        this call, under its deadline and with the peer's name. Plans are validated under
+        blocking sends, so waiting cannot deadlock. The staging frame is then free again.
+        """
         handle = self._p2p.isend(tensor, dst)
         self.stats.messages_sent += 1
         self.stats.bytes_sent += tensor.nbytes
-        if self._sends_complete_on_post:
+        start = time.monotonic()
+        try:
             handle.wait()
-            self.frames.reuse(staging)
-        else:
-            self._pending.append((handle, tensor, staging))
+            if not self._sends_complete_on_post:
+                wait_until_run()
+        except RuntimeError as exc:  # the back end's "Send failed."
+            waited = time.monotonic() - start
+            if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
+                raise PeerTimeoutError(
+                    f"rank {self.rank}'s message to rank {dst} was not taken: MindSpore gave up after "
+                    f"{waited:.0f} s ({str(exc).strip()})"
+                ) from exc
+            raise
+        self.frames.reuse(staging)
 
     def _label(self, label: str) -> list[int]:
         """The prefix words of ``label`` (cached: labels repeat every step)."""
@@ -462,6 +472,9 @@ class Transport:
         start = time.monotonic()
         try:
             self._p2p.recv(self.frames.target(frame), src)
+            # Reading the prefix waits for the receive where dispatch is asynchronous: its failure
+            # surfaces here.
+            words = self.frames.words(frame, PREFIX_WORDS)
         except RuntimeError as exc:  # the back end's "Recv failed."
             waited = time.monotonic() - start
             if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
@@ -474,7 +487,6 @@ class Transport:
                 f"({str(exc).strip()}): either a larger message arrived (the ranks' plans disagree) or "
                 "the connection broke"
             ) from exc
-        words = self.frames.words(frame, PREFIX_WORDS)
         kind = split_first_word(words[0])[0]
         self.stats.messages_received += 1
         self.stats.bytes_received += words[2] if kind == DATA else CONTROL_BYTES
@@ -574,6 +586,7 @@ class Transport:
         def run() -> None:
             for tensor in tensors:
                 self._dist.broadcast(tensor, src=root, group=self.group)
+            self._complete(tensors)
 
         self._run(run, self.timeout_s, f"in broadcast from rank {src}")
 
@@ -583,8 +596,16 @@ class Transport:
         def run() -> None:
             for tensor in tensors:
                 self._dist.all_reduce(tensor, group=self.group)
+            self._complete(tensors)
 
         self._run(run, self.timeout_s, "in all-reduce")
+
+    def _complete(self, tensors: Sequence[Any]) -> None:
+        """Where dispatch is asynchronous, wait (within the caller's deadline) until collectives
+        that wrote ``tensors`` have run: a peer's failure then surfaces as this call's time-out,
+        not as an error of whatever op happens to wait next."""
+        if not self._synchronous_dispatch:
+            wait_for(tensors)
 
     def barrier(self) -> None:
         """Wait until every rank of the group gets here (with the transport's deadline)."""
