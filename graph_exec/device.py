@@ -140,33 +140,38 @@ class DevicePolicy:
         return "CPU (fast paths)" if self.cpu_fast_paths else f"CPU (device path: {FAST_PATHS_ENV}=0)"
 
 
-_policies: dict[str, DevicePolicy] = {}
+_chosen: DevicePolicy | None = None
 _fast_paths: bool | None = None
 
 
 def current_target() -> str:
-    """MindSpore's device target now (imports MindSpore)."""
+    """MindSpore's device target now (imports MindSpore; costs tens of microseconds)."""
     import mindspore as ms
 
     return str(ms.get_context("device_target"))
 
 
 def policy() -> DevicePolicy:
-    """This process's policy for MindSpore's current device target.
+    """This process's policy, made at the first call for MindSpore's device target then.
 
-    The fast-path switch is read from the environment at the first call; a policy is made once
-    per target (a process that calls ``mindspore.set_device`` after a first call gets the new
-    target's policy from then on). Objects on hot paths keep the decisions they need from the
-    policy they were built with.
+    The fast-path switch is read from the environment once. Asking MindSpore for its target
+    costs tens of microseconds, too much for the hot paths that ask here, so the policy is kept;
+    :func:`graph_exec.msenv.prepare_mindspore` makes it again after it selected a device (a
+    MindSpore device cannot change once the runtime has started).
     """
-    global _fast_paths
-    if _fast_paths is None:
-        _fast_paths = fast_paths_requested()
-    target = current_target()
-    made = _policies.get(target)
-    if made is None:
-        made = _policies[target] = DevicePolicy.for_target(target, _fast_paths)
-    return made
+    global _chosen, _fast_paths
+    if _chosen is None:
+        if _fast_paths is None:
+            _fast_paths = fast_paths_requested()
+        _chosen = DevicePolicy.for_target(current_target(), _fast_paths)
+    return _chosen
+
+
+def choose_again() -> DevicePolicy:
+    """Make the policy again for MindSpore's device target now (after ``mindspore.set_device``)."""
+    global _chosen
+    _chosen = None
+    return policy()
 
 
 def wait_until_run() -> None:
@@ -181,6 +186,11 @@ def wait_until_run() -> None:
 
         ms.runtime.synchronize()
         return
+    _drain_op_queue()
+
+
+def _drain_op_queue() -> None:
+    """Wait until MindSpore's queue of dispatched ops is empty (the CPU target's only queue)."""
     from mindspore.common.api import _pynative_executor
 
     _pynative_executor.sync()
@@ -232,5 +242,5 @@ class Fence:
         if self._event is not None:
             self._event.synchronize()
         else:
-            wait_until_run()
+            _drain_op_queue()
         self._pending = False

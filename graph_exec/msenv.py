@@ -57,11 +57,11 @@ def prepare_mindspore(
     quiet_logs(verbose)
     import mindspore as ms
 
-    from graph_exec.device import policy
+    from graph_exec.device import choose_again, policy
 
     if device is not None:
         ms.set_device(device, device_id)
-    current = policy()
+    current = choose_again() if device is not None else policy()
     if current.synchronous_dispatch and _prepared != current.target:
         ms.runtime.launch_blocking()
         os.environ.setdefault(HOST_BLOCKING_ENV, "1")

@@ -21,10 +21,9 @@ from collections.abc import Callable, Sequence
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, ops
-from mindspore.common.api import _pynative_executor
 
 from graph_exec import _hostadd
-from graph_exec.device import policy
+from graph_exec.device import policy, wait_until_run
 
 #: Prefix of every accumulator name.
 BUFFER_PREFIX = "gacc."
@@ -95,7 +94,7 @@ def make_host_accumulate(buffers: ParameterTuple) -> Callable[..., None] | None:
     ]
 
     def accumulate(*grads: Tensor) -> None:
-        _pynative_executor.sync()
+        wait_until_run()
         for (buffer, dtype, shape, count, add), grad in zip(plan, grads, strict=True):
             if grad.dtype == dtype and grad.shape == shape and grad.is_contiguous():
                 add(buffer.data_ptr(), grad.data_ptr(), count)

@@ -16,5 +16,5 @@ def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     MindSpore. The multi-rank suites run whole processes with ``GRAPH_EXEC_CPU_FAST_PATHS=0``.
     """
     chosen = device.DevicePolicy.for_target("CPU", request.param == "fast paths")
-    monkeypatch.setattr(device, "_policies", {"CPU": chosen})
+    monkeypatch.setattr(device, "_chosen", chosen)
     return chosen

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from graph_exec.device import wait_until_run
+
 #: Default bucket size. Averaging 6 MiB over 4 loopback ranks here
 #: (``python -m graph_exec.benchmarks.mesh_speed``, idle 2-core machine, packed by address): one
 #: call per tensor 262 ms, 1 MiB buckets 161 ms, 4 MiB 152 ms, 16 MiB 142 ms (medians). Beyond
@@ -129,7 +131,7 @@ class PackedTensors:
             return [ops.cat([self.tensors[i].reshape(-1) for i in b.indices]) for b in self.buckets]
         import mindspore as ms
 
-        _wait_for_queued_ops()
+        wait_until_run()  # no queued op may still read or write that memory
         flats = []
         for bucket in self.buckets:
             flat = np.empty(bucket.nbytes, np.uint8)
@@ -154,7 +156,7 @@ class PackedTensors:
                     ops.assign(tensor, flat[offset : offset + count].reshape(tensor.shape))
                     offset += count
             return
-        _wait_for_queued_ops()
+        wait_until_run()  # no queued op may still read or write that memory
         for bucket, flat in zip(self.buckets, flats, strict=True):
             flat = np.ascontiguousarray(flat)
             offset = 0
@@ -172,10 +174,3 @@ class PackedTensors:
         import mindspore as ms
 
         collective([ms.from_numpy(value) for value in values])
-
-
-def _wait_for_queued_ops() -> None:
-    """Let every queued MindSpore op finish before memory is read or written by address."""
-    from mindspore.common.api import _pynative_executor
-
-    _pynative_executor.sync()

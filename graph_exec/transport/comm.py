@@ -40,6 +40,7 @@ from graph_exec.transport.frame_memory import Allocator, HostFrames, TensorFrame
 from graph_exec.transport.frames import (
     DATA,
     PREFIX_WORDS,
+    SEQ_WORD,
     FrameLayout,
     layout_of,
     prefix_from_words,
@@ -235,7 +236,7 @@ class _Expected:
 
     def matches(self, words: list[int], seq: int) -> bool:
         """Whether a frame's prefix ``words`` are those of transfer ``seq`` under this label."""
-        self.prefix[1] = seq
+        self.prefix[SEQ_WORD] = seq
         return words == self.prefix
 
 

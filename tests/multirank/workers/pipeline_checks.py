@@ -158,6 +158,37 @@ SUITES: dict[str, list[Case]] = {
 }
 
 
+def _pick(suite: str, names: list[str]) -> list[Case]:
+    """The cases of ``suite`` named ``names``, in that order."""
+    by_name = {case.name: case for case in SUITES[suite]}
+    return [by_name[name] for name in names]
+
+
+# The device path (GRAPH_EXEC_CPU_FAST_PATHS=0, tests/multirank/test_device_path.py): asynchronous
+# dispatch makes CPU steps several times slower, so it runs a share of the suites above that still
+# covers both schedules, both modes, central and owner backward, every preprocess kind, owned
+# input, recompute and keep_preprocess_tape, accumulation over two runs and an optimizer step.
+SUITES["device_p2"] = _pick(
+    "p2",
+    [
+        "v1_trainable_central_full",
+        "v1_trainable_owner_full",
+        "v1_trainable_owner_full_pynative",
+        "v1_frozen_full_m3",
+        "v2_trainable_owner_min_m5",
+        "v1_none_owned_tokens",
+        "i1f1b_v2_graph",
+        "i1f1b_v2_pynative",
+    ],
+) + _pick(
+    "backward_options",
+    ["graph_v1_trainable_central", "pynative_v1_trainable_central", "tape_v2_central_full"],
+)
+SUITES["device_p4"] = _pick(
+    "p4", ["v2_trainable_owner_full_m8", "v2_trainable_central_min_owned_pynative", "i1f1b_v2_graph_async_m8"]
+)
+
+
 class Checker:
     """Counts and prints comparisons without raising (ranks must stay in step)."""
 
