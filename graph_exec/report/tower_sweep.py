@@ -319,6 +319,8 @@ def plot(points: Sequence[SweepPoint], path: Path, pp: int) -> None:
         title=f"simulated, P={max(SIMULATED_RANKS)}",
     )
     for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(ratios, [f"{r:g}" for r in ratios])
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     fig.tight_layout()
