@@ -174,10 +174,10 @@ def test_examples_build_and_train(example):
     sched = ge.ScheduleMPipeTranspose(
         stages, 2, model.preprocess, model.num_transpose_layers, mode="pynative", loss_fn=model.loss_fn
     )
-    optimizer = nn.Adam(sched.trainable_params(), learning_rate=1e-2)
+    optimizer = nn.Adam(sched.trainable_params(), learning_rate=3e-3)
     inputs, labels = model.batch(0, 4)  # one batch, learnt
     losses = []
-    for _ in range(3):
+    for _ in range(4):
         losses.append(np.mean([float(x.asnumpy()) for x in sched.run(*inputs, labels=labels)]))
         optimizer(tuple(sched.grads().values()))
         sched.zero_grad()
