@@ -47,6 +47,8 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--tower-ratio scales the vision tower of {EXAMPLE!r}, not of {args.example!r}")
     if args.dp != 1 or args.nodes != 1:
         parser.error("--tower-ratio measures one pipeline on this host: --dp and --nodes must be 1")
+    if args.ranks < 2:
+        parser.error(f"--tower-ratio compares pipelines: --ranks must be at least 2, got {args.ranks}")
     if args.variants == tuple(VARIANTS):  # the bench's default: every variant
         args.variants = tuple(tower_sweep.MPIPE)
     elif set(args.variants) - set(tower_sweep.MPIPE):

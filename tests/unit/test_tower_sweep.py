@@ -50,6 +50,7 @@ def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
             "--dp and --nodes must be 1",
         ),
         (["bench", "qwen2vl", "--plot", "x.png"], "--plot draws the --tower-ratio sweep"),
+        (["bench", "qwen2vl", "--tower-ratio", "2", "--ranks", "1"], "--ranks must be at least 2, got 1"),
     ],
 )
 def test_bad_arguments_exit_2_before_anything_runs(argv, message, capsys, tmp_path, monkeypatch):
