@@ -12,10 +12,12 @@ and prints the table, the MPipe savings and the simulator's inputs; ``--json`` s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
 
+from graph_exec.cli import tower_sweep
 from graph_exec.cli.argtypes import positive_int
 from graph_exec.cli.jobs import (
     JobFailed,
@@ -31,6 +33,7 @@ from graph_exec.executors import MODES
 from graph_exec.report.bench_report import VARIANTS, document, evaluate, runs_for, table
 from graph_exec.report.bench_schema import check
 from graph_exec.report.job import JobSpec
+from graph_exec.report.trace import PLOT_EXTRA_HINT
 
 
 def _names(allowed: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
@@ -92,6 +95,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", metavar="FILE", type=output_file, help="save every number (schema version 2)"
     )
+    parser.add_argument(
+        "--tower-ratio",
+        metavar="R[,R...]",
+        type=tower_sweep.ratios,
+        help="qwen2vl: scale the vision tower so its forward is R x one chunk's forward (measured at "
+        "start-up) and run MPipe frozen-full/min against the even-split and the rebalanced baseline, "
+        "one launch per R, with P=4 and 8 simulated from the measured costs",
+    )
+    parser.add_argument(
+        "--plot", metavar="FILE.png", type=output_file, help="with --tower-ratio: step time against R"
+    )
     add_launch_arguments(parser, timeout_s=1200)
     parser.set_defaults(func=lambda args: _run(args, parser))
 
@@ -106,6 +120,12 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.plot and not args.tower_ratio:
+        parser.error("--plot draws the --tower-ratio sweep; pass --tower-ratio R[,R...]")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}")
+    if args.tower_ratio:
+        return tower_sweep.run(args, parser)
     job = job_from_args(args, parser)
     names = [spec.name for spec in job.runs]
     print(

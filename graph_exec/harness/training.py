@@ -58,8 +58,9 @@ class Trainer:
         self.rank, self.ranks = mesh.global_rank, mesh.dp_size * mesh.pp_size
         pp = mesh.pp_size
         self.num_stages = pp * job.vpp
+        options = {**(job.model_options or {}), **({"layers": spec.layers} if spec.layers else {})}
         self.model: ExampleModel = load(job.example).build(
-            self.num_stages, trainable_preprocess=spec.trainable, seed=job.seed, size=job.size
+            self.num_stages, trainable_preprocess=spec.trainable, seed=job.seed, size=job.size, **options
         )
         self.chunks = self.model.stages
         self.local = list(range(mesh.pp_rank, self.num_stages, pp))

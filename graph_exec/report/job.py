@@ -34,6 +34,9 @@ class RunSpec:
     overflow: str = "full"
     backward: str = "central"
     keep_preprocess_tape: bool = False  #: see ScheduleMPipeTranspose
+    #: Decoder layers per stage for the example's ``build(layers=...)`` (``None``: its default
+    #: split); the rebalanced baseline of ``graph-exec bench qwen2vl --tower-ratio`` sets it.
+    layers: tuple[int, ...] | None = None
 
     @property
     def preprocess(self) -> str:
@@ -68,6 +71,8 @@ class JobSpec:
     nodes: int = 1  #: hosts the job spans (ranks / nodes workers on each)
     verbose: bool = False  #: keep MindSpore's warnings in the worker logs
     device: str = "CPU"  #: MindSpore device target of every rank (each rank takes its local device)
+    #: Extra keyword arguments of the example's ``build`` for every run (``vision_depth``).
+    model_options: dict | None = None
 
     @property
     def pp(self) -> int:
@@ -109,5 +114,8 @@ class JobSpec:
     @classmethod
     def read(cls, path: Path) -> JobSpec:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        data["runs"] = tuple(RunSpec(**run) for run in data["runs"])
+        data["runs"] = tuple(
+            RunSpec(**{**run, "layers": None if run.get("layers") is None else tuple(run["layers"])})
+            for run in data["runs"]
+        )
         return cls(**data)

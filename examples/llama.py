@@ -1,0 +1,117 @@
+"""MindSpore ONE's Llama, its token embedding (trainable by default) as the MPipe preprocess.
+
+The model is ``mindone.transformers.LlamaForCausalLM`` built from a small random config (no
+weights are downloaded) and cut by :func:`graph_exec.models.split_model`; the last stage holds
+the final norm and the LM head. Needs ``pip install 'graph-exec[models]'``.
+
+Synthetic task (as ``embed_lm``): each sequence counts upward with a stride of 1, 2 or 3 from a
+random start, modulo the vocabulary; the model learns to continue it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from graph_exec.examples.common import Example, ExampleModel
+
+SEQ = 32
+
+
+@dataclass(frozen=True)
+class Size:
+    """A preset: width, decoder layers (at least one per stage), heads, vocabulary."""
+
+    hidden: int
+    layers: int
+    heads: int
+    vocab: int = 128
+
+
+SIZES = {"tiny": Size(hidden=64, layers=4, heads=4), "small": Size(hidden=128, layers=8, heads=4)}
+
+
+def config(size: Size, layers: int, tie_word_embeddings: bool = False):  # -> LlamaConfig
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=size.vocab,
+        hidden_size=size.hidden,
+        intermediate_size=2 * size.hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.heads // 2,
+        max_position_embeddings=4 * SEQ,
+        tie_word_embeddings=tie_word_embeddings,
+        attn_implementation="eager",
+    )
+
+
+def make_tokens(step: int, batch_size: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, labels)`` of step ``step``: counting sequences, labels the next tokens."""
+    rng = np.random.default_rng(step)
+    start = rng.integers(0, vocab, (batch_size, 1))
+    stride = rng.integers(1, 4, (batch_size, 1))
+    seq = ((start + stride * np.arange(SEQ + 1)[None, :]) % vocab).astype(np.int32)
+    return seq[:, :-1], seq[:, 1:]
+
+
+def model(size: str = "tiny", layers: int | None = None, seed: int = 0, tie_word_embeddings: bool = False):
+    """The whole mindone ``LlamaForCausalLM`` of preset ``size`` (random weights from ``seed``)."""
+    import mindspore as ms
+
+    import graph_exec.models as gm
+
+    preset = SIZES[size]
+    ms.set_seed(seed)
+    return gm.mindone().LlamaForCausalLM(config(preset, layers or preset.layers, tie_word_embeddings))
+
+
+def batch(step: int, batch_size: int, size: str = "tiny"):
+    """``(inputs, labels)`` of step ``step`` (see :func:`graph_exec.models.lm_inputs`)."""
+    import mindspore as ms
+
+    import graph_exec.models as gm
+
+    ids, labels = make_tokens(step, batch_size, SIZES[size].vocab)
+    return tuple(ms.Tensor(a) for a in gm.lm_inputs(ids)), ms.Tensor(labels)
+
+
+def build(
+    num_stages: int,
+    trainable_preprocess: bool = True,
+    seed: int = 0,
+    size: str = "tiny",
+    *,
+    layers: Sequence[int] | None = None,
+) -> ExampleModel:
+    """Llama of preset ``size`` cut into ``num_stages`` chunks after the embedding preprocess."""
+    import graph_exec.models as gm
+
+    preset = SIZES[size]
+    total = max(preset.layers, num_stages) if layers is None else sum(layers)
+    split = gm.split_model(
+        model(size, total, seed), num_stages, layers=layers, trainable_preprocess=trainable_preprocess
+    )
+
+    def make_batch(step: int, batch_size: int):
+        return batch(step, batch_size, size)
+
+    return ExampleModel(
+        preprocess=split.preprocess,
+        num_transpose_layers=split.num_transpose_layers,
+        stages=split.stages,
+        loss_fn=gm.causal_lm_loss,
+        make_batch=make_batch,
+        summary=f"mindone Llama: embedding ({'trainable' if trainable_preprocess else 'frozen'}) as preprocess, "
+        f"width {preset.hidden}, layers per stage {list(split.layers)}, vocab {preset.vocab}, sequence {SEQ}",
+    )
+
+
+EXAMPLE = Example(
+    "llama",
+    "MindSpore ONE Llama, its token embedding as the preprocess (needs graph-exec[models])",
+    build,
+    trainable_by_default=True,
+)

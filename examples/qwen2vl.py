@@ -1,0 +1,203 @@
+"""MindSpore ONE's Qwen2-VL, its vision tower (frozen by default) as the MPipe preprocess.
+
+The model is ``mindone.transformers.Qwen2VLForConditionalGeneration`` built from a small random
+config (no weights are downloaded) and cut by :func:`graph_exec.models.split_model`: the vision
+tower and patch merger are the preprocess, replicated on every rank; stage 0 embeds the tokens
+and puts the image embeddings in the image positions; the last stage holds the final norm and
+the LM head. Needs ``pip install 'graph-exec[models]'``.
+
+Synthetic task: every image is a noisy pattern of one of ``CLASSES`` kinds; the text after it
+counts upward from an offset set by that kind, so the loss falls as the model learns to read
+the image. Sequence: ``<vision_start> <image>×N <vision_end> text…``; only the text positions
+carry a loss.
+
+Build options beyond the common ones: ``layers`` (decoder layers per stage, e.g. the
+rebalanced split of :func:`graph_exec.models.rebalanced_layers`) and ``vision_depth`` (vision
+blocks; ``graph-exec bench qwen2vl --tower-ratio`` sets it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from graph_exec.examples.common import Example, ExampleModel
+
+CLASSES, TEXT = 4, 16
+#: Token ids of the special tokens (the vocabulary's last ids).
+IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 124, 125, 126, 127
+
+
+@dataclass(frozen=True)
+class Size:
+    """A preset: LM width and decoder layers (at least one per stage), vision tower, image."""
+
+    hidden: int
+    layers: int
+    heads: int
+    vision_width: int
+    vision_depth: int
+    image: int  #: pixels per side
+    vocab: int = 128
+    patch: int = 4
+    merge: int = 2
+    temporal: int = 2
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (1, self.image // self.patch, self.image // self.patch)
+
+    @property
+    def image_tokens(self) -> int:
+        return (self.image // self.patch) ** 2 // self.merge**2
+
+
+SIZES = {
+    "tiny": Size(hidden=64, layers=4, heads=4, vision_width=32, vision_depth=1, image=16),
+    "small": Size(hidden=128, layers=8, heads=4, vision_width=64, vision_depth=4, image=32),
+}
+
+
+def config(size: Size, layers: int, vision_depth: int):  # -> Qwen2VLConfig
+    """A random Qwen2-VL config of ``size`` (eager attention: flash attention is Ascend only)."""
+    from transformers import Qwen2VLConfig
+
+    head_dim = size.hidden // size.heads
+    quarter = head_dim // 2 // 4  # M-RoPE sections (t, h, w) over head_dim / 2 frequencies
+    text = {
+        "vocab_size": size.vocab,
+        "hidden_size": size.hidden,
+        "intermediate_size": 2 * size.hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": size.heads,
+        "num_key_value_heads": size.heads // 2,
+        "max_position_embeddings": 512,
+        "rope_scaling": {"type": "mrope", "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter]},
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "depth": vision_depth,
+        "embed_dim": size.vision_width,
+        "num_heads": 4,
+        "mlp_ratio": 2,
+        "hidden_size": size.hidden,
+        "patch_size": size.patch,
+        "temporal_patch_size": size.temporal,
+        "spatial_merge_size": size.merge,
+        "in_channels": 3,
+    }
+    return Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE_TOKEN,
+        video_token_id=VIDEO_TOKEN,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+        attn_implementation="eager",
+    )
+
+
+def images(kinds: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``(B, 3, size, size)``: the pattern of each sample's kind plus noise."""
+    grid = np.linspace(0, np.pi * 2, size, dtype=np.float32)
+    patterns = np.stack(
+        [np.sin((k + 1) * grid)[None, :] * np.cos((k + 1) * grid)[:, None] for k in range(CLASSES)]
+    )
+    noise = 0.3 * rng.standard_normal((len(kinds), 3, size, size))
+    return (patterns[kinds][:, None] + noise).astype(np.float32)
+
+
+def token_ids(kinds: np.ndarray, size: Size) -> tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, labels)``: ``<vs> <image>×N <ve>`` then the counting text, labels aligned
+    with the inputs (-100 where nothing is predicted)."""
+    from graph_exec.models import IGNORE_INDEX
+
+    text_vocab = IMAGE_TOKEN
+    start = kinds[:, None] * (text_vocab // CLASSES) + np.arange(TEXT + 1)[None, :]
+    text = (start % text_vocab).astype(np.int32)
+    batch, n = len(kinds), size.image_tokens
+    head = np.concatenate(
+        [
+            np.full((batch, 1), VISION_START),
+            np.full((batch, n), IMAGE_TOKEN),
+            np.full((batch, 1), VISION_END),
+        ],
+        axis=1,
+    ).astype(np.int32)
+    ids = np.concatenate([head, text[:, :-1]], axis=1)
+    labels = np.full(ids.shape, IGNORE_INDEX, np.int32)
+    labels[:, head.shape[1] - 1 :] = text  # <ve> predicts the first text token, and so on
+    return ids, labels
+
+
+def model(size: str = "tiny", layers: int | None = None, vision_depth: int | None = None, seed: int = 0):
+    """The whole mindone ``Qwen2VLForConditionalGeneration`` of preset ``size`` (random weights
+    from ``seed``: the same on every rank), ``layers`` decoder layers (default the preset's)."""
+    import mindspore as ms
+
+    import graph_exec.models as gm
+
+    preset = SIZES[size]
+    depth = preset.vision_depth if vision_depth is None else vision_depth
+    ms.set_seed(seed)
+    return gm.mindone().Qwen2VLForConditionalGeneration(config(preset, layers or preset.layers, depth))
+
+
+def batch(model, step: int, batch_size: int, size: str = "tiny"):
+    """``(inputs, labels)`` of step ``step`` for the split ``model`` (see :func:`graph_exec.models.vlm_inputs`)."""
+    import mindspore as ms
+
+    import graph_exec.models as gm
+
+    preset = SIZES[size]
+    rng = np.random.default_rng(step)
+    kinds = rng.integers(0, CLASSES, batch_size)
+    ids, labels = token_ids(kinds, preset)
+    pixels = gm.image_patches(images(kinds, preset.image, rng), preset.patch, preset.temporal, preset.merge)
+    grid = np.tile(np.array(preset.grid, np.int64), (batch_size, 1))
+    inputs = gm.vlm_inputs(model, ids, pixels.reshape(-1, pixels.shape[-1]), grid)
+    return tuple(ms.Tensor(a) for a in inputs), ms.Tensor(labels)
+
+
+def build(
+    num_stages: int,
+    trainable_preprocess: bool = False,
+    seed: int = 0,
+    size: str = "tiny",
+    *,
+    layers: Sequence[int] | None = None,
+    vision_depth: int | None = None,
+) -> ExampleModel:
+    """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked."""
+    import graph_exec.models as gm
+
+    preset = SIZES[size]
+    depth = preset.vision_depth if vision_depth is None else vision_depth
+    total = max(preset.layers, num_stages) if layers is None else sum(layers)
+    whole = model(size, total, depth, seed)
+    split = gm.split_model(
+        whole, num_stages, layers=layers, trainable_preprocess=trainable_preprocess, image_grid=preset.grid
+    )
+
+    def make_batch(step: int, batch_size: int):
+        return batch(whole, step, batch_size, size)
+
+    return ExampleModel(
+        preprocess=split.preprocess,
+        num_transpose_layers=split.num_transpose_layers,
+        stages=split.stages,
+        loss_fn=gm.causal_lm_loss,
+        make_batch=make_batch,
+        summary=f"mindone Qwen2-VL: vision tower {preset.vision_width} wide x {depth} blocks "
+        f"({'trainable' if trainable_preprocess else 'frozen'}), {preset.image}px images -> {preset.image_tokens} "
+        f"tokens; LM width {preset.hidden}, layers per stage {list(split.layers)}",
+    )
+
+
+EXAMPLE = Example(
+    "qwen2vl",
+    "MindSpore ONE Qwen2-VL, its vision tower as the preprocess (needs graph-exec[models])",
+    build,
+    trainable_by_default=False,
+)

@@ -1,0 +1,48 @@
+"""Real models from MindSpore ONE (``mindone.transformers``) cut into pipeline stages.
+
+``pip install 'graph-exec[models]'`` brings the pinned ``mindone`` and ``transformers``. Import
+this package before ``mindone``: on CPU it first installs the stand-ins for the ``mint`` ops
+that have no CPU kernel in MindSpore 2.10 (:mod:`graph_exec.models.cpu_ops`; nothing is patched
+on other devices). Then build the model as usual and cut it::
+
+    import graph_exec.models as gm
+
+    model = gm.mindone().Qwen2VLForConditionalGeneration(config)  # mindone.transformers
+    split = gm.split_model(model, num_stages=P * V, image_grid=(1, 8, 8))
+    # split.preprocess, split.num_transpose_layers, split.stages: the schedules' arguments
+    # gm.vlm_inputs(model, ids, pixels, grid): a batch; gm.causal_lm_loss: the loss_fn
+"""
+
+from graph_exec.models import cpu_ops
+
+cpu_ops.apply()
+
+from graph_exec.balance import rank_loads, rebalanced_layers  # noqa: E402
+from graph_exec.models.inputs import image_patches, lm_inputs, vlm_inputs  # noqa: E402
+from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss  # noqa: E402
+from graph_exec.models.split import SplitModel, even_layers, split_model  # noqa: E402
+
+
+def mindone():  # -> the mindone.transformers module
+    """``mindone.transformers``, imported after the CPU stand-ins are in place (importing it
+    first would bind the kernel-less ``mint.nn.LayerNorm`` into Qwen2-VL's module)."""
+    cpu_ops.apply()
+    import mindone.transformers
+
+    return mindone.transformers
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "SplitModel",
+    "causal_lm_loss",
+    "cpu_ops",
+    "even_layers",
+    "image_patches",
+    "lm_inputs",
+    "mindone",
+    "rank_loads",
+    "rebalanced_layers",
+    "split_model",
+    "vlm_inputs",
+]

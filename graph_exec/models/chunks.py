@@ -1,0 +1,192 @@
+"""The cells a split MindSpore ONE model is made of: pipeline chunks and the preprocess blocks.
+
+Every cell holds the model's *own* layers (decoder blocks, embedding, final norm, head, vision
+blocks); nothing is copied or re-implemented, so a chunk computes exactly what the whole model
+computes for its layers. What the whole model's ``construct`` computes once and hands to every
+block (the causal mask, the rotary cos/sin) each chunk computes for itself from what travels
+with the activations: the hidden states and the position ids. That keeps chunks inside the
+schedules' contract (a chunk takes the previous stage's output tuple) and every tensor a
+compiled graph sees is an input or a constant of its shape.
+
+What travels between stages: ``(hidden, position_ids)``; position ids are integer tensors and
+take no gradient. ``position_ids`` is ``(B, S)`` for Llama and Qwen2 and ``(B, 3, S)`` for
+Qwen2-VL (batch first, so that a batch can be cut into micro-batches on dim 0; the chunk turns
+it into the ``(3, B, S)`` the model's rotary embedding takes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family's decoder is called (fixed per ``config.model_type``)."""
+
+    model_type: str
+    #: The decoder blocks return a 1-tuple (Qwen2, Qwen2-VL) rather than a tensor (Llama).
+    block_returns_tuple: bool
+    #: Position ids carry the three M-RoPE rows (Qwen2-VL).
+    multimodal_positions: bool
+
+
+FAMILIES = {
+    "llama": Family("llama", block_returns_tuple=False, multimodal_positions=False),
+    "qwen2": Family("qwen2", block_returns_tuple=True, multimodal_positions=False),
+    "qwen2_vl": Family("qwen2_vl", block_returns_tuple=True, multimodal_positions=True),
+}
+
+
+def mask_value(dtype: Any) -> float:
+    """The additive mask value of masked positions: the dtype's most negative number, as the
+    models use (any value that makes ``exp`` underflow gives the same softmax exactly)."""
+    return float(np.finfo(ms.dtype_to_nptype(dtype)).min)
+
+
+class DecoderChunk(nn.Cell):
+    """A run of the model's decoder blocks, optionally led by the token embedding (and, for a
+    vision-language model, the insertion of the image embeddings) and closed by norm + head.
+
+    ``construct(x, position_ids[, image_embeds])``: ``x`` is the token ids when the chunk
+    embeds, else the hidden states; returns ``(hidden, position_ids)``, or the logits when the
+    chunk holds the head. ``dtype`` is the model's compute dtype (of the causal mask).
+    """
+
+    def __init__(
+        self,
+        family: Family,
+        blocks: list[nn.Cell],
+        rotary: nn.Cell,
+        dtype: Any,
+        *,
+        embed: nn.Cell | None = None,
+        image_token_id: int | None = None,
+        norm: nn.Cell | None = None,
+        head: nn.Cell | None = None,
+    ) -> None:
+        super().__init__()
+        self.family = family
+        self.blocks = nn.CellList(blocks)
+        self.rotary = rotary
+        self.embed = embed
+        self.merges_images = image_token_id is not None
+        self.image_token_id = -1 if image_token_id is None else int(image_token_id)
+        self.norm = norm
+        self.head = head
+        self.block_returns_tuple = family.block_returns_tuple
+        self.multimodal_positions = family.multimodal_positions
+        self.masked = mask_value(dtype)
+
+    def construct(self, x: Tensor, position_ids: Tensor, image_embeds: Tensor | None = None) -> Any:
+        hidden = x
+        if self.embed is not None:
+            hidden = self.embed(x)
+            if self.merges_images:
+                hidden = insert_images(hidden, x, image_embeds, self.image_token_id)
+        positions = position_ids.transpose(1, 0, 2) if self.multimodal_positions else position_ids
+        seq = hidden.shape[1]
+        mask = ops.triu(ops.full((1, 1, seq, seq), self.masked, dtype=hidden.dtype), 1)
+        cos, sin = self.rotary(hidden, positions)
+        for block in self.blocks:
+            out = block(hidden, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
+            hidden = out[0] if self.block_returns_tuple else out
+        if self.head is not None:
+            return self.head(self.norm(hidden))
+        return hidden, position_ids
+
+
+class MultimodalRotary(nn.Cell):
+    """Qwen2-VL's text rotary embedding (``Qwen2VLRotaryEmbedding``), the same arithmetic in
+    the same order, written so that it compiles: the model's ``construct`` expands its
+    ``inv_freq`` with a ``-1`` dimension, which fails under ``mindspore.jit`` in 2.10
+    (``The method 'GetShapeVector()' doesn't implement``). Reads the model's own ``inv_freq``
+    and scaling, so it follows any rope initialisation the config chose (not the dynamic
+    kinds, which re-initialise from the sequence length)."""
+
+    def __init__(self, rotary: nn.Cell) -> None:
+        super().__init__()
+        if "dynamic" in rotary.rope_type:
+            raise ValueError(f"rope type {rotary.rope_type!r} is not supported in a pipeline chunk")
+        self.inv_freq = Tensor(rotary.inv_freq.asnumpy())
+        self.scaling = float(rotary.attention_scaling)
+
+    def construct(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        rows, batch = position_ids.shape[0], position_ids.shape[1]
+        inv_freq = self.inv_freq.reshape(1, 1, -1, 1).astype(ms.float32)
+        inv_freq = inv_freq.broadcast_to((rows, batch, inv_freq.shape[2], 1))
+        positions = position_ids.expand_dims(2).astype(ms.float32)
+        freqs = ops.matmul(inv_freq, positions).transpose(0, 1, 3, 2)
+        angles = ops.cat((freqs, freqs), axis=-1)
+        cos = angles.cos() * self.scaling
+        sin = angles.sin() * self.scaling
+        return cos.astype(x.dtype), sin.astype(x.dtype)
+
+
+def insert_images(text: Tensor, ids: Tensor, images: Tensor, image_token_id: int) -> Tensor:
+    """``text`` (B, S, H) with the image positions (``ids == image_token_id``) replaced, in
+    order, by the rows of ``images`` (B, N, H): what the model's ``masked_scatter`` does when
+    every sample has its ``N`` image tokens. A one-hot matmul and a select, both exact (each
+    output is one input value plus zeros) and differentiable on every target."""
+    is_image = ids == image_token_id
+    rank = ops.cumsum(is_image.astype(ms.int32), 1) - 1
+    rank = ops.clip(rank, 0, images.shape[1] - 1)
+    pick = ops.one_hot(rank, images.shape[1], Tensor(1.0, text.dtype), Tensor(0.0, text.dtype))
+    placed = ops.bmm(pick, images.astype(text.dtype))
+    return ops.select(is_image.expand_dims(-1).broadcast_to(text.shape), placed, text)
+
+
+class EmbeddingPreprocess(nn.Cell):
+    """The token embedding as the preprocess of a language model: ``(ids, position_ids) ->
+    (embeddings, position_ids)``."""
+
+    def __init__(self, embed: nn.Cell) -> None:
+        super().__init__()
+        self.embed = embed
+
+    def construct(self, ids: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        return self.embed(ids), position_ids
+
+
+class VisionPreprocess(nn.Cell):
+    """Qwen2-VL's vision tower (patch embedding, vision blocks, patch merger) as the preprocess.
+
+    ``construct(pixel_values, ids, position_ids) -> (ids, position_ids, image_embeds)`` with
+    ``pixel_values`` (B, patches, C·T·P·P): every sample one image of the grid fixed here. The
+    rotary cos/sin of that grid are computed once, eagerly (the model's ``rot_pos_emb`` reads
+    tensor values, which a compiled graph cannot), and the per-image sequence boundaries
+    (``cu_seqlens``) from the micro-batch's size.
+    """
+
+    def __init__(self, visual: nn.Cell, grid_thw: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.patch_embed = visual.patch_embed
+        self.blocks = visual.blocks
+        self.merger = visual.merger
+        t, h, w = grid_thw
+        self.patches = t * h * w
+        self.tokens = self.patches // visual.spatial_merge_size**2
+        rotary = visual.rot_pos_emb(Tensor(np.array([grid_thw], np.int64)))
+        angles = ops.cat((rotary, rotary), axis=-1)
+        self.cos = Tensor(angles.cos().asnumpy())
+        self.sin = Tensor(angles.sin().asnumpy())
+
+    def construct(
+        self, pixel_values: Tensor, ids: Tensor, position_ids: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        images = pixel_values.shape[0]
+        hidden = self.patch_embed(pixel_values.reshape(images * self.patches, -1))
+        cos = ops.tile(self.cos, (images, 1))
+        sin = ops.tile(self.sin, (images, 1))
+        # Python ints, not a tensor: the vision attention slices its mask by these bounds, and
+        # with tensor bounds that slice assignment fails in a compiled graph (TensorScatterUpdate
+        # shape error, MindSpore 2.10); static bounds compile and give the same result.
+        bounds = tuple([k * self.patches for k in range(images + 1)])
+        for block in self.blocks:
+            hidden = block(hidden, cu_seqlens=bounds, position_embeddings=(cos, sin))
+        merged = self.merger(hidden)
+        return ids, position_ids, merged.reshape(images, self.tokens, -1)

@@ -1,0 +1,199 @@
+"""Cut a MindSpore ONE causal LM or vision-language model into what the schedules take.
+
+:func:`split_model` takes a ``mindone.transformers`` ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or
+``Qwen2VLForConditionalGeneration`` and returns the preprocess module, ``num_transpose_layers``
+and ``num_stages`` chunk cells (see :mod:`graph_exec.models.chunks`) built from the model's own
+layers. Parameters keep the names they have in the model (``model.layers.3.mlp.up_proj.weight``):
+putting a layer into a new cell would rename them after the attribute path (``blocks.0.…``),
+and two chunks would then collide, so the names are recorded first and restored after.
+
+Whole-model ``construct`` is not used: it does not compile for Qwen2 and Qwen2-VL (mindone's
+mask and M-RoPE index code reads tensor values), and a pipeline needs the layers apart anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mindspore import Parameter, nn
+
+from graph_exec.models import cpu_ops
+from graph_exec.models.chunks import (
+    FAMILIES,
+    DecoderChunk,
+    EmbeddingPreprocess,
+    Family,
+    MultimodalRotary,
+    VisionPreprocess,
+)
+
+PREPROCESS = ("embedding", "vision", "none")
+
+
+@dataclass
+class SplitModel:
+    """What :func:`split_model` returns: the arguments of the schedules, and facts about them."""
+
+    preprocess: nn.Cell | None  #: the schedules' ``preprocess_module`` (``None``: dataload only)
+    num_transpose_layers: int  #: the schedules' ``num_transpose_layers``
+    stages: list[nn.Cell]  #: chunk ``s`` is stage ``s`` (stage 0's is the body after the preprocess)
+    layers: tuple[int, ...]  #: decoder layers in each stage
+    #: ``(embedding weight, head weight)`` when the model ties them and the split put them in
+    #: different cells: separate Parameters now (the head's a copy), which the tied-weights
+    #: option keeps equal. ``None`` when the model does not tie them.
+    tied_weights: tuple[str, str] | None
+    family: str  #: ``config.model_type``: ``llama``, ``qwen2`` or ``qwen2_vl``
+
+
+def family_of(model: Any) -> Family:
+    """The :class:`Family` of a mindone model, or ``TypeError`` naming the supported ones."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    family = FAMILIES.get(model_type)
+    if family is None or not hasattr(model, "lm_head"):
+        raise TypeError(
+            f"split_model takes a mindone.transformers LlamaForCausalLM, Qwen2ForCausalLM or "
+            f"Qwen2VLForConditionalGeneration; got {type(model).__name__} (model_type {model_type!r})"
+        )
+    return family
+
+
+def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Decoder layers per stage, as even as possible, earlier stages taking the remainder."""
+    base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (1 if k < extra else 0) for k in range(num_stages))
+
+
+def _check_layers(layers: Sequence[int] | None, num_layers: int, num_stages: int) -> tuple[int, ...]:
+    if layers is None:
+        if num_layers < num_stages:
+            raise ValueError(
+                f"the model has {num_layers} decoder layers, fewer than num_stages={num_stages}: pass "
+                "layers= with some stages at 0, or use fewer stages"
+            )
+        return even_layers(num_layers, num_stages)
+    counts = tuple(layers)
+    if len(counts) != num_stages or any(
+        isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts
+    ):
+        raise ValueError(f"layers must be {num_stages} integers >= 0, one per stage, got {list(counts)}")
+    if sum(counts) != num_layers:
+        raise ValueError(
+            f"layers {list(counts)} add up to {sum(counts)}, but the model has {num_layers} decoder layers"
+        )
+    return counts
+
+
+def split_model(
+    model: Any,
+    num_stages: int,
+    *,
+    layers: Sequence[int] | None = None,
+    preprocess: str | None = None,
+    trainable_preprocess: bool | None = None,
+    image_grid: tuple[int, int, int] | None = None,
+) -> SplitModel:
+    """Cut ``model`` into a preprocess and ``num_stages`` chunks (stage ``s`` on rank ``s mod P``).
+
+    Args:
+        model: a mindone ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or
+            ``Qwen2VLForConditionalGeneration`` (``attn_implementation="eager"`` on CPU).
+        num_stages: ``P × V`` chunks.
+        layers: decoder layers per stage (default: as even as possible); see
+            :func:`graph_exec.models.rebalanced_layers` (from :mod:`graph_exec.balance`) for a split that evens the ranks' loads.
+        preprocess: ``"vision"`` (Qwen2-VL, the default there: vision tower + merger), or for a
+            language model ``"embedding"`` (the default: the token embedding, transposed by MPipe)
+            or ``"none"`` (the embedding stays in stage 0; dataload only).
+        trainable_preprocess: train the preprocess (default: the embedding yes, the vision tower
+            no). ``False`` sets ``requires_grad=False`` on its parameters.
+        image_grid: Qwen2-VL only, required: the ``(t, h, w)`` patch grid of every image
+            (``image_grid_thw`` of one image); every sample carries one image of this grid.
+
+    Stage inputs and outputs: see :mod:`graph_exec.models.chunks`; batches are made by
+    :func:`graph_exec.models.lm_inputs` / :func:`graph_exec.models.vlm_inputs`.
+    """
+    family = family_of(model)
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"num_stages must be an integer >= 1, got {num_stages!r}")
+    vlm = family.model_type == "qwen2_vl"
+    kind = preprocess or ("vision" if vlm else "embedding")
+    allowed = ("vision",) if vlm else ("embedding", "none")
+    if kind not in allowed:
+        raise ValueError(f"preprocess={preprocess!r} for {family.model_type}; choose one of {allowed}")
+    if vlm and (image_grid is None or len(image_grid) != 3 or any(int(n) < 1 for n in image_grid)):
+        raise ValueError(
+            f"Qwen2-VL needs image_grid=(t, h, w), the patch grid of every image; got {image_grid!r}"
+        )
+    if not vlm and image_grid is not None:
+        raise ValueError("image_grid applies to Qwen2-VL only")
+    cpu_ops.adopt(model)
+    names = {id(p): p.name for p in model.get_parameters()}
+    decoder = model.model.language_model if vlm else model.model
+    blocks = list(decoder.layers)
+    counts = _check_layers(layers, len(blocks), num_stages)
+    embed, head = decoder.embed_tokens, model.lm_head
+    tied = None
+    if _shares_weight(embed, head) and (kind != "none" or num_stages > 1):
+        tied = _untie(embed, head)
+        names[id(head.weight)] = tied[1]
+    # Qwen2-VL's own rotary embedding does not compile (see MultimodalRotary).
+    rotary = MultimodalRotary(decoder.rotary_emb) if vlm else decoder.rotary_emb
+    image_token = model.config.image_token_id if vlm else None
+
+    pre: nn.Cell | None = None
+    if kind == "vision":
+        pre = _vision(model.model.visual, tuple(int(n) for n in image_grid))
+        transpose_layers = len(pre.blocks) + 2  # patch embedding, the blocks, the merger
+    elif kind == "embedding":
+        pre, transpose_layers = EmbeddingPreprocess(embed), 1
+    else:
+        transpose_layers = 0
+    trainable = (not vlm) if trainable_preprocess is None else bool(trainable_preprocess)
+    if pre is not None and not trainable:
+        for param in pre.get_parameters():
+            param.requires_grad = False
+
+    stages, start = [], 0
+    for s, count in enumerate(counts):
+        last = s == num_stages - 1
+        stages.append(
+            DecoderChunk(
+                family,
+                blocks[start : start + count],
+                rotary,
+                decoder.norm.weight.dtype,
+                embed=embed if s == 0 and kind != "embedding" else None,
+                image_token_id=image_token if s == 0 else None,
+                norm=decoder.norm if last else None,
+                head=head if last else None,
+            )
+        )
+        start += count
+    for cell in [*stages, *([pre] if pre is not None else [])]:
+        for param in cell.get_parameters():
+            param.name = names.get(id(param), param.name)
+    return SplitModel(pre, transpose_layers, stages, counts, tied, family.model_type)
+
+
+def _vision(visual: nn.Cell, grid: tuple[int, int, int]) -> VisionPreprocess:
+    merge = visual.spatial_merge_size
+    if grid[1] % merge or grid[2] % merge:
+        raise ValueError(f"image_grid {grid}: h and w must be multiples of spatial_merge_size {merge}")
+    return VisionPreprocess(visual, grid)
+
+
+def _embedding_weight(embed: nn.Cell) -> Parameter:
+    return embed.weight if hasattr(embed, "weight") else embed.embedding_table  # mint.nn / nn.Embedding
+
+
+def _shares_weight(embed: nn.Cell, head: nn.Cell) -> bool:
+    return head.weight is _embedding_weight(embed)
+
+
+def _untie(embed: nn.Cell, head: nn.Cell) -> tuple[str, str]:
+    """Give the head its own copy of the weight it shares with the embedding (the two are in
+    different cells, possibly on different ranks); returns the pair's names."""
+    weight = _embedding_weight(embed)
+    head.weight = Parameter(weight.value().copy(), name="lm_head.weight", requires_grad=weight.requires_grad)
+    return weight.name, "lm_head.weight"

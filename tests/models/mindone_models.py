@@ -1,0 +1,81 @@
+"""MindSpore ONE models for the tests: tiny random configs, and the unsplit reference.
+
+The reference runs the *whole* mindone model's own ``construct`` (eagerly: it does not compile
+for Qwen2 and Qwen2-VL) on each micro-batch and differentiates the mean next-token loss with
+``mindspore.value_and_grad`` over the model's trainable parameters, keyed by name: what a split
+model must reproduce exactly.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from graph_exec.examples import llama, qwen2vl
+
+import graph_exec.models as gm
+
+
+def qwen2(layers: int = 4, seed: int = 0):
+    from transformers import Qwen2Config
+
+    ms.set_seed(seed)
+    return gm.mindone().Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+    )
+
+
+def whole(name: str, layers: int = 4, seed: int = 0, **options):
+    """A whole tiny model: ``llama``, ``qwen2`` or ``qwen2vl``."""
+    if name == "llama":
+        return llama.model("tiny", layers, seed, **options)
+    if name == "qwen2":
+        return qwen2(layers, seed)
+    return qwen2vl.model("tiny", layers, seed=seed, **options)
+
+
+def batch(name: str, model, rows: int, step: int = 0):
+    """``(pipeline inputs, labels)`` for ``model``."""
+    if name == "qwen2vl":
+        return qwen2vl.batch(model, step, rows)
+    return llama.batch(step, rows)
+
+
+def logits_of(name: str, model, inputs) -> ms.Tensor:
+    """The whole model's logits for a pipeline input (its own construct, its own inputs)."""
+    if name == "qwen2vl":
+        pixels, ids, _ = inputs
+        grid = ms.Tensor(np.tile(np.array(qwen2vl.SIZES["tiny"].grid, np.int64), (ids.shape[0], 1)))
+        flat = pixels.reshape(-1, pixels.shape[-1])
+        return model(input_ids=ids, pixel_values=flat, image_grid_thw=grid).logits
+    out = model(inputs[0])
+    return out[0] if isinstance(out, tuple) else out.logits
+
+
+def reference(name: str, model, inputs, labels, micro: int, scale: float = 1.0):
+    """Per-micro-batch losses and the summed (x ``scale``) gradients of every trainable parameter."""
+    params = model.trainable_params()
+
+    def loss(*args):
+        *pipeline_inputs, target = args
+        return gm.causal_lm_loss(logits_of(name, model, pipeline_inputs), target)
+
+    grad_fn = ms.value_and_grad(loss, None, params)
+    rows = labels.shape[0] // micro
+    losses, total = [], None
+    for m in range(micro):
+        cut = slice(m * rows, (m + 1) * rows)
+        value, grads = grad_fn(*(t[cut] for t in inputs), labels[cut])
+        losses.append(float(value.asnumpy()))
+        arrays = [g.asnumpy() * scale for g in grads]
+        total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
+    return losses, {p.name: g for p, g in zip(params, total, strict=True)}
