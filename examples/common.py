@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mindspore import Tensor, nn
 
@@ -28,6 +29,15 @@ class ExampleModel:
     def batch(self, step: int, batch_size: int) -> tuple[tuple[Tensor, ...], Tensor]:
         """``(inputs, labels)`` of training step ``step`` (the same on every rank)."""
         return self.make_batch(step, batch_size)
+
+    @classmethod
+    def of_split(cls, split: Any, make_batch: Callable[[int, int], Any], summary: str) -> ExampleModel:
+        """A causal LM cut by :func:`graph_exec.models.split_model` (its ``SplitModel``)."""
+        from graph_exec.models import causal_lm_loss
+
+        return cls(
+            split.preprocess, split.num_transpose_layers, split.stages, causal_lm_loss, make_batch, summary
+        )
 
 
 @dataclass(frozen=True)

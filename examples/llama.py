@@ -98,13 +98,10 @@ def build(
     def make_batch(step: int, batch_size: int):
         return batch(step, batch_size, size)
 
-    return ExampleModel(
-        preprocess=split.preprocess,
-        num_transpose_layers=split.num_transpose_layers,
-        stages=split.stages,
-        loss_fn=gm.causal_lm_loss,
-        make_batch=make_batch,
-        summary=f"mindone Llama: embedding ({'trainable' if trainable_preprocess else 'frozen'}) as preprocess, "
+    return ExampleModel.of_split(
+        split,
+        make_batch,
+        f"mindone Llama: embedding ({'trainable' if trainable_preprocess else 'frozen'}) as preprocess, "
         f"width {preset.hidden}, layers per stage {list(split.layers)}, vocab {preset.vocab}, sequence {SEQ}",
     )
 

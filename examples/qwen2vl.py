@@ -183,13 +183,10 @@ def build(
     def make_batch(step: int, batch_size: int):
         return batch(whole, step, batch_size, size)
 
-    return ExampleModel(
-        preprocess=split.preprocess,
-        num_transpose_layers=split.num_transpose_layers,
-        stages=split.stages,
-        loss_fn=gm.causal_lm_loss,
-        make_batch=make_batch,
-        summary=f"mindone Qwen2-VL: vision tower {preset.vision_width} wide x {depth} blocks "
+    return ExampleModel.of_split(
+        split,
+        make_batch,
+        f"mindone Qwen2-VL: vision tower {preset.vision_width} wide x {depth} blocks "
         f"({'trainable' if trainable_preprocess else 'frozen'}), {preset.image}px images -> {preset.image_tokens} "
         f"tokens; LM width {preset.hidden}, layers per stage {list(split.layers)}",
     )

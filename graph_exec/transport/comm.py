@@ -251,6 +251,15 @@ class _Inbound:
 #: A "Recv failed." this close to the back end's own limit (``backend_wait_limit``) is a silent
 #: peer, not a message larger than the buffer.
 BACKEND_LIMIT_SLACK_S = 1.0
+
+
+def _waited_out(start: float) -> float | None:
+    """The seconds since ``start`` when they reach the back end's own limit, so that a call
+    failing now failed because its peer was silent or gone; ``None`` otherwise."""
+    waited = time.monotonic() - start
+    return waited if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S else None
+
+
 #: Stale messages a restarting transport skips per peer before it gives up.
 MAX_STALE_MESSAGES = 10_000
 #: Transports created per group (name, global ranks) in this process: the next one's epoch.
@@ -436,8 +445,8 @@ class Transport:
             if not self._sends_complete_on_post:
                 wait_until_run()
         except RuntimeError as exc:  # the back end's "Send failed."
-            waited = time.monotonic() - start
-            if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
+            waited = _waited_out(start)
+            if waited is not None:
                 raise PeerTimeoutError(
                     f"rank {self.rank}'s message to rank {dst} was not taken: MindSpore gave up after "
                     f"{waited:.0f} s ({str(exc).strip()})"
@@ -477,8 +486,8 @@ class Transport:
             # surfaces here.
             words = self.frames.words(frame, PREFIX_WORDS)
         except RuntimeError as exc:  # the back end's "Recv failed."
-            waited = time.monotonic() - start
-            if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
+            waited = _waited_out(start)
+            if waited is not None:
                 raise PeerTimeoutError(
                     f"rank {self.rank} got no message from rank {src} while waiting for {expect}: MindSpore "
                     f"gave up after {waited:.0f} s ({str(exc).strip()})"
@@ -553,7 +562,7 @@ class Transport:
                         self._dist.recv(self.frames.target(buffer), src=self.ranks[rank], group=self.group)
                         kind, epoch = split_first_word(self.frames.words(buffer, 1)[0])
                     except RuntimeError as exc:  # a stale message larger than a control message
-                        if time.monotonic() - start >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S:
+                        if _waited_out(start) is not None:
                             raise PeerTimeoutError(f"rank {rank} sent no hello ({str(exc).strip()})") from exc
                         kind, epoch = 0, 0
                     if kind == HELLO and epoch == self.epoch:
