@@ -40,7 +40,7 @@ def _worker() -> None:
     import numpy as np
     from mindspore.communication import init
 
-    from graph_exec.device import policy
+    from graph_exec.device import policy, wait_until_run
     from graph_exec.msenv import prepare_mindspore
     from graph_exec.runtime.buffers import receive_slots
     from graph_exec.transport import Transport
@@ -64,6 +64,12 @@ def _worker() -> None:
             slots.release(held.pop())
 
     held: list = []
+
+    def settle() -> None:
+        """With asynchronous dispatch a bare exchange returns before it has run: wait, as the
+        transport does, so that both sides time completed round trips."""
+        if not policy().synchronous_dispatch:
+            wait_until_run()
 
     def via_transport(tensor) -> None:
         if rank == 0:
@@ -94,6 +100,7 @@ def _worker() -> None:
             else:
                 dist.recv(buffer, src=peer)
                 dist.isend(buffer, dst=peer).wait()
+            settle()
 
         def raw_ops(tensor=tensor, buffer=buffer) -> None:
             if rank == 0:
@@ -102,6 +109,7 @@ def _worker() -> None:
             else:
                 ops.recv(buffer, peer)
                 ops.isend(buffer, peer).wait()
+            settle()
 
         frame = np.zeros(nbytes + PREFIX_BYTES, np.uint8)
         frame_tensor = ms.from_numpy(frame)
