@@ -92,6 +92,14 @@ class PackedTensors:
         scale = 1.0 / transport.size
         self._store([value * scale for value in values])
 
+    def all_reduce_sum(self, transport: Any) -> None:
+        """Replace every tensor with its sum over ``transport``'s group."""
+        if self._alone(transport):
+            return
+        values = self._load()
+        self._in_place(transport.all_reduce_sum, values)
+        self._store(values)
+
     def broadcast(self, transport: Any, src: int = 0) -> None:
         """Overwrite every tensor with group rank ``src``'s values."""
         if self._alone(transport):
