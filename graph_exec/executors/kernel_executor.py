@@ -99,7 +99,7 @@ from graph_exec.msenv import prepare_mindspore
 from .base import Executor, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
 from .signature import TensorSpec, kwargs_key, split_kwargs, tensor_specs
-from .tape import NOT_A_TUPLE, Tape, free_tapes
+from .tape import A_TUPLE, NOT_A_TUPLE, Tape, free_tapes
 
 
 @dataclass(frozen=True)
@@ -442,11 +442,15 @@ class KernelExecutor(Executor):
                 ("loss_step", stage, specs, label_specs), lambda: _run_loss_step, tape, args, self._loss_scale
             )
         except ValueError as exc:
-            if str(exc) != NOT_A_TUPLE:
-                raise
-            raise HookArgumentError(
-                f"last_stage_step({where}): {_TOKEN_LOSS_NEEDED}, got one tensor"
-            ) from None
+            if str(exc) == NOT_A_TUPLE:
+                raise HookArgumentError(
+                    f"last_stage_step({where}): {_TOKEN_LOSS_NEEDED}, got one tensor"
+                ) from None
+            if str(exc) == A_TUPLE:
+                raise HookArgumentError(
+                    f"last_stage_step({where}): {_SCALAR_LOSS_NEEDED}, got a tuple"
+                ) from None
+            raise
         _check_loss(where, loss, self._token_loss)
         self._accumulate(grads, weight_grads)
         for position in grad_inputs:
@@ -613,12 +617,15 @@ def _scale_tensor(scale: Any) -> Tensor:
     return Tensor(float(scale), ms.float32)
 
 
+#: What a per-micro-batch loss function must return.
+_SCALAR_LOSS_NEEDED = (
+    "the loss must be a scalar tensor (a per-token loss returning (sum, count) needs loss_reduction='token')"
+)
+
+
 def _check_scalar_loss(where: str, loss: Any) -> None:
     if not isinstance(loss, Tensor):
-        raise HookArgumentError(
-            f"last_stage_step({where}): the loss must be a scalar tensor, got {type(loss).__name__} "
-            "(a per-token loss returning (sum, count) needs loss_reduction='token')"
-        )
+        raise HookArgumentError(f"last_stage_step({where}): {_SCALAR_LOSS_NEEDED}, got {type(loss).__name__}")
     if tuple(loss.shape) != ():
         raise HookArgumentError(
             f"last_stage_step({where}): the loss must be a scalar, got shape {list(loss.shape)}"

@@ -45,10 +45,11 @@ import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 #: What :meth:`Tape.value_and_gradient` raises (from inside the graph in graph mode) when a
-#: kernel with a ``differentiated_output`` returns a single tensor instead of a tuple; every
-#: recorded forward of the process is forgotten then (:func:`free_tapes`), since the failed
-#: graph leaves MindSpore's autograd state unusable otherwise.
+#: kernel with a ``differentiated_output`` returns a single tensor instead of a tuple, and when
+#: one without returns a tuple; every recorded forward of the process is forgotten then
+#: (:func:`free_tapes`), since the failed graph leaves MindSpore's autograd state unusable.
 NOT_A_TUPLE = "the kernel returned one tensor where a tuple was expected (differentiated_output is set)"
+A_TUPLE = "the kernel returned a tuple where one tensor was expected (differentiated_output is None)"
 
 
 class _TapeCell(nn.Cell):
@@ -157,6 +158,8 @@ class Tape:
             def scaled(*tensors: Any) -> tuple[Any, Any]:
                 output = kernel(*tensors[:count])
                 if element is None:
+                    if isinstance(output, tuple):
+                        raise ValueError(A_TUPLE)
                     return output * tensors[count], output
                 if not isinstance(output, tuple):
                     raise ValueError(NOT_A_TUPLE)
@@ -172,12 +175,13 @@ class Tape:
         try:
             output, grads = self._value_and_gradient(*args, scale)
         except ValueError as exc:
-            if NOT_A_TUPLE not in str(exc):
+            mismatch = next((text for text in (NOT_A_TUPLE, A_TUPLE) if text in str(exc)), None)
+            if mismatch is None:
                 raise
             # An error raised inside a differentiated graph leaves MindSpore's autograd state
             # broken for later graphs (seen: a null-pointer bprop error in the next test).
             free_tapes()
-            raise ValueError(NOT_A_TUPLE) from None
+            raise ValueError(mismatch) from None
         return output, self._split(grads)
 
     def _split(self, grads: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

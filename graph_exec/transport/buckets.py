@@ -79,8 +79,14 @@ class PackedTensors:
         self.buckets = plan_buckets([(int(t.nbytes), str(t.dtype)) for t in self.tensors], bucket_bytes)
         # Packed by address only where numpy's arithmetic is MindSpore's: float32 and float64
         # (numpy has no bfloat16 and adds float16 through float32).
-        self._by_address = ms.get_context("device_target") == "CPU" and all(
+        on_cpu = ms.get_context("device_target") == "CPU"
+        self._by_address = on_cpu and all(
             t.dtype in (ms.float32, ms.float64) and t.is_contiguous() for t in self.tensors
+        )
+        # A broadcast does no arithmetic: on CPU the other dtypes travel as their bytes, packed
+        # by address too (MindSpore 2.10 has no bfloat16 Assign kernel on CPU to unpack them).
+        self._bytes_by_address = (
+            on_cpu and not self._by_address and all(t.is_contiguous() for t in self.tensors)
         )
 
     def average(self, transport: Any) -> None:
@@ -104,10 +110,11 @@ class PackedTensors:
         """Overwrite every tensor with group rank ``src``'s values."""
         if self._alone(transport):
             return
-        values = self._load()
-        self._in_place(lambda flats: transport.broadcast(flats, src=src), values)
+        raw = self._bytes_by_address
+        values = self._load(raw)
+        self._in_place(lambda flats: transport.broadcast(flats, src=src), values, raw)
         if transport.rank != src:
-            self._store(values)
+            self._store(values, raw)
 
     def snapshot(self) -> list[Any]:
         """The tensors' values now, flat (for :meth:`sum_increments`)."""
@@ -126,9 +133,9 @@ class PackedTensors:
     def _alone(self, transport: Any) -> bool:
         return transport is None or transport.size == 1 or not self.tensors
 
-    def _load(self) -> list[Any]:
-        """A fresh flat copy of each bucket's tensors."""
-        if not self._by_address:
+    def _load(self, raw: bool = False) -> list[Any]:
+        """A fresh flat copy of each bucket's tensors (``raw``: as uint8 bytes, by address)."""
+        if not (self._by_address or raw):
             from mindspore import ops
 
             return [ops.cat([self.tensors[i].reshape(-1) for i in b.indices]) for b in self.buckets]
@@ -143,12 +150,14 @@ class PackedTensors:
                 tensor = self.tensors[i]
                 ctypes.memmove(flat.ctypes.data + offset, tensor.data_ptr(), int(tensor.nbytes))
                 offset += int(tensor.nbytes)
-            flats.append(flat.view(ms.dtype_to_nptype(self.tensors[bucket.indices[0]].dtype)))
+            flats.append(
+                flat if raw else flat.view(ms.dtype_to_nptype(self.tensors[bucket.indices[0]].dtype))
+            )
         return flats
 
-    def _store(self, flats: list[Any]) -> None:
-        """Write each bucket's flat values back into its tensors."""
-        if not self._by_address:
+    def _store(self, flats: list[Any], raw: bool = False) -> None:
+        """Write each bucket's flat values (``raw``: bytes) back into its tensors."""
+        if not (self._by_address or raw):
             from mindspore import ops
 
             for bucket, flat in zip(self.buckets, flats, strict=True):
@@ -168,10 +177,12 @@ class PackedTensors:
                 ctypes.memmove(tensor.data_ptr(), flat.ctypes.data + offset, int(tensor.nbytes))
                 offset += int(tensor.nbytes)
 
-    def _in_place(self, collective: Callable[[list[Any]], None], values: list[Any]) -> None:
+    def _in_place(
+        self, collective: Callable[[list[Any]], None], values: list[Any], raw: bool = False
+    ) -> None:
         """Run ``collective`` on ``values`` in place (numpy values through tensors sharing their
         memory)."""
-        if not self._by_address:
+        if not (self._by_address or raw):
             collective(values)
             return
         import mindspore as ms
