@@ -112,6 +112,10 @@ class Executor(ABC):
         """Multiply every gradient accumulator in place by ``factor`` (float or scalar tensor)."""
 
     @abstractmethod
+    def grads_all_finite(self) -> bool:
+        """Whether no gradient accumulator of this rank holds an infinity or a NaN."""
+
+    @abstractmethod
     def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Any:
         """This rank's share of a ``norm_type``-norm over the accumulators of ``names``: a
         float32 scalar tensor, the sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``)."""

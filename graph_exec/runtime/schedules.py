@@ -341,20 +341,29 @@ class ScheduleMPipeTranspose:
         and apply ``optimizer`` to this rank's gradients; then zero them.
 
         ``optimizer``: a MindSpore optimizer built over :meth:`trainable_params` (its
-        ``parameters`` give the order of the gradients it is called with). Returns
+        ``parameters`` give the order of the gradients it is called with; the float32
+        gradients of float16/bfloat16 parameters are handed over in the parameter's dtype). Returns
         ``{"finite": bool or None (no scaler: not checked), "grad_norm": float or None (no
         clipping, or a skipped step), "loss_scale": the scale the next run() uses, or None}``.
         """
         if max_norm is not None:
             max_norm = check_max_norm(max_norm)
         self._require_step("step()")
-        grads = self._optimizer_grads(optimizer)  # before any collective: a bad optimizer fails alone
+        params = self._optimizer_params(optimizer)  # before any collective: a bad optimizer fails alone
         finite = self._grads_finite
         norm = None
         if finite is not False:
             if max_norm is not None:
                 norm = self.clip_grad_norm(max_norm)
-            optimizer(grads)
+            grads = self.grads()
+            # float32 accumulators of float16/bfloat16 parameters: MindSpore's optimizers want
+            # the parameter's own dtype (Adam refuses float32 gradients for float16 weights).
+            optimizer(
+                tuple(
+                    grads[p.name] if grads[p.name].dtype == p.dtype else grads[p.name].astype(p.dtype)
+                    for p in params
+                )
+            )
         self.zero_grad()
         return {"finite": finite, "grad_norm": norm, "loss_scale": self._setup.step_end.loss_scale.value()}
 
@@ -451,8 +460,8 @@ class ScheduleMPipeTranspose:
             )
         return split_batch(inputs, kwargs, labels, self.micro_batch_num)
 
-    def _optimizer_grads(self, optimizer: Any) -> tuple[Any, ...]:
-        """This rank's gradients in the order of ``optimizer``'s parameters."""
+    def _optimizer_params(self, optimizer: Any) -> tuple[Any, ...]:
+        """``optimizer``'s parameters, each one this rank trains (the order of its gradients)."""
         params = getattr(optimizer, "parameters", None)
         if not callable(optimizer) or params is None:
             raise TypeError(
@@ -465,7 +474,7 @@ class ScheduleMPipeTranspose:
                 f"the optimizer updates {missing[:4]}, which this rank does not train: build it over "
                 "sched.trainable_params()"
             )
-        return tuple(grads[p.name] for p in params)
+        return tuple(params)
 
     def _sync_steps(self) -> bool:
         if self.sync_steps is not None:
@@ -530,7 +539,7 @@ class ScheduleMPipeTranspose:
             executor,
             (transport, dp_transport),
             mesh.dp_size,
-            LossScale(self.loss_scaler, self._loss_scale_base()),
+            LossScale(self.loss_scaler, self._loss_scale_base(), compiled=self.mode == "graph"),
             self.loss_reduction == "token",
             data_parallel,
             tied,

@@ -106,18 +106,14 @@ class StepEnd:
     def _agree(self, tokens: Any | None) -> tuple[bool | None, float]:
         """Step 1: ``(every gradient finite over the mesh, global token count)``."""
         import mindspore as ms
-        from mindspore import amp, ops
+        import numpy as np
 
-        zero = ops.zeros((), ms.float32)
-        overflowed = zero
-        if self._checks_overflow:
-            grads = list(self.executor.grads().values())
-            if grads:
-                overflowed = ops.logical_not(amp.all_finite(grads)).astype(ms.float32)
-        facts = ops.stack([overflowed, zero if tokens is None else tokens.astype(ms.float32)])
+        overflowed = self._checks_overflow and not self.executor.grads_all_finite()
+        count = 0.0 if tokens is None else float(tokens.asnumpy())
+        facts = ms.Tensor(np.array([float(overflowed), count], np.float32))
         for group in self._groups:
             group.all_reduce_sum([facts])
-        overflows, total = (float(value) for value in facts.asnumpy())
+        overflows, total = (float(value) for value in facts.asnumpy())  # read through the tensor
         return (overflows == 0.0 if self._checks_overflow else None), total
 
 

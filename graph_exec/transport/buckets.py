@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from graph_exec.device import policy
+
 #: Default bucket size. Averaging 6 MiB over 4 loopback ranks here
 #: (``python -m graph_exec.benchmarks.mesh_speed``, idle 2-core machine, packed by address): one
 #: call per tensor 262 ms, 1 MiB buckets 161 ms, 4 MiB 152 ms, 16 MiB 142 ms (medians). Beyond
@@ -79,14 +81,15 @@ class PackedTensors:
         self.buckets = plan_buckets([(int(t.nbytes), str(t.dtype)) for t in self.tensors], bucket_bytes)
         # Packed by address only where numpy's arithmetic is MindSpore's: float32 and float64
         # (numpy has no bfloat16 and adds float16 through float32).
-        on_cpu = ms.get_context("device_target") == "CPU"
-        self._by_address = on_cpu and all(
+        self._by_address = ms.get_context("device_target") == "CPU" and all(
             t.dtype in (ms.float32, ms.float64) and t.is_contiguous() for t in self.tensors
         )
-        # A broadcast does no arithmetic: on CPU the other dtypes travel as their bytes, packed
-        # by address too (MindSpore 2.10 has no bfloat16 Assign kernel on CPU to unpack them).
+        # A broadcast does no arithmetic: other dtypes travel as their bytes, packed by address
+        # too (MindSpore 2.10 has no bfloat16 Assign kernel on CPU to unpack them with).
         self._bytes_by_address = (
-            on_cpu and not self._by_address and all(t.is_contiguous() for t in self.tensors)
+            policy().packing_by_address
+            and not self._by_address
+            and all(t.is_contiguous() for t in self.tensors)
         )
 
     def average(self, transport: Any) -> None:

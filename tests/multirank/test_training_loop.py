@@ -18,6 +18,7 @@ EXPECTED = {
             "clip_v2_trainable_central_graph.norm_inf_same_bits_everywhere",
             "clip_v1_trainable_owner_pynative.step1.grads",
             "clip_v1_frozen_graph.step1.grad_norm",
+            "clip_v1_frozen_graph.clipped_grads",
             "clip_baseline_v2_pynative.step1.grads",
             "tied_central_graph.step1.tied_weights_stay_one",
             "tied_owner_pynative.step1.norm_counts_the_pair_once",
@@ -41,7 +42,11 @@ EXPECTED = {
         ],
     },
     "p4": {
-        0: ["clip_v2_trainable_owner_m8_graph.norm_2.0", "tied_rank0_rank3_owner_graph.step1.grads"],
+        0: [
+            "clip_v2_trainable_owner_m8_graph.norm_2.0",
+            "clip_v2_trainable_owner_m8_graph.clipped_grads",
+            "tied_rank0_rank3_owner_graph.step1.grads",
+        ],
         2: ["clip_v1_frozen_pynative.step1.grads", "bad.token_loss_returns_a_scalar"],
         3: [
             "tied_rank0_rank3_owner_graph.step1.tied_weights_stay_one",
@@ -56,6 +61,7 @@ EXPECTED = {
             "overflow_on_one_rank_graph.weights_unchanged",
             "overflow_on_one_rank_graph.next.grads",
             "clip_mesh_pynative.norm_2.0_same_bits_everywhere",
+            "clip_mesh_pynative.clipped_grads",
             "tied_mesh_graph.step1.tied_weights_stay_one",
             "token_mesh_pynative.grads",
             "evaluate_mesh_pynative.grads_untouched",

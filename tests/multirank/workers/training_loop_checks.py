@@ -172,12 +172,23 @@ def clip_case(name: str, preprocess: str = "trainable", vpp: int = 1, micro: int
                     ctx.same_everywhere(f"{name}.norm_{norm_type}_same_bits_everywhere", norm)
             max_norm = 0.3 * global_norm(full)
             coefficient = max_norm / (global_norm(full) + 1e-6)
-            outcome = sched.step(optimizer, max_norm=max_norm)
-            ctx.check(
-                f"{name}.step{step}.grad_norm",
-                math.isclose(outcome["grad_norm"], global_norm(full), rel_tol=1e-5),
-            )
-            sgd_step(ref.params(), {k: coefficient * v for k, v in full.items()}, 0.5)
+            clipped = {k: coefficient * v for k, v in full.items()}
+            if step == 0:  # clip, check the clipped gradients, then step() applies them
+                norm = sched.clip_grad_norm(max_norm)
+                ctx.check(
+                    f"{name}.clip_returns_the_norm", math.isclose(norm, global_norm(full), rel_tol=1e-5)
+                )
+                ctx.close(f"{name}.clipped_grads", grads_numpy(sched), trained(sched, clipped))
+                outcome = sched.step(optimizer)
+                ctx.check(f"{name}.step_without_max_norm", outcome["grad_norm"] is None, f"{outcome}")
+            else:  # step() clips itself
+                outcome = sched.step(optimizer, max_norm=max_norm)
+                ctx.check(
+                    f"{name}.step{step}.grad_norm",
+                    math.isclose(outcome["grad_norm"], global_norm(full), rel_tol=1e-5),
+                    f"{outcome}",
+                )
+            sgd_step(ref.params(), clipped, 0.5)
 
     return Case(name, run)
 
