@@ -288,8 +288,9 @@ class ScheduleMPipeTranspose:
         setup = self._setup or self._set_up()
         try:
             if setup.evaluation is None:
+                plan = build_plan(replace(setup.plan.config, forward_only=True))
                 setup.evaluation = self._runtime(
-                    build_plan(replace(setup.plan.config, forward_only=True)), setup
+                    plan, setup.rank, setup.executor, setup.transport, setup.pool
                 )
             results = setup.evaluation.run(batch)
         except BaseException as exc:
@@ -547,22 +548,25 @@ class ScheduleMPipeTranspose:
         counted = counted_names(trained, stage_names, rank, [b for _, b in self.tied_parameters])
         grad_norm = GlobalGradNorm(executor, counted, transport, rank, pp)
         pool = BufferPool()
-        setup = _Setup(plan, rank, executor, None, transport, pool, data_parallel, step_end, grad_norm)
-        setup.runtime = self._runtime(plan, setup)
-        self._setup = setup
-        return setup
+        runtime = self._runtime(plan, rank, executor, transport, pool)
+        self._setup = _Setup(
+            plan, rank, executor, runtime, transport, pool, data_parallel, step_end, grad_norm
+        )
+        return self._setup
 
-    def _runtime(self, plan: Plan, setup: _Setup) -> RankRuntime:
-        """The driver of ``plan`` on this rank (the training plan, or the forward-only one)."""
-        executor = setup.executor
-        lifetimes = [(lt.recv_index, lt.last_index) for lt in buffer_lifetimes(plan, setup.rank)]
+    def _runtime(
+        self, plan: Plan, rank: int, executor: Executor, transport: Any, pool: BufferPool
+    ) -> RankRuntime:
+        """The driver of ``plan`` on this rank (the training plan, or the forward-only one),
+        its receive buffers from ``pool``."""
+        lifetimes = [(lt.recv_index, lt.last_index) for lt in buffer_lifetimes(plan, rank)]
         preprocess_names = [p.name for p in executor.broadcast_tensors()]
         return RankRuntime(
             plan,
-            setup.rank,
+            rank,
             executor,
-            setup.transport,
-            ReceiveBuffers(setup.pool, lifetimes),
+            transport,
+            ReceiveBuffers(pool, lifetimes),
             preprocess_grads=lambda: [executor.grads()[n] for n in preprocess_names],
             sync_steps=self._sync_steps(),
             keep_preprocess_tape=self.keep_preprocess_tape,

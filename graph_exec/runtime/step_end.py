@@ -18,7 +18,12 @@ In order, after :class:`~graph_exec.runtime.driver.RankRuntime` has walked the p
 5. **Earlier gradients back.** Gradients accumulate across ``run()`` calls until
    ``zero_grad()``, but steps 1-4 must see only this step's: when the accumulators held
    earlier gradients, :meth:`StepEnd.begin` set them aside (a copy, then zeros) and they are
-   added back here. Exact for any scale, including one that is not a power of two.
+   added back here, untouched by this step's factor whatever it is. (Multiplying the earlier
+   gradients by the scale before the step and unscaling everything after would be exact only
+   for a power-of-two scale, and cannot express the per-token factor, known only after the
+   step.) The factor itself is one float32 multiplication: exact for a power-of-two scale (a
+   ``DynamicLossScaler`` started at one stays one) and within a rounding of ``1/scale``
+   otherwise (``StaticLossScaler(1000)``, tested).
 6. **The scaler adjusted** with the agreed verdict, identically on every rank.
 
 Nothing here runs for a schedule without scaler, per-token loss or tied pairs beyond the
