@@ -1,7 +1,8 @@
 """Train your own model with the MPipe Transpose schedule: the README's Usage, runnable.
 
 Everything a user writes is here in plain MindSpore: a model split into a replicated
-preprocess (a token embedding) and ``V x P`` body chunks, synthetic data, the loss and Adam.
+preprocess (a token embedding) and ``V x P`` body chunks, synthetic data, the loss and Adam,
+stepped by ``sched.step`` (clipping by the global gradient norm of the whole pipeline).
 The block between the ``Usage`` markers is shown verbatim in README.md (a test keeps them
 equal). Run it as one process (every stage local, no communication)::
 
@@ -98,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default 1e-2)")
     parser.add_argument(
+        "--max-norm", type=float, default=1.0, help="clip the global gradient norm to this (default 1.0)"
+    )
+    parser.add_argument(
         "--mode", choices=("graph", "pynative"), default="graph", help="executor (default graph)"
     )
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
@@ -107,6 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "vpp", "micro", "batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not args.max_norm > 0:
+        parser.error(f"--max-norm must be > 0 (inf: no clipping), got {args.max_norm}")
     if args.batch % args.micro:
         parser.error(f"--batch {args.batch} is not a multiple of --micro {args.micro}")
     return args
@@ -138,8 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     for step in range(args.steps):
         tokens, labels = make_batch(step, args.batch)  # numpy or Tensor; the same on every rank
         losses = sched.run(tokens, labels=labels)  # M losses on the last stage's rank, else None
-        optimizer(tuple(sched.grads().values()))  # gradients, in the order of params
-        sched.zero_grad()
+        sched.step(optimizer, max_norm=args.max_norm)  # clip by the global norm, Adam, zero_grad
         if losses is not None:  # the mean over micro-batches
             print(f"step {step + 1} loss {fmean(float(x.asnumpy()) for x in losses):.6f}", flush=True)
     # --- Usage: end ---

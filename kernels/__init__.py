@@ -7,18 +7,42 @@ so both run exactly the same code. Kernels know nothing about schedules or commu
 
 from .autodiff import FLOAT_DTYPES, as_tuple, is_float
 from .grad_buffers import BUFFER_PREFIX, GradBuffers, make_accumulate, make_buffer, make_zero_grads
+from .grad_ops import (
+    LOW_PRECISION,
+    accumulator_dtype,
+    host_add_back,
+    host_all_finite,
+    host_norm_part,
+    host_scale,
+    host_set_aside,
+    make_add_back,
+    make_norm_part,
+    make_scale_grads,
+    make_set_aside,
+)
 from .preprocess import make_preprocess_forward
 from .stage import make_stage_forward, make_stage_loss
 
 __all__ = [
     "BUFFER_PREFIX",
     "FLOAT_DTYPES",
+    "LOW_PRECISION",
     "GradBuffers",
+    "accumulator_dtype",
     "as_tuple",
+    "host_add_back",
+    "host_all_finite",
+    "host_norm_part",
+    "host_scale",
+    "host_set_aside",
     "is_float",
     "make_accumulate",
+    "make_add_back",
     "make_buffer",
+    "make_norm_part",
     "make_preprocess_forward",
+    "make_scale_grads",
+    "make_set_aside",
     "make_stage_forward",
     "make_stage_loss",
     "make_zero_grads",

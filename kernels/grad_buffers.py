@@ -25,6 +25,8 @@ from mindspore import Parameter, ParameterTuple, Tensor, ops
 from graph_exec import _hostadd
 from graph_exec.device import policy, wait_until_run
 
+from .grad_ops import accumulator_dtype
+
 #: Prefix of every accumulator name.
 BUFFER_PREFIX = "gacc."
 #: Accumulator dtypes whose host addition (C++ or numpy) is the very IEEE addition MindSpore's
@@ -35,8 +37,10 @@ _ADD_BY_ADDRESS = {ms.float32: _hostadd.add_float32, ms.float64: _hostadd.add_fl
 
 
 def make_buffer(param: Parameter) -> Parameter:
-    """A zero accumulator shaped like ``param``; it never trains itself."""
-    return Parameter(ops.zeros_like(param), name=BUFFER_PREFIX + param.name, requires_grad=False)
+    """A zero accumulator shaped like ``param``, float32 for a float16 or bfloat16 parameter
+    (:func:`~kernels.grad_ops.accumulator_dtype`); it never trains itself."""
+    zeros = ops.zeros(param.shape, accumulator_dtype(param.dtype))
+    return Parameter(zeros, name=BUFFER_PREFIX + param.name, requires_grad=False)
 
 
 class GradBuffers:

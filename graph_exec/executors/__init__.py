@@ -38,6 +38,7 @@ def create_executor(
     loss_scale: float = 1.0,
     first_stage_input_grads: bool = True,
     recompute: bool = False,
+    token_loss: bool = False,
 ) -> Executor:
     """The executor for one rank.
 
@@ -51,7 +52,10 @@ def create_executor(
     stage-0 backward. ``recompute=True`` keeps only a stage's inputs between its forward and
     its backward, which records the forward again (less memory per in-flight micro-batch, about
     one more forward of time); the default keeps what MindSpore's tape records and recomputes
-    nothing. A ``recompute`` that is not a bool is refused.
+    nothing. A ``recompute`` that is not a bool is refused. ``token_loss=True``: the loss is a
+    ``(sum_of_token_losses, token_count)`` pair and only the sum is differentiated (the caller
+    divides by the global token count). ``loss_scale`` can be changed later without a
+    recompilation (:meth:`Executor.set_loss_scale`).
 
     Shape bucketing (padding shapes up to buckets to bound recompiles) is deliberately not
     offered: padding is only loss- and gradient-neutral for models whose rows and positions
@@ -72,6 +76,7 @@ def create_executor(
         loss_scale=loss_scale,
         first_stage_input_grads=first_stage_input_grads,
         recompute=recompute,
+        token_loss=token_loss,
     )
 
 

@@ -94,6 +94,42 @@ class Executor(ABC):
         """Forward, loss and backward of the last stage in one call: ``(loss, input gradients)``."""
 
     @abstractmethod
+    def set_loss_scale(self, scale: Any) -> None:
+        """The upstream gradient of the last stage's loss from the next :meth:`last_stage_step`
+        on (a float or a scalar tensor; a graph input, so a new value compiles nothing)."""
+
+    @abstractmethod
+    def stage_forward_only(self, stage: int, inputs: Tensors) -> Tensors:
+        """Run a stage chunk for evaluation: its outputs, nothing recorded or kept."""
+
+    @abstractmethod
+    def last_stage_forward(self, stage: int, inputs: Tensors, labels: Tensors | None) -> Any:
+        """The last stage for evaluation, nothing recorded and no gradient touched: its loss
+        (a ``(sum, count)`` pair for a per-token loss) with ``labels``, else its outputs."""
+
+    @abstractmethod
+    def scale_grads(self, factor: Any) -> None:
+        """Multiply every gradient accumulator in place by ``factor`` (float or scalar tensor)."""
+
+    @abstractmethod
+    def grads_all_finite(self) -> bool:
+        """Whether no gradient accumulator of this rank holds an infinity or a NaN."""
+
+    @abstractmethod
+    def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Any:
+        """This rank's share of a ``norm_type``-norm over the accumulators of ``names``: a
+        float32 scalar tensor, the sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``)."""
+
+    @abstractmethod
+    def set_aside_grads(self) -> None:
+        """Keep a copy of every accumulator and zero them (the step that follows then holds only
+        its own gradients, which can be post-processed alone)."""
+
+    @abstractmethod
+    def add_back_grads(self) -> None:
+        """Add the copy :meth:`set_aside_grads` kept back into every accumulator."""
+
+    @abstractmethod
     def grads(self) -> dict[str, Any]:
         """Accumulated gradients of every parameter this rank trains, by parameter name."""
 

@@ -77,14 +77,26 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import mindspore as ms
+import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from graph_exec import checks
+from graph_exec.device import policy
 from graph_exec.kernels import (
     GradBuffers,
+    host_add_back,
+    host_all_finite,
+    host_norm_part,
+    host_scale,
+    host_set_aside,
     is_float,
+    make_add_back,
     make_buffer,
+    make_norm_part,
     make_preprocess_forward,
+    make_scale_grads,
+    make_set_aside,
     make_stage_forward,
     make_stage_loss,
     make_zero_grads,
@@ -94,7 +106,7 @@ from graph_exec.msenv import prepare_mindspore
 from .base import Executor, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
 from .signature import TensorSpec, kwargs_key, split_kwargs, tensor_specs
-from .tape import Tape, free_tapes
+from .tape import A_TUPLE, NOT_A_TUPLE, Tape, free_tapes
 
 
 @dataclass(frozen=True)
@@ -123,7 +135,7 @@ def _run_recompute(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...
     return tape.recompute(args, sens)
 
 
-def _run_loss_step(tape: Tape, args: Tensors, scale: float) -> tuple[Any, tuple[tuple, tuple]]:
+def _run_loss_step(tape: Tape, args: Tensors, scale: Tensor) -> tuple[Any, tuple[tuple, tuple]]:
     return tape.value_and_gradient(args, scale)
 
 
@@ -140,14 +152,17 @@ class KernelExecutor(Executor):
         loss_scale: float = 1.0,
         first_stage_input_grads: bool = True,
         recompute: bool = False,
+        token_loss: bool = False,
     ) -> None:
         checks.boolean("recompute", recompute, ExecutorConfigError)
+        checks.boolean("token_loss", token_loss, ExecutorConfigError)
         prepare_mindspore()
         self.recompute = recompute
         self._stages = dict(sorted(stages.items()))
         self._preprocess = preprocess
         self._loss_fn = loss_fn
-        self._loss_scale = float(loss_scale)
+        self._token_loss = token_loss
+        self._loss_scale = _scale_tensor(loss_scale)
         self._first_stage_input_grads = first_stage_input_grads
         self._last_stage = max(self._stages) if last_stage is None and self._stages else last_stage
         owners = [(f"stage {k}", cell) for k, cell in self._stages.items()]
@@ -158,6 +173,17 @@ class KernelExecutor(Executor):
         self._stage_grads = {k: grads[f"stage {k}"] for k in self._stages}
         self._preprocess_grads = grads.get("preprocess")
         self._all_buffers = ParameterTuple(list(self._buffers.values()))
+        # Low-precision gradients are cast to their float32 accumulators before the adds.
+        self._casts = {
+            id(g): tuple(
+                b.dtype if b.dtype != p.dtype else None for p, b in zip(g.params, g.buffers, strict=True)
+            )
+            for g in grads.values()
+        }
+        self._kept_grads: ParameterTuple | None = None  # made by the first set_aside_grads()
+        # The whole-gradient arithmetic in numpy on host memory (CPU fast path) or compiled.
+        self._host_math = policy().host_gradient_math
+        self._kept_host: list[Any] | None = None
         self._kernels: dict[Hashable, Callable[..., Any]] = {}
         self._kept: dict[tuple[int, int], KeptForward] = {}
         self._backward_done: set[tuple[int, int]] = set()
@@ -212,8 +238,15 @@ class KernelExecutor(Executor):
         return self._call(key, lambda: run, kept.tape, kept.args, sens)
 
     def _accumulate(self, grads: GradBuffers, weight_grads: tuple) -> None:
-        """The same adds in both modes: the fastest exact candidate (module docstring)."""
+        """The same adds in both modes: the fastest exact candidate (module docstring); a
+        float16 or bfloat16 gradient is cast to its float32 accumulator first (exact)."""
         if weight_grads:
+            casts = self._casts[id(grads)]
+            if any(casts):
+                weight_grads = tuple(
+                    g if dtype is None else ops.cast(g, dtype)
+                    for g, dtype in zip(weight_grads, casts, strict=True)
+                )
             grads.add(*weight_grads)
 
     # ------------------------------------------------------------------ preprocess hooks
@@ -402,20 +435,136 @@ class KernelExecutor(Executor):
             loss = self._call(
                 ("stage_loss", stage, specs, label_specs), lambda: self._prepare(make_loss()), *args
             )
-            _check_scalar_loss(where, loss)
+            _check_loss(where, loss, self._token_loss)
             return loss, tuple(result)
         tape = self._kernel(
             ("loss_tape", stage, specs, label_specs, bool(grad_inputs)),
-            lambda: Tape(make_loss(), grads.params, bool(grad_inputs), self._prepare),
+            lambda: Tape(
+                make_loss(),
+                grads.params,
+                bool(grad_inputs),
+                self._prepare,
+                differentiated_output=0 if self._token_loss else None,
+            ),
         )
-        loss, (input_grads, weight_grads) = self._call(
-            ("loss_step", stage, specs, label_specs), lambda: _run_loss_step, tape, args, self._loss_scale
-        )
-        _check_scalar_loss(where, loss)
+        try:
+            loss, (input_grads, weight_grads) = self._call(
+                ("loss_step", stage, specs, label_specs), lambda: _run_loss_step, tape, args, self._loss_scale
+            )
+        except ValueError as exc:
+            if str(exc) == NOT_A_TUPLE:
+                raise HookArgumentError(
+                    f"last_stage_step({where}): {_TOKEN_LOSS_NEEDED}, got one tensor"
+                ) from None
+            if str(exc) == A_TUPLE:
+                raise HookArgumentError(
+                    f"last_stage_step({where}): {_SCALAR_LOSS_NEEDED}, got a tuple"
+                ) from None
+            raise
+        _check_loss(where, loss, self._token_loss)
         self._accumulate(grads, weight_grads)
         for position in grad_inputs:
             result[position] = input_grads[position]
         return loss, tuple(result)
+
+    def set_loss_scale(self, scale: Any) -> None:
+        """The upstream gradient of the last stage's loss from the next :meth:`last_stage_step`
+        on (a float, or a scalar tensor): a graph input, so changing it compiles nothing."""
+        self._loss_scale = _scale_tensor(scale)
+
+    # ------------------------------------------------------------------ forward only
+
+    def stage_forward_only(self, stage: int, inputs: Tensors) -> Tensors:
+        cell = self._stage(stage)
+        specs = tensor_specs(inputs, f"stage {stage} inputs")
+        outputs = self._call(
+            ("stage_forward", stage, specs), lambda: self._prepare(make_stage_forward(cell)), *inputs
+        )
+        return tuple(outputs)
+
+    def last_stage_forward(self, stage: int, inputs: Tensors, labels: Tensors | None) -> Any:
+        cell = self._stage(stage)
+        if stage != self._last_stage:
+            raise HookArgumentError(
+                f"last_stage_forward(stage {stage}): the last stage is {self._last_stage}"
+            )
+        if labels is None:
+            return self.stage_forward_only(stage, inputs)
+        where = f"stage {stage}, forward only"
+        specs = tensor_specs(inputs, f"{where} inputs")
+        label_specs = tensor_specs(labels, f"{where} labels")
+        loss = self._call(
+            ("stage_loss", stage, specs, label_specs),
+            lambda: self._prepare(make_stage_loss(cell, len(inputs), self._loss_fn)),
+            *inputs,
+            *labels,
+        )
+        _check_loss(where, loss, self._token_loss)
+        return loss
+
+    # ------------------------------------------------------------------ gradients as a whole
+
+    def scale_grads(self, factor: Any) -> None:
+        """Multiply every accumulator in place by ``factor`` (a float or a scalar tensor)."""
+        if not self._buffers:
+            return
+        if self._host_math:
+            host_scale(self._all_buffers, float(factor.asnumpy() if isinstance(factor, Tensor) else factor))
+            return
+        buffers = self._all_buffers
+        self._call(("grad_scale",), lambda: self._prepare(make_scale_grads(buffers)), _scale_tensor(factor))
+
+    def grads_all_finite(self) -> bool:
+        """Whether no accumulator holds an infinity or a NaN."""
+        if not self._buffers:
+            return True
+        if self._host_math:
+            return host_all_finite(self._all_buffers)
+        from mindspore import amp
+
+        return bool(amp.all_finite(list(self._all_buffers)).asnumpy())
+
+    def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Tensor:
+        """This rank's share of the ``norm_type``-norm of the accumulators of ``names``: the
+        sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``), a float32 scalar (0 for none)."""
+        names = tuple(name for name in names if self._buffers[name].size)  # an empty one adds nothing
+        if not names:
+            return ops.zeros((), ms.float32)
+        buffers = ParameterTuple([self._buffers[name] for name in names])
+        if self._host_math:
+            return Tensor(np.float32(host_norm_part(buffers, norm_type)))
+        return self._call(
+            ("grad_norm", names, norm_type), lambda: self._prepare(make_norm_part(buffers, norm_type))
+        )
+
+    def set_aside_grads(self) -> None:
+        """Keep a copy of every accumulator and zero them: what follows accumulates this step's
+        gradients alone, until :meth:`add_back_grads` adds the copy back."""
+        if not self._buffers:
+            return
+        if self._host_math:
+            self._kept_host = host_set_aside(self._all_buffers)
+            return
+        if self._kept_grads is None:
+            self._kept_grads = ParameterTuple(
+                [
+                    Parameter(ops.zeros_like(b), name=f"kept.{b.name}", requires_grad=False)
+                    for b in self._all_buffers
+                ]
+            )
+        kept = self._kept_grads
+        self._call(("grad_set_aside",), lambda: self._prepare(make_set_aside(self._all_buffers, kept)))
+
+    def add_back_grads(self) -> None:
+        """Add what :meth:`set_aside_grads` kept to every accumulator."""
+        if self._host_math:
+            if self._kept_host is not None:
+                host_add_back(self._all_buffers, self._kept_host)
+                self._kept_host = None
+            return
+        if self._kept_grads is not None:
+            kept = self._kept_grads
+            self._call(("grad_add_back",), lambda: self._prepare(make_add_back(self._all_buffers, kept)))
 
     # ------------------------------------------------------------------ gradients and state
 
@@ -495,11 +644,50 @@ def _release(kept: KeptForward) -> bool:
     return True
 
 
+#: What a per-token loss function must return.
+_TOKEN_LOSS_NEEDED = (
+    "loss_reduction='token' needs the loss (loss_fn, or the last chunk without one) to return "
+    "(sum_of_token_losses, token_count)"
+)
+
+
+def _scale_tensor(scale: Any) -> Tensor:
+    """A loss scale or factor as the float32 scalar tensor the kernels take."""
+    if isinstance(scale, Tensor):
+        return scale.astype(ms.float32).reshape(())
+    return Tensor(float(scale), ms.float32)
+
+
+#: What a per-micro-batch loss function must return.
+_SCALAR_LOSS_NEEDED = (
+    "the loss must be a scalar tensor (a per-token loss returning (sum, count) needs loss_reduction='token')"
+)
+
+
 def _check_scalar_loss(where: str, loss: Any) -> None:
+    if not isinstance(loss, Tensor):
+        raise HookArgumentError(f"last_stage_step({where}): {_SCALAR_LOSS_NEEDED}, got {type(loss).__name__}")
     if tuple(loss.shape) != ():
         raise HookArgumentError(
             f"last_stage_step({where}): the loss must be a scalar, got shape {list(loss.shape)}"
         )
+
+
+def _check_loss(where: str, loss: Any, token_loss: bool) -> None:
+    """A scalar loss, or with ``token_loss`` a (scalar sum, scalar count) pair."""
+    if not token_loss:
+        _check_scalar_loss(where, loss)
+        return
+    if isinstance(loss, Tensor):
+        raise HookArgumentError(f"last_stage_step({where}): {_TOKEN_LOSS_NEEDED}, got one tensor")
+    if not isinstance(loss, tuple | list) or len(loss) != 2 or not all(isinstance(t, Tensor) for t in loss):
+        got = f"{len(loss)} values" if isinstance(loss, tuple | list) else type(loss).__name__
+        raise HookArgumentError(f"last_stage_step({where}): {_TOKEN_LOSS_NEEDED}, got {got}")
+    for part, tensor in zip(("sum_of_token_losses", "token_count"), loss, strict=True):
+        if tuple(tensor.shape) != ():
+            raise HookArgumentError(
+                f"last_stage_step({where}): {part} must be a scalar, got shape {list(tensor.shape)}"
+            )
 
 
 def _build_grad_buffers(

@@ -31,7 +31,9 @@ on 4 rows 2.1-2.8 against 3.7-4.8 ms (1.63-1.78x), idle or with taped forwards o
 in flight.
 
 The last stage's loss is run and differentiated at once, so it is not recorded either:
-:meth:`Tape.value_and_gradient` returns the loss and its gradients from one call.
+:meth:`Tape.value_and_gradient` returns the loss and its gradients from one call. Its loss
+scale is a tensor argument of that call, not a constant of the graph: a dynamic loss scaler
+changes it from step to step without a recompilation.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ from typing import Any
 
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
+
+#: What :meth:`Tape.value_and_gradient` raises (from inside the graph in graph mode) when a
+#: kernel with a ``differentiated_output`` returns a single tensor instead of a tuple, and when
+#: one without returns a tuple; every recorded forward of the process is forgotten then
+#: (:func:`free_tapes`), since the failed graph leaves MindSpore's autograd state unusable.
+NOT_A_TUPLE = "the kernel returned one tensor where a tuple was expected (differentiated_output is set)"
+A_TUPLE = "the kernel returned a tuple where one tensor was expected (differentiated_output is None)"
 
 
 class _TapeCell(nn.Cell):
@@ -64,7 +73,9 @@ class Tape:
     :meth:`value_and_gradient`. ``grad_inputs``: whether input gradients are wanted
     (``GradOperation`` then returns one per positional argument; the caller keeps those it
     needs). At least one of the two kinds of gradient must be wanted, or there is nothing to
-    record.
+    record. ``differentiated_output``: for :meth:`value_and_gradient` of a kernel that returns
+    a tuple, the position of the one element that is differentiated (the sum of a per-token
+    loss beside its token count); ``None``: the kernel's output is the scalar itself.
     """
 
     def __init__(
@@ -73,6 +84,7 @@ class Tape:
         weights: ParameterTuple,
         grad_inputs: bool,
         prepare: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda kernel: kernel,
+        differentiated_output: int | None = None,
     ) -> None:
         if not grad_inputs and not len(weights):
             raise ValueError("a tape needs input gradients or weights to differentiate")
@@ -85,7 +97,7 @@ class Tape:
         self._grad = self._grad_operation(self._cell)
         self._one_go: Callable[..., Any] | None = None
         self._value_and_gradient: Callable[..., Any] | None = None
-        self._scale = 1.0
+        self._differentiated = differentiated_output
 
     def _grad_operation(self, cell: nn.Cell) -> Callable[..., Any]:
         """``GradOperation`` over ``cell`` for the gradients this tape returns (sens last)."""
@@ -124,27 +136,34 @@ class Tape:
             self._one_go = self._prepare(forward_and_gradient)
         return self._split(self._one_go(*args, *(sens if tupled else (sens,))))
 
-    def value_and_gradient(self, args: tuple[Any, ...], scale: float) -> tuple[Any, tuple[tuple, tuple]]:
+    def value_and_gradient(self, args: tuple[Any, ...], scale: Any) -> tuple[Any, tuple[tuple, tuple]]:
         """The kernel's output and the gradients :meth:`backward` would return for upstream
-        gradient ``scale``, in one call (one compiled graph in graph mode), for a kernel run
-        once and differentiated at once (the last stage's loss). Nothing is recorded.
+        gradient ``scale`` (a scalar float32 ``Tensor``), in one call (one compiled graph in
+        graph mode), for a kernel run once and differentiated at once (the last stage's loss).
+        Nothing is recorded.
 
-        The graph differentiates ``output * scale`` and returns ``output`` beside it: the
-        product's backward hands ``scale`` on unchanged, so the gradients equal the recorded
-        bprop's with ``sens = scale`` bit for bit (tested). ``scale`` is compiled into the graph,
-        so it must be the same at every call.
+        The graph differentiates ``output * scale`` (the ``differentiated_output`` element of
+        a tuple output) and returns the output beside it: the product's backward hands
+        ``scale`` on unchanged, so the gradients equal the recorded bprop's with
+        ``sens = scale`` bit for bit (tested). ``scale`` is the graph's last argument, so a new
+        value runs the same compiled graph.
         """
-        if self._value_and_gradient is not None and scale != self._scale:
-            raise ValueError(f"this tape's loss scale is {self._scale}, got {scale}")
         if self._value_and_gradient is None:
-            self._scale = scale
-            positions = tuple(range(len(args))) if self._inputs else None
+            count = len(args)
+            positions = tuple(range(count)) if self._inputs else None
             weights = self._weights if len(self._weights) else None
-            kernel = self._raw_kernel
+            kernel, element = self._raw_kernel, self._differentiated
 
+            # The scale is an argument but not differentiated: positions name the kernel's own.
             def scaled(*tensors: Any) -> tuple[Any, Any]:
-                output = kernel(*tensors)
-                return output * scale, output
+                output = kernel(*tensors[:count])
+                if element is None:
+                    if isinstance(output, tuple):
+                        raise ValueError(A_TUPLE)
+                    return output * tensors[count], output
+                if not isinstance(output, tuple):
+                    raise ValueError(NOT_A_TUPLE)
+                return output[element] * tensors[count], output
 
             differentiate = ms.value_and_grad(scaled, positions, weights, has_aux=True)
 
@@ -153,7 +172,16 @@ class Tape:
                 return output, grads
 
             self._value_and_gradient = self._prepare(value_and_gradient)
-        output, grads = self._value_and_gradient(*args)
+        try:
+            output, grads = self._value_and_gradient(*args, scale)
+        except ValueError as exc:
+            mismatch = next((text for text in (NOT_A_TUPLE, A_TUPLE) if text in str(exc)), None)
+            if mismatch is None:
+                raise
+            # An error raised inside a differentiated graph leaves MindSpore's autograd state
+            # broken for later graphs (seen: a null-pointer bprop error in the next test).
+            free_tapes()
+            raise ValueError(mismatch) from None
         return output, self._split(grads)
 
     def _split(self, grads: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

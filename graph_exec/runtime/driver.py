@@ -74,6 +74,8 @@ class RankRuntime:
         # backward then runs the recorded bprop instead of a recompute.
         self._taped_micros = _taped_preprocess_micros(plan, rank, keep_preprocess_tape)
         self._last_stage = plan.config.last_stage
+        # A forward-only plan (evaluation) runs the forward hooks that record and keep nothing.
+        self._forward_only = plan.config.forward_only
         self._batch: MicroBatches | None = None
         self._index = 0
         self._contribution: StepContribution | None = None
@@ -100,7 +102,8 @@ class RankRuntime:
     # -- the walk --------------------------------------------------------------------------
 
     def run(self, batch: MicroBatches) -> dict[int, Any]:
-        """Run this rank's whole order on ``batch``; returns the losses by micro-batch index."""
+        """Run this rank's whole order on ``batch``; returns the losses by micro-batch index
+        (on the last stage's rank; of a forward-only plan without labels: its outputs)."""
         leftovers = self.caches.leftovers()
         if self.executor.kept():
             leftovers.append(f"executor kept {list(self.executor.kept())}")
@@ -211,10 +214,13 @@ class RankRuntime:
     def _forward(self, step: Step) -> None:
         stage, micro = step.stage, step.micro
         inputs = self._stage_input(stage, micro)
+        if self._forward_only:
+            self._forward_only_step(stage, micro, inputs)
+            return
         if stage == self._last_stage:
             labels = () if self._batch.labels is None else self._batch.labels[micro]
             loss, grads = self.executor.last_stage_step(stage, micro, inputs, labels)
-            self._settle(*grads, loss)
+            self._settle(*grads, *_flat(loss))
             self.caches.losses[micro] = loss
             self.caches.input_grads[(stage, micro)] = grads  # the B step routes them
             return
@@ -222,6 +228,22 @@ class RankRuntime:
         self._settle(*outputs)
         if self.plan.stage_rank(stage + 1) == self.rank:
             self.caches.body_inputs[(stage + 1, micro)] = outputs  # next chunk is local (P = 1)
+        else:
+            self.caches.outputs[(stage, micro)] = outputs
+
+    def _forward_only_step(self, stage: int, micro: int, inputs: tuple[Any, ...]) -> None:
+        """``F s.m`` of a forward-only plan: nothing taped, no gradient touched; the last stage
+        leaves its loss (with labels) or its outputs as the micro-batch's result."""
+        if stage == self._last_stage:
+            labels = None if self._batch.labels is None else self._batch.labels[micro]
+            result = self.executor.last_stage_forward(stage, inputs, labels)
+            self._settle(*_flat(result))
+            self.caches.losses[micro] = result
+            return
+        outputs = self.executor.stage_forward_only(stage, inputs)
+        self._settle(*outputs)
+        if self.plan.stage_rank(stage + 1) == self.rank:
+            self.caches.body_inputs[(stage + 1, micro)] = outputs
         else:
             self.caches.outputs[(stage, micro)] = outputs
 
@@ -297,6 +319,11 @@ class RankRuntime:
                 self._batch.inputs[micro], self._batch.kwargs[micro], cotangents
             )
         self._settle()
+
+
+def _flat(result: Any) -> tuple[Any, ...]:
+    """A loss, a per-token ``(sum, count)`` pair or a stage's outputs, as a tuple of tensors."""
+    return result if isinstance(result, tuple) else (result,)
 
 
 def _taped_preprocess_micros(plan: Plan, rank: int, keep_tape: bool) -> frozenset[int]:

@@ -9,6 +9,11 @@ builds and validates the plan, and checks that all ranks were set up alike.
 On a :class:`~graph_exec.transport.mesh.DeviceMesh` with ``dp > 1`` each pipeline replica runs
 the schedule on its own batch inside its pipeline group, and after every step the gradients
 are averaged over the data-parallel group (see :mod:`graph_exec.runtime.data_parallel`).
+
+What a training loop needs beyond ``run()`` lives beside it: loss scaling with MindSpore's own
+scalers and one overflow verdict for the mesh, per-token loss and tied parameters
+(:mod:`graph_exec.runtime.step_end`), the global gradient norm (:meth:`clip_grad_norm`,
+:mod:`graph_exec.runtime.grad_norm`), :meth:`step`, and forward-only :meth:`evaluate`.
 """
 
 from __future__ import annotations
@@ -24,15 +29,19 @@ from graph_exec.executors.jit_callable import jit_parseable
 from graph_exec.runtime.buffers import ReceiveBuffers, Slots, receive_slots
 from graph_exec.runtime.data_parallel import DataParallelGrads
 from graph_exec.runtime.driver import RankRuntime, TimelineEvent
+from graph_exec.runtime.grad_norm import GlobalGradNorm, check_max_norm, check_norm_type, counted_names
 from graph_exec.runtime.handshake import (
     check_ranks_agree,
     describe_parameters,
     parameter_values_digest,
     share_setup_outcome,
 )
-from graph_exec.runtime.microbatch import split_batch
+from graph_exec.runtime.loss_scaling import LossScale, check_loss_scaler, describe_loss_scaler
+from graph_exec.runtime.microbatch import MicroBatches, split_batch
 from graph_exec.runtime.param_names import check_unique_parameter_names
 from graph_exec.runtime.stage import PipelineStage
+from graph_exec.runtime.step_end import StepEnd, per_token_losses
+from graph_exec.runtime.tied import check_local, check_pairs, set_up_ties
 from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan
 from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
 from graph_exec.transport.buckets import DEFAULT_BUCKET_BYTES
@@ -76,6 +85,10 @@ def _check_loss_fn(loss_fn: Callable[..., Any] | None, mode: str) -> Callable[..
     return jit_parseable(loss_fn) if mode == "graph" else loss_fn
 
 
+#: The accepted ``loss_reduction`` values.
+LOSS_REDUCTIONS = ("mean", "token")
+
+
 def _check_mesh(mesh: Any) -> Any:
     if mesh is not None:
         from graph_exec.transport.mesh import DeviceMesh
@@ -96,6 +109,9 @@ class _Setup:
     transport: Any | None
     slots: Slots
     data_parallel: DataParallelGrads | None
+    step_end: StepEnd
+    grad_norm: GlobalGradNorm
+    evaluation: RankRuntime | None = None  #: made by the first evaluate()
 
 
 class ScheduleMPipeTranspose:
@@ -117,7 +133,19 @@ class ScheduleMPipeTranspose:
             is read only for the micro-batches it owns; the rest reach rank 0 by transfer).
         loss_fn: ``loss_fn(output, *labels)``; ``None``: the last chunk returns the loss. In graph
             mode an inline lambda is rewritten for ``mindspore.jit``; one without source is refused.
-        scale_grads: divide the gradients by ``micro_batch_num``.
+        scale_grads: divide the gradients by ``micro_batch_num`` (``loss_reduction="mean"``).
+        loss_reduction: ``"mean"``: ``loss_fn`` returns a scalar per micro-batch, the gradients
+            are summed over micro-batches (their mean with ``scale_grads``); ``"token"``:
+            ``loss_fn`` returns ``(sum_of_token_losses, token_count)`` and the gradients are
+            those of ``Σ sums / Σ counts`` over every micro-batch of every replica.
+        loss_scaler: ``mindspore.amp.DynamicLossScaler`` or ``StaticLossScaler``: the last stage
+            scales the loss (a graph input), the gradients are unscaled after the step, every
+            rank of the mesh gets one overflow verdict (:attr:`grads_finite`) and the scaler is
+            adjusted with it after every ``run()``.
+        tied_parameters: pairs of parameter names (as on their ranks) that are one weight, e.g.
+            ``[("embed.table.embedding_table", "head.weight")]``: checked equal at the first
+            step, their gradients summed between the ranks holding them after every step,
+            counted once by :meth:`clip_grad_norm`.
         timeout_s: bound, in seconds, on every wait for a peer.
         sync_steps: wait for each compute step's results before the next, so :attr:`timeline`
             shows each step's own time; ``None``: the device policy's default (on for CPU, where it
@@ -157,6 +185,9 @@ class ScheduleMPipeTranspose:
         dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         recompute: bool = False,
         keep_preprocess_tape: bool = False,
+        loss_reduction: str = "mean",
+        loss_scaler: Any = None,
+        tied_parameters: Sequence[tuple[str, str]] | None = None,
     ) -> None:
         self.stages = _check_stages(stages)
         self.micro_batch_num = checks.positive_int("micro_batch_num", micro_batch_num)
@@ -175,8 +206,27 @@ class ScheduleMPipeTranspose:
         self.dp_bucket_bytes = checks.positive_int("dp_bucket_bytes", dp_bucket_bytes)
         self.recompute = checks.boolean("recompute", recompute)
         self.keep_preprocess_tape = self._check_keep_tape(keep_preprocess_tape)
+        self.loss_reduction = checks.choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
+        if self.loss_reduction == "token" and self.scale_grads:
+            raise ValueError(
+                "scale_grads=True divides by the micro-batch count and loss_reduction='token' by the "
+                "global token count: pass one of them"
+            )
+        self.loss_scaler = check_loss_scaler(loss_scaler)
+        self.tied_parameters = check_pairs(tied_parameters)
+        local = {p.name: p for cell in self._cells() for p in cell.get_parameters()}
+        everything_local = [s.stage_index for s in self.stages] == list(range(self.stages[0].num_stages))
+        check_local(self.tied_parameters, local, everything_local)
         self._setup: _Setup | None = None
         self._failed: str | None = None
+        self._accumulated = False  # whether the accumulators hold gradients (since zero_grad())
+        self._ran = False  # whether a training step ran: the gradient methods need one
+        self._grads_finite: bool | None = None
+
+    def _cells(self) -> list[Any]:
+        """This rank's stage chunks and its preprocess (if it passed one)."""
+        cells = [s.submodule for s in self.stages]
+        return cells if self.preprocess_module is None else [*cells, self.preprocess_module]
 
     def _check_keep_tape(self, keep: bool) -> bool:
         keep = checks.boolean("keep_preprocess_tape", keep)
@@ -201,33 +251,122 @@ class ScheduleMPipeTranspose:
         batch, the same on every rank of the replica, cut on dim 0 into ``micro_batch_num``
         micro-batches (without data parallelism: the global batch); ``mindspore.Tensor`` or
         numpy arrays, which are converted with their dtype. With ``dp > 1`` the gradients are
-        averaged over the replicas after the step. Returns the per-micro-batch losses on the
-        rank holding the last stage, ``None`` elsewhere.
+        averaged over the replicas after the step; with a loss scaler they are unscaled and
+        :attr:`grads_finite` holds the mesh's verdict. Returns the per-micro-batch losses
+        (``sum / count`` with ``loss_reduction="token"``) on the rank holding the last stage,
+        ``None`` elsewhere.
         """
-        if self._failed is not None:
-            raise GraphExecError(
-                f"an earlier step failed ({self._failed}); the ranks' message order is lost — restart the job"
-            )
-        if self.loss_fn is not None and labels is None:
-            raise ValueError(
-                "labels are required: this schedule has a loss_fn, called as loss_fn(output, *labels)"
-            )
-        if kwargs and self.preprocess_module is None and self.num_transpose_layers == 0:
-            raise ValueError(
-                f"keyword inputs {sorted(kwargs)} go to the preprocess module, but there is none"
-            )
-        batch = split_batch(inputs, kwargs, labels, self.micro_batch_num)
+        batch = self._check_batch("run()", inputs, labels, kwargs, labels_required=True)
         setup = self._setup or self._set_up()
         try:
-            losses = setup.runtime.run(batch)
-            if setup.data_parallel is not None:
-                setup.data_parallel.average()
+            setup.step_end.begin(self._accumulated)
+            results = setup.runtime.run(batch)
+            losses, finite = setup.step_end.finish(results)
         except BaseException as exc:
+            setup.step_end.abandon()
             self._failed = f"{type(exc).__name__}: {exc}"
             raise
+        self._accumulated = self._ran = True
+        self._grads_finite = finite
         if self.stages[-1].is_last:
             return [losses[m] for m in range(self.micro_batch_num)]
         return None
+
+    def evaluate(self, *inputs: Any, labels: Any = None, **kwargs: Any) -> list[Any] | None:
+        """Forward only, through the same plan's forward half (``docs/schedule.md``,
+        "Forward-only plans"): MPipe still runs the preprocess of the micro-batches a rank owns
+        on that rank and ships it to rank 0. Nothing is taped, no gradient and no optimizer
+        state is touched. Call it on every rank, with the batch as for :meth:`run`.
+
+        Returns, on the rank holding the last stage, the per-micro-batch losses when
+        ``labels`` are given (``sum / count`` with ``loss_reduction="token"``), else the last
+        stage's per-micro-batch outputs (a tensor each, or a tuple for several outputs);
+        ``None`` elsewhere. Cells run as they are: call ``set_train(False)`` on them first for
+        layers that behave differently in evaluation (dropout).
+        """
+        batch = self._check_batch("evaluate()", inputs, labels, kwargs, labels_required=False)
+        setup = self._setup or self._set_up()
+        try:
+            if setup.evaluation is None:
+                plan = build_plan(replace(setup.plan.config, forward_only=True))
+                setup.evaluation = self._runtime(
+                    plan, setup.rank, setup.executor, setup.transport, setup.pool
+                )
+            results = setup.evaluation.run(batch)
+        except BaseException as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
+            raise
+        if not self.stages[-1].is_last:
+            return None
+        if labels is None:
+            return [
+                results[m][0] if len(results[m]) == 1 else results[m] for m in range(self.micro_batch_num)
+            ]
+        if self.loss_reduction == "token":
+            results = per_token_losses(results)[0]
+        return [results[m] for m in range(self.micro_batch_num)]
+
+    @property
+    def grads_finite(self) -> bool:
+        """Whether every gradient of the last ``run()`` was finite on every rank of the mesh
+        (the same answer everywhere): the verdict the loss scaler was adjusted with. Needs a
+        ``loss_scaler`` (``mindspore.amp.StaticLossScaler(1)`` checks without scaling)."""
+        self._require_step("grads_finite")
+        if self.loss_scaler is None:
+            raise GraphExecError(
+                "grads_finite needs a loss_scaler: without one the gradients are not checked; "
+                "pass loss_scaler=mindspore.amp.StaticLossScaler(1) to check them without scaling"
+            )
+        return bool(self._grads_finite)
+
+    def clip_grad_norm(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """The global ``norm_type``-norm of every trained gradient of the whole model (every
+        parameter counted once over the pipeline, the replicated preprocess, the data-parallel
+        replicas and tied pairs), the same on every rank; then this rank's gradients are scaled
+        in place by ``min(1, max_norm / (norm + 1e-6))``. ``max_norm=float("inf")`` only
+        measures; ``norm_type=float("inf")`` is the largest ``|g|``. One small collective over
+        the pipeline group: call it on every rank, after ``run()``. A norm that is not finite
+        (an overflow) is returned and nothing is scaled.
+        """
+        max_norm, norm_type = check_max_norm(max_norm), check_norm_type(norm_type)
+        setup = self._require_step("clip_grad_norm()")
+        try:
+            return setup.grad_norm.clip(max_norm, norm_type)
+        except BaseException as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def step(self, optimizer: Any, max_norm: float | None = None) -> dict[str, Any]:
+        """The usual end of a training step, in one call on every rank: skip it when the mesh
+        overflowed (needs a ``loss_scaler``), else clip by the global norm (with ``max_norm``)
+        and apply ``optimizer`` to this rank's gradients; then zero them.
+
+        ``optimizer``: a MindSpore optimizer built over :meth:`trainable_params` (its
+        ``parameters`` give the order of the gradients it is called with; the float32
+        gradients of float16/bfloat16 parameters are handed over in the parameter's dtype). Returns
+        ``{"finite": bool or None (no scaler: not checked), "grad_norm": float or None (no
+        clipping, or a skipped step), "loss_scale": the scale the next run() uses, or None}``.
+        """
+        if max_norm is not None:
+            max_norm = check_max_norm(max_norm)
+        self._require_step("step()")
+        params = self._optimizer_params(optimizer)  # before any collective: a bad optimizer fails alone
+        finite = self._grads_finite
+        norm = None
+        if finite is not False:
+            if max_norm is not None:
+                norm = self.clip_grad_norm(max_norm)
+            grads = self.grads()
+            # float32 accumulators of float16/bfloat16 parameters: MindSpore's optimizers want
+            # the parameter's own dtype (Adam refuses float32 gradients for float16 weights).
+            optimizer(
+                tuple(
+                    grads[p.name] if grads[p.name].dtype == p.dtype else grads[p.name].astype(p.dtype)
+                    for p in params
+                )
+            )
+        self.zero_grad()
+        return {"finite": finite, "grad_norm": norm, "loss_scale": self._setup.step_end.loss_scale.value()}
 
     def grads(self) -> dict[str, Any]:
         """``{parameter name: gradient}`` for every parameter this rank trains, in the order of
@@ -260,6 +399,7 @@ class ScheduleMPipeTranspose:
         """Reset every gradient buffer of this rank to zero."""
         if self._setup is not None:
             self._setup.executor.zero_grad()
+        self._accumulated = False
 
     @property
     def plan(self) -> Plan:
@@ -292,6 +432,50 @@ class ScheduleMPipeTranspose:
         if self._setup is None:
             raise GraphExecError(f"{what} is available after the first run()")
         return self._setup
+
+    def _require_step(self, what: str) -> _Setup:
+        """The set-up, once a training step ran and none failed (before any communication)."""
+        self._refuse_after_failure()
+        if not self._ran:
+            raise GraphExecError(f"{what} needs the gradients of a step: call run() first")
+        return self._setup
+
+    def _refuse_after_failure(self) -> None:
+        if self._failed is not None:
+            raise GraphExecError(
+                f"an earlier step failed ({self._failed}); the ranks' message order is lost — restart the job"
+            )
+
+    def _check_batch(
+        self, what: str, inputs: tuple[Any, ...], labels: Any, kwargs: dict[str, Any], labels_required: bool
+    ) -> MicroBatches:
+        """The micro-batches of a ``run()``/``evaluate()`` call, after every local check."""
+        self._refuse_after_failure()
+        if labels_required and self.loss_fn is not None and labels is None:
+            raise ValueError(
+                "labels are required: this schedule has a loss_fn, called as loss_fn(output, *labels)"
+            )
+        if kwargs and self.preprocess_module is None and self.num_transpose_layers == 0:
+            raise ValueError(
+                f"keyword inputs {sorted(kwargs)} go to the preprocess module, but there is none"
+            )
+        return split_batch(inputs, kwargs, labels, self.micro_batch_num)
+
+    def _optimizer_params(self, optimizer: Any) -> tuple[Any, ...]:
+        """``optimizer``'s parameters, each one this rank trains (the order of its gradients)."""
+        params = getattr(optimizer, "parameters", None)
+        if not callable(optimizer) or params is None:
+            raise TypeError(
+                f"optimizer must be a MindSpore optimizer (mindspore.nn.Adam, ...), got {type(optimizer).__name__}"
+            )
+        grads = self.grads()
+        missing = [p.name for p in params if p.name not in grads]
+        if missing:
+            raise ValueError(
+                f"the optimizer updates {missing[:4]}, which this rank does not train: build it over "
+                "sched.trainable_params()"
+            )
+        return tuple(params)
 
     def _sync_steps(self) -> bool:
         if self.sync_steps is not None:
@@ -344,10 +528,40 @@ class ScheduleMPipeTranspose:
                 dp_transport, params, lambda: [executor.grads()[p.name] for p in params], self.dp_bucket_bytes
             )
             data_parallel.start_in_sync()
+        trained = [p.name for p in self.trainable_params()]
+        stage_names = {p.name for s in self.stages for p in s.submodule.trainable_params()}
+        tied = None
+        if self.tied_parameters:  # after the replicas took replica 0's values: those are compared
+            trains = {p.name: p for p in self.trainable_params()}
+            tied = set_up_ties(
+                self.tied_parameters, trains, stage_names, executor, transport, mesh, self.timeout_s
+            )
+        step_end = StepEnd(
+            executor,
+            (transport, dp_transport),
+            mesh.dp_size,
+            LossScale(self.loss_scaler, self._loss_scale_base(), compiled=self.mode == "graph"),
+            self.loss_reduction == "token",
+            data_parallel,
+            tied,
+        )
+        counted = counted_names(trained, stage_names, rank, [b for _, b in self.tied_parameters])
+        grad_norm = GlobalGradNorm(executor, counted, transport, rank, pp)
         slots = receive_slots()
+        runtime = self._runtime(plan, rank, executor, transport, slots)
+        self._setup = _Setup(
+            plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm
+        )
+        return self._setup
+
+    def _runtime(
+        self, plan: Plan, rank: int, executor: Executor, transport: Any, slots: Slots
+    ) -> RankRuntime:
+        """The driver of ``plan`` on this rank (the training plan, or the forward-only one),
+        its receive buffers from ``slots``."""
         lifetimes = [(lt.recv_index, lt.last_index) for lt in buffer_lifetimes(plan, rank)]
         preprocess_names = [p.name for p in executor.broadcast_tensors()]
-        runtime = RankRuntime(
+        return RankRuntime(
             plan,
             rank,
             executor,
@@ -357,8 +571,11 @@ class ScheduleMPipeTranspose:
             sync_steps=self._sync_steps(),
             keep_preprocess_tape=self.keep_preprocess_tape,
         )
-        self._setup = _Setup(plan, rank, executor, runtime, transport, slots, data_parallel)
-        return self._setup
+
+    def _loss_scale_base(self) -> float:
+        """What the last stage's loss is multiplied by before any loss scaler: ``1/M`` with
+        ``scale_grads``, else 1."""
+        return 1.0 / self.micro_batch_num if self.scale_grads else 1.0
 
     def _build_local(self, pp: int, rank: int) -> tuple[Plan, Executor]:
         """The plan and executor of this rank; raises ``ValueError`` if the stages do not fit."""
@@ -403,10 +620,11 @@ class ScheduleMPipeTranspose:
             preprocess=module,
             loss_fn=self.loss_fn,
             last_stage=num_stages - 1,
-            loss_scale=1.0 / self.micro_batch_num if self.scale_grads else 1.0,
+            loss_scale=self._loss_scale_base(),
             # Only a trainable preprocess reads dL/d(stage 0 input); otherwise it is wasted work.
             first_stage_input_grads=config.trainable,
             recompute=self.recompute,
+            token_loss=self.loss_reduction == "token",
         )
         return build_plan(config), executor
 
@@ -420,6 +638,7 @@ class ScheduleMPipeTranspose:
                 "plan": body,
                 "loss_fn": "given" if self.loss_fn is not None else "none",
                 "scale_grads": str(self.scale_grads),
+                **self._training_loop_facts(),
                 "preprocess trainable parameters": alone,
                 "preprocess frozen parameters": alone,
                 "preprocess frozen values": alone,
@@ -431,9 +650,18 @@ class ScheduleMPipeTranspose:
             "plan": f"{config}",
             "loss_fn": "given" if self.loss_fn is not None else "none",
             "scale_grads": str(self.scale_grads),
+            **self._training_loop_facts(),
             "preprocess trainable parameters": describe_parameters(trainable),
             "preprocess frozen parameters": describe_parameters(frozen),
             "preprocess frozen values": parameter_values_digest(frozen),
+        }
+
+    def _training_loop_facts(self) -> dict[str, str]:
+        """The options every rank's end of step must share (the collectives there are mesh-wide)."""
+        return {
+            "loss_reduction": self.loss_reduction,
+            "loss_scaler": describe_loss_scaler(self.loss_scaler),
+            "tied_parameters": repr(self.tied_parameters),
         }
 
     def _replica_facts(self, config: PlanConfig) -> dict[str, str]:
@@ -469,8 +697,9 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         stages, micro_batch_num: as for :class:`ScheduleMPipeTranspose`.
         preprocess_module: the preprocess, run by rank 0 only; other ranks may pass ``None``.
         num_transpose_layers: layers in ``preprocess_module`` (the same on every rank).
-        mode, loss_fn, scale_grads, timeout_s, sync_steps, mesh, dp_bucket_bytes, recompute: as
-            for :class:`ScheduleMPipeTranspose` (``overflow``, ``backward``, ``input`` do not apply).
+        mode, loss_fn, scale_grads, timeout_s, sync_steps, mesh, dp_bucket_bytes, recompute,
+            loss_reduction, loss_scaler, tied_parameters: as for :class:`ScheduleMPipeTranspose`
+            (``overflow``, ``backward``, ``input`` do not apply).
     """
 
     _transposes = False
@@ -490,6 +719,9 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         mesh: Any = None,
         dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         recompute: bool = False,
+        loss_reduction: str = "mean",
+        loss_scaler: Any = None,
+        tied_parameters: Sequence[tuple[str, str]] | None = None,
     ) -> None:
         layers = num_transpose_layers
         # A rank other than 0 may pass None with the real layer count; the base class's rule
@@ -508,5 +740,8 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
             mesh=mesh,
             dp_bucket_bytes=dp_bucket_bytes,
             recompute=recompute,
+            loss_reduction=loss_reduction,
+            loss_scaler=loss_scaler,
+            tied_parameters=tied_parameters,
         )
         self.num_transpose_layers = layers

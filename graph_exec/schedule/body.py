@@ -10,7 +10,8 @@ the receiver's list before the slot that consumes it.
   those idle slots fall.
 - :func:`one_f_one_b` and :func:`gpipe` (``docs/schedule.md``, "Plain 1F1B and GPipe") only
   define each rank's compute *order*; their slots come from :func:`unit_time_slots`, a
-  unit-cost replay of that order, which is causal by construction.
+  unit-cost replay of that order, which is causal by construction. So do :func:`forwards`,
+  the forward-only order of an evaluation plan (``docs/schedule.md``, "Forward-only plans").
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from graph_exec.schedule.errors import ScheduleError
 
 
 def build_slots(config: PlanConfig) -> list[list[int]]:
-    """The compute slots of every rank for ``config.body``."""
+    """The compute slots of every rank for ``config.body`` (forward-only: :func:`forwards`)."""
     pp, vpp, micro = config.pp, config.vpp, config.micro
+    if config.forward_only:
+        return unit_time_slots(pp, vpp, forwards(pp, vpp, micro))
     if config.body == "interleaved":
         return interleaved(pp, vpp, micro)
     if config.body == "1f1b":
@@ -112,6 +115,16 @@ def gpipe(pp: int, vpp: int, micro: int) -> list[list[int]]:
         row += [codes.B | s << STAGE_SHIFT | m for s in reversed(stages) for m in range(micro)]
         orders.append(row)
     return orders
+
+
+def forwards(pp: int, vpp: int, micro: int) -> list[list[int]]:
+    """Forward-only compute order (evaluation): each rank's chunks in turn, every micro-batch of
+    one chunk before the next chunk; with ``M >= P`` a chunk's first input arrives while the
+    rank is still busy with its previous chunk, so no rank waits after the fill."""
+    return [
+        [codes.F | (c * pp + rank) << STAGE_SHIFT | m for c in range(vpp) for m in range(micro)]
+        for rank in range(pp)
+    ]
 
 
 def _producer(code: int, last_stage: int) -> int | None:

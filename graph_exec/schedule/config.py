@@ -61,6 +61,12 @@ class PlanConfig:
       the other ranks run exactly the body. Comparing the two isolates what transposition buys.
       It needs the defaults of the transposition options (``overflow="full"``,
       ``backward="central"``, ``input="replicated"``): none of them means anything without it.
+    - ``forward_only``: ``True`` is the evaluation plan of the same configuration
+      (``docs/schedule.md``, "Forward-only plans"): every stage's ``F`` of every micro, the
+      forwards of each rank chunk by chunk (``body`` does not apply: there is no backward to
+      interleave), with the same MPipe prefix (``BCAST``, the owners' ``TFWD`` and
+      ``OUTsend``/``OUTrecv``, inline ``TFWD`` for ``min`` overflow or without transposition)
+      and nothing of the backward: no ``B``, ``TBWD``, ``IN*``, ``GRAD*``.
 
     ``pp = 1`` has no peer rank, so nothing can be transposed: rank 0 owns every micro-batch
     and runs a trainable or frozen preprocess inline (``TFWD`` before the body's forwards,
@@ -79,6 +85,7 @@ class PlanConfig:
     input: str = "replicated"
     body: str = "interleaved"
     transpose: bool = True
+    forward_only: bool = False
 
     def __post_init__(self) -> None:
         checks.positive_int("pp", self.pp, PlanConfigError)
@@ -98,6 +105,7 @@ class PlanConfig:
         checks.choice("body", self.body, BODY, PlanConfigError)
         self._check_layers()
         checks.boolean("transpose", self.transpose, PlanConfigError)
+        checks.boolean("forward_only", self.forward_only, PlanConfigError)
         if not self.transpose:
             self._check_untransposed()
         if self.body == "1f1b" and self.vpp != 1:
@@ -193,7 +201,9 @@ class PlanConfig:
     @property
     def ships_inputs(self) -> bool:
         """Whether rank 0 needs ``IN*`` transfers to recompute micro-batches it does not hold."""
-        return self.trainable and self.backward == "central" and self.input == "owned"
+        return (
+            self.trainable and self.backward == "central" and self.input == "owned" and not self.forward_only
+        )
 
     def stage_rank(self, stage: int) -> int:
         """The rank that runs virtual stage ``stage``."""

@@ -11,7 +11,9 @@ one rule set:
 - ``OUTrecv m`` is stage 0's body input: like ``Frecv``, until ``B 0.m`` (``F 0.m`` if
   stage 0 is also the last stage);
 - ``INrecv m`` (the raw input kept for recomputation) is read by ``TBWD m``;
-- ``GRADrecv+bwd m`` consumes its gradient in the same step.
+- ``GRADrecv+bwd m`` consumes its gradient in the same step;
+- in a forward-only plan there is no backward: ``Frecv s.m`` and ``OUTrecv m`` are read by
+  the forward ``F s.m`` / ``F 0.m`` alone.
 """
 
 from __future__ import annotations
@@ -36,17 +38,17 @@ class BufferLifetime:
     last_index: int
 
 
-def _reader(code: int, last_stage: int) -> int:
+def _reader(code: int, last_stage: int, forward_only: bool) -> int:
     """The code of the last step that reads what ``code`` receives."""
     kind = kind_base(code)
     if kind == codes.FRECV:
         fwd = code - codes.FRECV + codes.F
-        return fwd if stage_of(code) == last_stage else fwd - codes.F + codes.B
+        return fwd if stage_of(code) == last_stage or forward_only else fwd - codes.F + codes.B
     if kind == codes.BRECV:
         return code - codes.BRECV + codes.B
     m = micro_of(code)
     if kind == codes.OUTRECV:
-        return codes.F | m if last_stage == 0 else codes.B | m
+        return codes.F | m if last_stage == 0 or forward_only else codes.B | m
     if kind == codes.INRECV:
         return codes.TBWD | m
     return code  # GRADrecv+bwd
@@ -59,6 +61,6 @@ def buffer_lifetimes(plan: Plan, rank: int) -> list[BufferLifetime]:
     lifetimes = []
     for i, code in enumerate(row):
         if is_recv(code):
-            reader = _reader(code, plan.last_stage)
+            reader = _reader(code, plan.last_stage, plan.config.forward_only)
             lifetimes.append(BufferLifetime(codes.decode(code), i, index[reader]))
     return lifetimes

@@ -22,7 +22,7 @@ from graph_exec.schedule.config import PlanConfig
 
 def tbwd_micros(config: PlanConfig) -> frozenset[int]:
     """Micros whose preprocess gradient rank 0 computes with ``TBWD`` right after ``B 0.m``."""
-    if not config.trainable:
+    if not config.trainable or config.forward_only:
         return frozenset()
     if config.backward == "central":
         return frozenset(range(config.micro))
@@ -61,9 +61,10 @@ def suffix(config: PlanConfig, rank: int) -> list[int]:
     """Owner backward only: gradients shipped back to the owners, then the all-reduce.
 
     A suffix, not interleaved with the body, because each ship-back carries a blocking
-    shape/dtype exchange that could deadlock against the body's own P2P traffic.
+    shape/dtype exchange that could deadlock against the body's own P2P traffic. A forward-only
+    plan has no backward, hence no suffix.
     """
-    if config.backward != "owner":
+    if config.backward != "owner" or config.forward_only:
         return []
     if rank == 0:
         row = [codes.GRADSEND | m for m in range(config.micro) if config.owner(m) != 0]

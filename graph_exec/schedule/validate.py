@@ -3,7 +3,8 @@
 What is checked (``docs/schedule.md``, "Invariants"):
 
 1. body: removing every MPipe step gives exactly the body; no step appears twice on a rank;
-   every ``F`` and ``B`` of every (stage, micro) appears once, on the rank of its stage;
+   every ``F`` and ``B`` of every (stage, micro) appears once, on the rank of its stage (only
+   the ``F`` in a forward-only plan);
 2. MPipe steps: each rank has exactly the MPipe steps its options call for (one ``BCAST``
    or none, one ``TFWD`` per micro on its owner, the transfers, ``TBWD`` / ``GRADrecv+bwd``
    per the backward mode, ``GRADreduce`` last); ``TBWD m`` directly follows ``B 0.m``; in
@@ -250,10 +251,15 @@ def _stop(run: _Run, rank: int, index: int, code: int, need: int) -> None:
 # Structure (checks 1 and 2): fast form on a complete run, precise form for messages.
 
 
+def _compute_kinds(config: PlanConfig) -> tuple[int, ...]:
+    """The compute kinds every (stage, micro) runs: ``F`` and ``B``, or ``F`` alone (forward-only)."""
+    return (codes.F,) if config.forward_only else (codes.F, codes.B)
+
+
 def _compute_bases(config: PlanConfig, rank: int) -> list[int]:
-    """The codes of ``F s.0`` and ``B s.0`` for the stages of ``rank``: micros follow contiguously."""
+    """The codes of ``F s.0`` (and ``B s.0``) for the stages of ``rank``: micros follow contiguously."""
     stages = range(rank, config.num_stages, config.pp)
-    return [kind | s << STAGE_SHIFT for kind in (codes.F, codes.B) for s in stages]
+    return [kind | s << STAGE_SHIFT for kind in _compute_kinds(config) for s in stages]
 
 
 def _expected_compute(config: PlanConfig, rank: int) -> list[int]:
@@ -266,7 +272,8 @@ def _expected_mpipe(config: PlanConfig) -> list[list[int]]:
     rows: list[list[int]] = [[] for _ in range(config.pp)]
     if not config.mpipe:
         return rows
-    owner_backward = config.backward == "owner"
+    owner_backward = config.backward == "owner" and not config.forward_only
+    backward = not config.forward_only
     for m in range(config.micro):
         owner = config.owner(m)
         rows[owner].append(codes.TFWD | m)
@@ -279,7 +286,7 @@ def _expected_mpipe(config: PlanConfig) -> list[list[int]]:
             if owner_backward:
                 rows[0].append(codes.GRADSEND | m)
                 rows[owner].append(codes.GRADRECV_BWD | m)
-        if config.trainable and (not owner_backward or owner == 0):
+        if backward and config.trainable and (not owner_backward or owner == 0):
             rows[0].append(codes.TBWD | m)
     for row in rows:
         row += [codes.BCAST] * config.broadcasts + [codes.GRADREDUCE] * owner_backward
@@ -300,13 +307,13 @@ def _strip_matches(row: Sequence[int], body_row: Sequence[int], mpipe_at: list[i
 
 def _structure_ok(config: PlanConfig, orders: Rows, body: Rows, run: _Run) -> bool:
     """Checks 1 and 2 from what a complete run saw (no step repeats, so sizes tell)."""
-    two_vm = 2 * config.vpp * config.micro
+    compute_steps = len(_compute_kinds(config)) * config.vpp * config.micro
     expected_mpipe = _expected_mpipe(config)
     for rank, row in enumerate(orders):
         seen, mpipe_at = run.seen[rank], run.mpipe_at[rank]
         if (
             len(seen) != len(row)
-            or run.compute[rank] != two_vm
+            or run.compute[rank] != compute_steps
             or not all(
                 seen.issuperset(range(first, first + config.micro)) for first in _compute_bases(config, rank)
             )
@@ -354,8 +361,9 @@ def _check_structure(config: PlanConfig, orders: Rows, body: Rows) -> None:
         expected = _expected_compute(config, rank)
         compute = sorted(code for code in stripped if is_compute(code))
         if compute != expected:
+            what = "F" if config.forward_only else "F and B"
             raise CoverageError(
-                f"rank {rank} must run F and B of stages {list(range(rank, config.num_stages, config.pp))} "
+                f"rank {rank} must run {what} of stages {list(range(rank, config.num_stages, config.pp))} "
                 f"for micros 0..{config.micro - 1} exactly once: {_difference(compute, expected)}"
             )
         mpipe = sorted(code for code in row if is_mpipe(code))
@@ -370,7 +378,7 @@ def _check_structure(config: PlanConfig, orders: Rows, body: Rows) -> None:
 
 def _check_mpipe_order(config: PlanConfig, orders: Rows, mpipe_at0: list[int]) -> None:
     """Where MPipe steps must sit: TBWD after B 0.m, inline TFWD before F 0.m, GRADreduce last."""
-    if config.backward == "owner":
+    if config.backward == "owner" and not config.forward_only:
         for rank, row in enumerate(orders):
             if row[-1] != codes.GRADREDUCE:
                 raise InvariantError(f"rank {rank}: GRADreduce must be the last step, {token(row[-1])} is")

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_exec.device import wait_until_run
+from graph_exec.device import policy, wait_until_run
 
 #: Default bucket size. Averaging 6 MiB over 4 loopback ranks here
 #: (``python -m graph_exec.benchmarks.mesh_speed``, idle 2-core machine, packed by address): one
@@ -78,14 +78,19 @@ class PackedTensors:
     def __init__(self, tensors: Sequence[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         import mindspore as ms
 
-        from graph_exec.device import policy
-
         self.tensors = list(tensors)
         self.buckets = plan_buckets([(int(t.nbytes), str(t.dtype)) for t in self.tensors], bucket_bytes)
         # Packed by address only where numpy's arithmetic is MindSpore's: float32 and float64
         # (numpy has no bfloat16 and adds float16 through float32).
         self._by_address = policy().packing_by_address and all(
             t.dtype in (ms.float32, ms.float64) and t.is_contiguous() for t in self.tensors
+        )
+        # A broadcast does no arithmetic: other dtypes travel as their bytes, packed by address
+        # too (MindSpore 2.10 has no bfloat16 Assign kernel on CPU to unpack them with).
+        self._bytes_by_address = (
+            policy().packing_by_address
+            and not self._by_address
+            and all(t.is_contiguous() for t in self.tensors)
         )
 
     def average(self, transport: Any) -> None:
@@ -97,14 +102,23 @@ class PackedTensors:
         scale = 1.0 / transport.size
         self._store([value * scale for value in values])
 
+    def all_reduce_sum(self, transport: Any) -> None:
+        """Replace every tensor with its sum over ``transport``'s group."""
+        if self._alone(transport):
+            return
+        values = self._load()
+        self._in_place(transport.all_reduce_sum, values)
+        self._store(values)
+
     def broadcast(self, transport: Any, src: int = 0) -> None:
         """Overwrite every tensor with group rank ``src``'s values."""
         if self._alone(transport):
             return
-        values = self._load()
-        self._in_place(lambda flats: transport.broadcast(flats, src=src), values)
+        raw = self._bytes_by_address
+        values = self._load(raw)
+        self._in_place(lambda flats: transport.broadcast(flats, src=src), values, raw)
         if transport.rank != src:
-            self._store(values)
+            self._store(values, raw)
 
     def snapshot(self) -> list[Any]:
         """The tensors' values now, flat (for :meth:`sum_increments`)."""
@@ -123,9 +137,9 @@ class PackedTensors:
     def _alone(self, transport: Any) -> bool:
         return transport is None or transport.size == 1 or not self.tensors
 
-    def _load(self) -> list[Any]:
-        """A fresh flat copy of each bucket's tensors."""
-        if not self._by_address:
+    def _load(self, raw: bool = False) -> list[Any]:
+        """A fresh flat copy of each bucket's tensors (``raw``: as uint8 bytes, by address)."""
+        if not (self._by_address or raw):
             from mindspore import ops
 
             return [ops.cat([self.tensors[i].reshape(-1) for i in b.indices]) for b in self.buckets]
@@ -140,12 +154,14 @@ class PackedTensors:
                 tensor = self.tensors[i]
                 ctypes.memmove(flat.ctypes.data + offset, tensor.data_ptr(), int(tensor.nbytes))
                 offset += int(tensor.nbytes)
-            flats.append(flat.view(ms.dtype_to_nptype(self.tensors[bucket.indices[0]].dtype)))
+            flats.append(
+                flat if raw else flat.view(ms.dtype_to_nptype(self.tensors[bucket.indices[0]].dtype))
+            )
         return flats
 
-    def _store(self, flats: list[Any]) -> None:
-        """Write each bucket's flat values back into its tensors."""
-        if not self._by_address:
+    def _store(self, flats: list[Any], raw: bool = False) -> None:
+        """Write each bucket's flat values (``raw``: bytes) back into its tensors."""
+        if not (self._by_address or raw):
             from mindspore import ops
 
             for bucket, flat in zip(self.buckets, flats, strict=True):
@@ -165,10 +181,12 @@ class PackedTensors:
                 ctypes.memmove(tensor.data_ptr(), flat.ctypes.data + offset, int(tensor.nbytes))
                 offset += int(tensor.nbytes)
 
-    def _in_place(self, collective: Callable[[list[Any]], None], values: list[Any]) -> None:
+    def _in_place(
+        self, collective: Callable[[list[Any]], None], values: list[Any], raw: bool = False
+    ) -> None:
         """Run ``collective`` on ``values`` in place (numpy values through tensors sharing their
         memory)."""
-        if not self._by_address:
+        if not (self._by_address or raw):
             collective(values)
             return
         import mindspore as ms

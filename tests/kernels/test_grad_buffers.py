@@ -78,7 +78,7 @@ def test_host_adds_are_seen_by_ops_and_graphs_and_follow_queued_writes() -> None
 
 def test_other_dtypes_keep_assign_add() -> None:
     values = [np.ones(3, np.float16)]
-    buffers = buffers_like(values, "half.")
+    buffers = ParameterTuple([Parameter(Tensor(np.zeros(3, np.float16)), name="half.0", requires_grad=False)])
     assert make_host_accumulate(buffers) is None
     grads = GradBuffers([Parameter(Tensor(values[0]), name="half.p")], list(buffers))
     grads.add(Tensor(np.full(3, 0.5, np.float16)))
@@ -94,3 +94,12 @@ def test_float32_accumulators_take_the_host_path_only_on_the_cpu_fast_path(cpu_p
     grads.add(Tensor(np.full(2, 0.5, np.float32)))
     grads.add(Tensor(np.full(2, 0.25, np.float32)))
     np.testing.assert_array_equal(grads.buffers[0].asnumpy(), np.full(2, 0.75, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [ms.float16, ms.bfloat16])
+def test_low_precision_parameters_accumulate_in_float32(dtype) -> None:
+    """Summing many micro-batch gradients in float16 or bfloat16 would lose most of their bits."""
+    param = Parameter(Tensor(np.ones((2, 3), np.float32)).astype(dtype), name=f"low.{dtype}")
+    buffer = make_buffer(param)
+    assert buffer.dtype == ms.float32 and tuple(buffer.shape) == (2, 3)
+    assert not buffer.asnumpy().any()

@@ -7,6 +7,8 @@ Every numeric test runs in both modes, with the taped forward and with ``recompu
 
 from __future__ import annotations
 
+import re
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from mindspore import ParameterTuple, Tensor, nn
 import graph_exec as ge
 from graph_exec.benchmarks.executor_speed import measure_in_fresh_process
 from graph_exec.executors import create_executor
-from graph_exec.executors.tape import Tape
+from graph_exec.executors.tape import NOT_A_TUPLE, Tape
 from tests.models.common import assert_close, loss_fn, named
 from tests.models.kernel import FEATURES, MODES, WIDTH, Classifier, Combiner, Mixer, Projector, snapshot
 
@@ -119,11 +121,11 @@ def test_loss_and_gradient_in_one_go_give_the_recorded_backward_bit_for_bit(mode
     cell = named(Classifier(), f"loss_onego_{mode}.")
     prepare = ms.jit if mode == "graph" else (lambda kernel: kernel)
     tape = Tape(make_stage_loss(cell, 1, loss_fn), ParameterTuple(cell.trainable_params()), True, prepare)
-    for seed in range(2):
+    for seed, scale in enumerate((0.25, 1024.0)):  # the scale is a graph input: any value, no recompile
         args = (random(4, WIDTH, seed=50 + seed), Tensor(np.array([0, 2, 1, seed], np.int32)))
-        loss, (input_grads, weight_grads) = tape.value_and_gradient(args, 0.25)
+        loss, (input_grads, weight_grads) = tape.value_and_gradient(args, Tensor(scale, ms.float32))
         recorded_loss = tape(*args)
-        want_inputs, want_weights = tape.backward(args, ms.ops.full((), 0.25, dtype=ms.float32))
+        want_inputs, want_weights = tape.backward(args, ms.ops.full((), scale, dtype=ms.float32))
         assert np.array_equal(loss.asnumpy(), recorded_loss.asnumpy()), f"call {seed}: loss differs"
         assert np.array_equal(input_grads[0].asnumpy(), want_inputs[0].asnumpy()), (
             f"call {seed}: input gradient"
@@ -131,8 +133,35 @@ def test_loss_and_gradient_in_one_go_give_the_recorded_backward_bit_for_bit(mode
         for got, want in zip(weight_grads, want_weights, strict=True):
             assert np.array_equal(got.asnumpy(), want.asnumpy()), f"call {seed}: a weight gradient differs"
         assert np.abs(weight_grads[0].asnumpy()).max() > 0
-    with pytest.raises(ValueError, match=r"this tape's loss scale is 0.25, got 0.5"):
-        tape.value_and_gradient(args, 0.5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_loss_and_gradient_of_one_element_of_a_tuple_output(mode: str) -> None:
+    """``differentiated_output=0``: a kernel returning ``(sum, count)`` (a per-token loss) is
+    differentiated through its sum only, and returns both; a kernel returning one tensor
+    instead is refused with :data:`NOT_A_TUPLE` (raised inside the graph in graph mode)."""
+    ms.set_seed(25)
+    cell = named(Classifier(), f"loss_pair_{mode}.")
+    prepare = ms.jit if mode == "graph" else (lambda kernel: kernel)
+
+    def summed(logits, labels):
+        return ms.ops.cross_entropy(logits, labels, reduction="sum"), (labels >= 0).sum()
+
+    weights = ParameterTuple(cell.trainable_params())
+    tape = Tape(make_stage_loss(cell, 1, summed), weights, True, prepare, differentiated_output=0)
+    args = (random(4, WIDTH, seed=60), Tensor(np.array([0, 2, 1, 1], np.int32)))
+    (total, count), (input_grads, weight_grads) = tape.value_and_gradient(args, Tensor(0.5, ms.float32))
+    want_total, (want_inputs, want_weights) = ms.value_and_grad(
+        lambda h, y: summed(cell(h), y)[0], (0,), weights
+    )(*args)
+    assert int(count.asnumpy()) == 4
+    assert_close(total, want_total, "the sum")
+    assert_close(input_grads[0], 0.5 * want_inputs.asnumpy(), "input gradient")
+    for param, got, want in zip(weights, weight_grads, want_weights, strict=True):
+        assert_close(got, 0.5 * want.asnumpy(), f"gradient of {param.name}")
+    scalar = Tape(make_stage_loss(cell, 1, loss_fn), weights, True, prepare, differentiated_output=0)
+    with pytest.raises(ValueError, match=re.escape(NOT_A_TUPLE)):
+        scalar.value_and_gradient(args, Tensor(1.0, ms.float32))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -140,8 +140,8 @@ def reference(model: Model, x: Tensor, labels: Tensor, micro: int, scale: float 
     for m in range(micro):
         loss, grads = step(x[m * size : (m + 1) * size], labels[m * size : (m + 1) * size])
         losses.append(float(loss.asnumpy()))
-        for param, grad in zip(params, grads, strict=True):
-            total[param.name] += scale * grad.asnumpy()
+        for param, grad in zip(params, grads, strict=True):  # numpy has no bfloat16
+            total[param.name] += scale * grad.astype(ms.float32).asnumpy()
     return losses, total
 
 

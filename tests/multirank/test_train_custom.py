@@ -3,7 +3,9 @@
 The script is launched as a user would (msrun, a free port, GLOG_v unset by us: the launcher's
 default). The last stage's rank prints the mean loss of every step; the reference trains the
 same model (same seed, same batches, same Adam) in this process without pipelining, with the
-gradient of the mean over micro-batches. Losses agree to atol 1e-5 / rtol 1e-4 (the script
+gradient of the mean over micro-batches, clipped by its global norm as the script's
+``sched.step(optimizer, max_norm=...)`` clips (``MAX_NORM`` is small enough that every step
+clips). Losses agree to atol 1e-5 / rtol 1e-4 (the script
 prints six decimals). Every step after the first depends on every gradient of the one before,
 so a wrong gradient anywhere shows up in the next loss.
 """
@@ -19,7 +21,7 @@ import pytest
 
 from graph_exec.launch import launch
 
-STEPS, VPP, MICRO, BATCH, LR = 4, 2, 4, 16, 1e-2
+STEPS, VPP, MICRO, BATCH, LR, MAX_NORM = 4, 2, 4, 16, 1e-2, 0.05
 
 
 def reference_losses(num_stages: int) -> list[float]:
@@ -46,14 +48,16 @@ def reference_losses(num_stages: int) -> list[float]:
     for index in range(STEPS):
         tokens, labels = example.make_batch(index, BATCH)
         loss, grads = step(Tensor(tokens), Tensor(labels))
-        optimizer(grads)
+        norm = float(np.sqrt(sum((g.asnumpy().astype(np.float64) ** 2).sum() for g in grads)))
+        assert norm > MAX_NORM, "the reference must clip for the comparison to check clipping"
+        optimizer(tuple(g * (MAX_NORM / (norm + 1e-6)) for g in grads))
         losses.append(float(loss.asnumpy()))
     return losses
 
 
 def test_example_under_msrun_matches_the_non_pipelined_run(tmp_path: Path) -> None:
     args = ["--steps", str(STEPS), "--vpp", str(VPP), "--micro", str(MICRO), "--batch", str(BATCH)]
-    args += ["--lr", str(LR)]
+    args += ["--lr", str(LR), "--max-norm", str(MAX_NORM)]
     result = launch(example.__file__, args, nproc=2, log_dir=tmp_path / "logs", timeout_s=240)
     if not result.ok:
         pytest.fail(result.describe(), pytrace=False)

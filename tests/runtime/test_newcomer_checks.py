@@ -113,7 +113,9 @@ def test_usage_example_runs_as_one_process_and_matches_the_plain_run(capsys, mon
 
     monkeypatch.delenv("MS_ROLE", raising=False)
     argv = ["--steps", str(custom.STEPS), "--vpp", "4", "--micro", str(custom.MICRO)]
-    train_custom.main([*argv, "--batch", str(custom.BATCH), "--lr", str(custom.LR)])
+    train_custom.main(
+        [*argv, "--batch", str(custom.BATCH), "--lr", str(custom.LR), "--max-norm", str(custom.MAX_NORM)]
+    )
     printed = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [int(words[1]) for words in printed] == list(range(1, custom.STEPS + 1))
     expected = custom.reference_losses(4)

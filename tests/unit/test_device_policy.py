@@ -18,6 +18,7 @@ FAST_PATHS = [
     "backend_bounds_waits",
     "host_barrier",
     "host_accumulation",
+    "host_gradient_math",
     "packing_by_address",
     "storage_by_address",
     "sync_steps_default",

@@ -1,0 +1,172 @@
+"""What the training-loop features cost: a step with clipping and dynamic loss scaling against a
+plain step, and ``evaluate()`` against the forward share of ``run()``.
+
+``python -m graph_exec.benchmarks.training_loop_speed [example] [size] [steps] [--runs N]
+[--mode MODE]`` (default ``embed_lm small 20``, three runs, graph mode) launches itself under
+msrun on 2 ranks, ``N`` times. Each launch trains two schedules of the same model (same seed,
+same batches), step by step in turn so machine noise hits both alike, MPipe with the example's
+default preprocess, ``V = 2``, ``M = 4``:
+
+- ``plain``: ``run()`` then ``step(optimizer)`` (no scaler, no clipping: the loop before these
+  features, one call);
+- ``loop``: ``loss_scaler=DynamicLossScaler(2**16, 2, 1000)`` and ``step(optimizer,
+  max_norm=1.0)``: the scale as a graph input, the overflow check and its two small
+  all-reduces, the unscale, the global norm's all-reduce and the clip.
+
+Every measured step starts after a barrier; a rank's time is its ``run()`` plus ``step()``. On
+a busy machine those spread widely, so each rank also times what the features add directly:
+its end of step (``StepEnd.begin`` and ``finish``, wrapped) plus ``step()``, per variant; the
+difference of their p50s over ``plain``'s step p50 is the overhead without the body's noise.
+After the training steps each rank times ``evaluate()`` (with labels) on the ``plain``
+schedule, and takes from ``plain``'s timelines the forward share of its ``run()``: the
+``F`` steps of every stage but the last (whose ``F`` is the fused forward, loss and backward),
+the preprocess forwards and the transfers of forward data. A step lasts until its slowest rank
+is done; rank 0 prints p10/p50/p90 of that in milliseconds, the p50 ratio ``loop / plain``
+(the target is below 1.03 in graph mode) and ``evaluate`` against the forward share.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+from graph_exec.benchmarks.common import argument_parser, launch_and_report, p10_p50_p90, timed
+
+WARMUP = 3
+RANKS, VPP, MICRO = 2, 2, 4
+#: Plan steps that make up the forward half of a training step (``F`` of the last stage excepted).
+FORWARD_KINDS = ("F", "Fsend", "Frecv", "TFWD", "OUTsend", "OUTrecv", "BCAST")
+
+
+def _forward_seconds(timeline, last_stage: int) -> float:
+    from graph_exec.schedule import Step, StepKind
+
+    total = 0.0
+    for event in timeline:
+        step = Step.parse(event.step)
+        if step.kind.value in FORWARD_KINDS and not (step.kind is StepKind.F and step.stage == last_stage):
+            total += event.end - event.start
+    return total
+
+
+def _worker(example: str, size: str, steps: int, mode: str) -> None:
+    from mindspore import amp, nn
+    from mindspore.communication import get_rank, init
+
+    import graph_exec as ge
+    from graph_exec.examples import load
+    from graph_exec.msenv import prepare_mindspore
+    from graph_exec.transport import all_gather_objects, barrier
+
+    prepare_mindspore("CPU")
+    init()
+    rank = get_rank()
+    num_stages = VPP * RANKS
+    family = load(example)
+    runs = {}
+    for name in ("plain", "loop"):
+        model = family.build(num_stages, trainable_preprocess=family.trainable_by_default, size=size)
+        stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in range(rank, num_stages, RANKS)]
+        scaler = amp.DynamicLossScaler(2.0**16, 2, 1000) if name == "loop" else None
+        sched = ge.ScheduleMPipeTranspose(
+            stages,
+            MICRO,
+            model.preprocess,
+            model.num_transpose_layers,
+            loss_fn=model.loss_fn,
+            mode=mode,
+            scale_grads=True,
+            loss_scaler=scaler,
+        )
+        runs[name] = (model, sched, nn.Adam(sched.trainable_params(), learning_rate=1e-3))
+    samples: dict[str, list[float]] = defaultdict(list)
+    ends: dict[str, float] = defaultdict(float)
+    for index in range(WARMUP + steps):
+        for name, (model, sched, optimizer) in runs.items():
+            inputs, labels = model.batch(index, 2 * MICRO)
+            if index == WARMUP:  # set up by now: time every end of step from here on
+                step_end = sched._setup.step_end
+                step_end.begin = timed(ends, name, step_end.begin)
+                step_end.finish = timed(ends, name, step_end.finish)
+            ends[name] = 0.0
+            barrier()
+            start = time.perf_counter()
+            sched.run(*inputs, labels=labels)
+            middle = time.perf_counter()
+            sched.step(optimizer, max_norm=1.0 if name == "loop" else None)
+            end = time.perf_counter()
+            if index >= WARMUP:
+                samples[name].append(end - start)
+                samples[f"{name} end"].append(ends[name] + end - middle)
+                if name == "plain":
+                    samples["forward"].append(_forward_seconds(sched.timeline, num_stages - 1))
+    model, sched, _ = runs["plain"]
+    for index in range(WARMUP + steps):
+        inputs, labels = model.batch(10_000 + index, 2 * MICRO)
+        barrier()
+        start = time.perf_counter()
+        sched.evaluate(*inputs, labels=labels)
+        if index >= WARMUP:
+            samples["evaluate"].append(time.perf_counter() - start)
+    everyone = all_gather_objects(dict(samples), 300.0, "gathering the timings")
+
+    def ms(values: list[float]) -> str:
+        return "/".join(f"{v * 1e3:.1f}" for v in p10_p50_p90(values))
+
+    if rank == 0:  # a step lasts until its slowest rank is done (every step starts at a barrier)
+        slowest = {
+            k: [max(r[k][i] for r in everyone) for i in range(steps)] for k in ("plain", "loop", "evaluate")
+        }
+        ratio = p10_p50_p90(slowest["loop"])[1] / p10_p50_p90(slowest["plain"])[1]
+        forward = statistics.median(max(r["forward"][i] for r in everyone) for i in range(steps))
+        print(
+            f"RESULT step (slowest rank): plain {ms(slowest['plain'])}  loop {ms(slowest['loop'])} ms  "
+            f"loop/plain {ratio:.3f}",
+            flush=True,
+        )
+        print(
+            f"RESULT evaluate (slowest rank) {ms(slowest['evaluate'])} ms against run()'s forward share "
+            f"(slowest rank, p50) {forward * 1e3:.1f} ms: {p10_p50_p90(slowest['evaluate'])[1] / forward:.2f}",
+            flush=True,
+        )
+    print(
+        f"RESULT rank {rank}: end of step (begin + finish + step(), waits for peers included): plain "
+        f"{ms(samples['plain end'])}  loop {ms(samples['loop end'])} ms; forward share {ms(samples['forward'])} ms",
+        flush=True,
+    )
+
+
+def main(argv: list[str]) -> int:
+    from graph_exec.examples import EXAMPLES
+
+    parser = argument_parser(__doc__, "training_loop_speed")
+    parser.add_argument("example", nargs="?", choices=tuple(EXAMPLES), default="embed_lm")
+    parser.add_argument("size", nargs="?", choices=("tiny", "small"), default="small")
+    parser.add_argument("steps", nargs="?", type=int, default=20, help="measured steps (default 20)")
+    parser.add_argument("--runs", type=int, default=3, help="launches, each measured on its own (default 3)")
+    parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.runs < 1:
+        parser.error(f"steps and --runs must be at least 1, got {args.steps} and {args.runs}")
+    status = 0
+    for run in range(1, args.runs + 1):
+        status |= launch_and_report(
+            __file__,
+            ["worker", args.example, args.size, str(args.steps), args.mode],
+            nproc=RANKS,
+            timeout_s=1800,
+            heading=(
+                f"run {run}/{args.runs}: {args.example} {args.size}, {RANKS} ranks, {args.mode} mode, V={VPP} "
+                f"M={MICRO}, p10/p50/p90 of {args.steps} steps after {WARMUP} warm-up steps:"
+            ),
+        )
+    return status
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["worker"]:
+        _worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    else:
+        sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,108 @@
+"""The global gradient norm of the whole model, and clipping by it.
+
+Every rank holds only part of the model's gradients, and some of them more than once across
+the mesh, so each parameter must be counted on exactly one rank of its pipeline:
+
+- a stage parameter lives on one pipeline rank: counted there;
+- the preprocess gradient lives on pipeline rank 0 (central backward, the fair baseline) or,
+  identical after ``GRADreduce``, on every pipeline rank (owner backward): counted on rank 0;
+- of a tied pair (:mod:`graph_exec.runtime.tied`) both ranks hold the summed gradient: the
+  first name is counted, the second never;
+- data-parallel replicas hold the same averaged gradients: each replica computes the norm of
+  its own pipeline, and they agree without being summed again.
+
+Each rank reduces its counted gradients to one number (the sum of ``|g| ** p``, or the largest
+``|g|`` for ``p = inf``) in one compiled kernel; the numbers of the pipeline's ranks travel in
+one small vector, each rank writing only its own slot, through one SUM all-reduce (adding zeros
+is exact); every rank then combines the vector itself, in the same order, so the norm is
+bit-identical on every rank whatever order the collective summed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from typing import Any
+
+#: Added to the norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does.
+EPSILON = 1e-6
+
+
+def check_norm_type(norm_type: Any) -> float:
+    """``norm_type`` as a float: positive, ``inf`` allowed."""
+    if isinstance(norm_type, bool) or not isinstance(norm_type, int | float) or not norm_type > 0:
+        raise ValueError(f"norm_type must be a positive number or float('inf'), got {norm_type!r}")
+    return float(norm_type)
+
+
+def check_max_norm(max_norm: Any) -> float:
+    """``max_norm`` as a float: positive, ``inf`` (only measure) allowed."""
+    if isinstance(max_norm, bool) or not isinstance(max_norm, int | float) or not max_norm > 0:
+        raise ValueError(
+            f"max_norm must be a positive number or float('inf') to only measure, got {max_norm!r}"
+        )
+    return float(max_norm)
+
+
+def clip_coefficient(norm: float, max_norm: float) -> float:
+    """``min(1, max_norm / (norm + 1e-6))``; 1 for a norm that is not finite (nothing scaled)."""
+    if not math.isfinite(norm):
+        return 1.0
+    return min(1.0, max_norm / (norm + EPSILON))
+
+
+def counted_names(
+    trained: Sequence[str], stage_names: Collection[str], pp_rank: int, tied_seconds: Collection[str]
+) -> list[str]:
+    """The accumulators this rank counts in the global norm, in ``trained`` order: its stage
+    parameters, the preprocess ones on pipeline rank 0 only, never the second name of a tied
+    pair (see the module docstring)."""
+    skipped = set(tied_seconds)
+    return [n for n in trained if (n in stage_names or pp_rank == 0) and n not in skipped]
+
+
+class GlobalGradNorm:
+    """One rank's side of the global norm: its counted names, its pipeline's transport.
+
+    ``counted``: the accumulator names this rank counts; ``transport``: the pipeline group's
+    (``None`` for a one-rank pipeline); ``rank``/``size``: this rank's place in it.
+    """
+
+    def __init__(
+        self, executor: Any, counted: Sequence[str], transport: Any | None, rank: int, size: int
+    ) -> None:
+        self.executor = executor
+        self.counted = tuple(counted)
+        self._transport = transport
+        self._rank = rank
+        self._size = size
+
+    def measure(self, norm_type: float) -> float:
+        """The ``norm_type``-norm over every counted gradient of the pipeline (every rank)."""
+        from mindspore import ops
+
+        part = self.executor.grad_norm_part(self.counted, norm_type).reshape(1)
+        if self._transport is not None and self._size > 1:
+            pieces = [
+                ops.zeros(self._rank, part.dtype),
+                part,
+                ops.zeros(self._size - self._rank - 1, part.dtype),
+            ]
+            slots = ops.concat([piece for piece in pieces if piece.shape[0]])
+            self._transport.all_reduce_sum([slots])
+        else:
+            slots = part
+        if math.isinf(norm_type):
+            return float(slots.max().asnumpy())
+        total = slots.sum()
+        norm = ops.sqrt(total) if norm_type == 2.0 else ops.pow(total, 1.0 / norm_type)
+        return float(norm.asnumpy())
+
+    def clip(self, max_norm: float, norm_type: float) -> float:
+        """Measure the norm and scale this rank's gradients (all of them, counted or not) in
+        place by :func:`clip_coefficient`; returns the norm before clipping."""
+        norm = self.measure(norm_type)
+        coefficient = clip_coefficient(norm, max_norm)
+        if coefficient < 1.0:
+            self.executor.scale_grads(coefficient)
+        return norm

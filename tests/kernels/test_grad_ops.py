@@ -1,0 +1,91 @@
+"""The whole-gradient kernels (kernels/grad_ops.py): the compiled and eager MindSpore forms and
+the numpy host forms of the CPU fast path give the same answers (norm shares within rtol 1e-6,
+scaling and setting aside bit for bit, the overflow verdict of ``mindspore.amp.all_finite``)."""
+
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import numpy as np
+import pytest
+from graph_exec.kernels import (
+    accumulator_dtype,
+    host_add_back,
+    host_all_finite,
+    host_norm_part,
+    host_scale,
+    host_set_aside,
+    make_add_back,
+    make_norm_part,
+    make_scale_grads,
+    make_set_aside,
+)
+from mindspore import Parameter, ParameterTuple, Tensor, amp, ops
+
+PREPARE = {"graph": ms.jit, "pynative": lambda kernel: kernel}
+SHAPES = [(7, 5), (5,), (3, 4, 2), (0, 3)]
+
+
+def buffers(prefix: str, seed: int = 0) -> ParameterTuple:
+    rng = np.random.default_rng(seed)
+    return ParameterTuple(
+        [
+            Parameter(
+                Tensor(rng.standard_normal(shape).astype(np.float32)),
+                name=f"{prefix}{i}",
+                requires_grad=False,
+            )
+            for i, shape in enumerate(SHAPES)
+        ]
+    )
+
+
+def values(params: ParameterTuple) -> list[np.ndarray]:
+    return [p.asnumpy().copy() for p in params]
+
+
+@pytest.mark.parametrize("mode", list(PREPARE))
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, math.inf])
+def test_norm_shares_agree_with_numpy_in_float64(mode: str, norm_type: float) -> None:
+    params = buffers(f"norm_{mode}_{norm_type}.")
+    flat = np.concatenate([v.ravel().astype(np.float64) for v in values(params)])
+    want = np.abs(flat).max() if math.isinf(norm_type) else (np.abs(flat) ** norm_type).sum()
+    nonempty = ParameterTuple([p for p in params if p.size])  # the compiled share needs one tensor
+    compiled = float(PREPARE[mode](make_norm_part(nonempty, norm_type))().asnumpy())
+    assert compiled == pytest.approx(want, rel=1e-6)
+    assert host_norm_part(params, norm_type) == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", list(PREPARE))
+def test_scaling_and_setting_aside_are_the_same_on_the_host(mode: str) -> None:
+    device, host = buffers(f"scale_d_{mode}."), buffers(f"scale_h_{mode}.")
+    PREPARE[mode](make_scale_grads(device))(Tensor(0.375, ms.float32))
+    host_scale(host, 0.375)
+    for a, b in zip(values(device), values(host), strict=True):
+        assert a.tobytes() == b.tobytes()
+    before = values(host)
+    kept_device = ParameterTuple([Parameter(ops.zeros_like(p), name=f"kept.{p.name}") for p in device])
+    PREPARE[mode](make_set_aside(device, kept_device))()
+    kept_host = host_set_aside(host)
+    assert not any(v.any() for v in values(device) + values(host))
+    for p in (*device, *host):
+        ops.assign_add(p, ops.ones_like(p))  # this step's gradients
+    PREPARE[mode](make_add_back(device, kept_device))()
+    host_add_back(host, kept_host)
+    for a, b, was in zip(values(device), values(host), before, strict=True):
+        assert a.tobytes() == b.tobytes()
+        np.testing.assert_array_equal(b, was + 1)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_the_host_overflow_check_is_all_finite(bad: float) -> None:
+    params = buffers(f"finite_{bad}.")
+    assert host_all_finite(params) is True and bool(amp.all_finite(list(params)).asnumpy())
+    ops.assign(params[2], ops.fill(ms.float32, params[2].shape, float(bad)))
+    assert host_all_finite(params) is False and not bool(amp.all_finite(list(params)).asnumpy())
+
+
+def test_low_precision_parameters_get_float32_accumulators() -> None:
+    assert accumulator_dtype(ms.float16) == ms.float32 and accumulator_dtype(ms.bfloat16) == ms.float32
+    assert accumulator_dtype(ms.float32) == ms.float32 and accumulator_dtype(ms.float64) == ms.float64

@@ -1,0 +1,85 @@
+"""What a training loop needs, on real ranks under msrun: the global gradient norm and clipping,
+loss scaling with one overflow verdict for the mesh, per-token loss, evaluation, tied
+parameters and low-precision chunks, against the reference (what each check compares: the
+worker, tests/multirank/workers/training_loop_checks.py). Three launches: P = 2, P = 4 and a
+dp2 x pp2 mesh."""
+
+import re
+
+import pytest
+
+from tests.multirank.conftest import checks
+
+#: Checks every case of a suite must have passed on the ranks named (besides "no FAIL line").
+EXPECTED = {
+    "p2": {
+        0: [
+            "clip_v2_trainable_central_graph.norm_2.0",
+            "clip_v2_trainable_central_graph.norm_inf_same_bits_everywhere",
+            "clip_v1_trainable_owner_pynative.step1.grads",
+            "clip_v1_frozen_graph.step1.grad_norm",
+            "clip_v1_frozen_graph.clipped_grads",
+            "clip_baseline_v2_pynative.step1.grads",
+            "tied_central_graph.step1.tied_weights_stay_one",
+            "tied_owner_pynative.step1.norm_counts_the_pair_once",
+            "token_pynative.grads",
+            "evaluate_v2_trainable_graph.grads_untouched",
+            "accumulate_owner_graph.run1.accumulated",
+            "float16_graph.grads",
+            "bfloat16_pynative.grads",
+            "bad.tied_name_nowhere",
+            "bad.token_loss_returns_a_scalar",
+        ],
+        1: [
+            "tied_central_graph.step1.losses",
+            "token_pynative.losses",
+            "evaluate_v2_trainable_graph.eval.losses",
+            "evaluate_v2_trainable_graph.outputs",
+            "evaluate_baseline_pynative.outputs",
+            "float16_graph.losses",
+            "bfloat16_pynative.float32_accumulators",
+            "bad.token_loss_returns_a_scalar",
+        ],
+    },
+    "p4": {
+        0: [
+            "clip_v2_trainable_owner_m8_graph.norm_2.0",
+            "clip_v2_trainable_owner_m8_graph.clipped_grads",
+            "tied_rank0_rank3_owner_graph.step1.grads",
+        ],
+        2: ["clip_v1_frozen_pynative.step1.grads", "bad.token_loss_returns_a_scalar"],
+        3: [
+            "tied_rank0_rank3_owner_graph.step1.tied_weights_stay_one",
+            "evaluate_v2_owner_min_pynative.outputs",
+            "token_graph.losses",
+        ],
+    },
+    "mesh": {
+        rank: [
+            "overflow_on_one_rank_graph.every_rank_sees_the_overflow",
+            "overflow_on_one_rank_graph.skipped",
+            "overflow_on_one_rank_graph.weights_unchanged",
+            "overflow_on_one_rank_graph.next.grads",
+            "clip_mesh_pynative.norm_2.0_same_bits_everywhere",
+            "clip_mesh_pynative.clipped_grads",
+            "tied_mesh_graph.step1.tied_weights_stay_one",
+            "token_mesh_pynative.grads",
+            "evaluate_mesh_pynative.grads_untouched",
+        ]
+        for rank in range(4)
+    },
+}
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize(("suite", "ranks"), [("p2", 2), ("p4", 4), ("mesh", 4)])
+def test_training_loop_matches_the_reference(run_workers, suite, ranks):
+    result = run_workers("training_loop_checks.py", ranks, suite, timeout_s=360)
+    for rank in range(ranks):
+        log = result.worker_logs[rank]
+        assert "ALL DONE failures=0" in log, result.describe()
+        cases = re.search(r"^SUITE \S+ cases: (.+)$", log, re.MULTILINE).group(1).split()
+        passed = checks(result, rank)
+        assert all(any(name.startswith(f"{case}.") or name == case for name in passed) for case in cases)
+        missing = [name for name in EXPECTED[suite].get(rank, ()) if name not in passed]
+        assert not missing, (missing, result.describe())
