@@ -290,7 +290,7 @@ class ScheduleMPipeTranspose:
             if setup.evaluation is None:
                 plan = build_plan(replace(setup.plan.config, forward_only=True))
                 setup.evaluation = self._runtime(
-                    plan, setup.rank, setup.executor, setup.transport, setup.pool
+                    plan, setup.rank, setup.executor, setup.transport, setup.slots
                 )
             results = setup.evaluation.run(batch)
         except BaseException as exc:
