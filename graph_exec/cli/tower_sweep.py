@@ -108,10 +108,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     pin = args.pin_cores and DevicePolicy.for_target(args.device).pin_cores
     costs = calibrate(args.size, num_stages, batch // micro, args.device, pin, args.timeout)
+    try:  # every ratio's depth before the first launch: one off the scale stops nothing mid-sweep
+        depths = [costs.depth_for(ratio) for ratio in args.tower_ratio]
+    except ValueError as exc:
+        print(f"graph-exec bench: {exc}", file=sys.stderr)
+        return 2
     points: list[SweepPoint] = []
     try:
-        for ratio in args.tower_ratio:
-            depth = costs.depth_for(ratio)
+        for ratio, depth in zip(args.tower_ratio, depths, strict=True):
             tower = costs.tower(depth)
             rebalanced = rebalanced_layers(num_layers, pp, vpp, costs.layer_step, [tower])
             job = checked_job(

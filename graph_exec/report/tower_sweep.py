@@ -38,6 +38,9 @@ SCHEDULES = ("baseline-frozen", "baseline-rebalanced", "frozen-full", "frozen-mi
 #: MPipe schedule -> its ``overflow``.
 MPIPE = {"frozen-full": "full", "frozen-min": "min"}
 SIMULATED_RANKS = (2, 4, 8)
+#: The deepest tower a sweep builds: deeper means the calibration was off (its compile alone
+#: would take minutes, and MindSpore's graph call depth stops near a thousand blocks).
+MAX_VISION_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,17 @@ class StartupCosts:
     layers_per_chunk: int
 
     def depth_for(self, ratio: float) -> int:
-        """Vision blocks whose tower forward is closest to ``ratio`` x a chunk's forward (>= 1)."""
-        return max(1, round((ratio * self.chunk_forward - self.tower_fixed) / self.tower_block))
+        """Vision blocks whose tower forward is closest to ``ratio`` x a chunk's forward (>= 1).
+
+        Raises ``ValueError`` beyond :data:`MAX_VISION_DEPTH` blocks, naming the costs."""
+        depth = max(1, round((ratio * self.chunk_forward - self.tower_fixed) / self.tower_block))
+        if depth > MAX_VISION_DEPTH:
+            raise ValueError(
+                f"--tower-ratio {ratio:g} needs {depth} vision blocks (chunk forward "
+                f"{self.chunk_forward * 1e3:.2f} ms, one block {self.tower_block * 1e3:.3f} ms); at most "
+                f"{MAX_VISION_DEPTH} are built: use a smaller ratio or rerun on a quieter machine"
+            )
+        return depth
 
     def tower(self, depth: int) -> float:
         return self.tower_fixed + depth * self.tower_block

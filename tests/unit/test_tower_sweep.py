@@ -85,6 +85,16 @@ def test_depth_follows_the_ratio():
     assert costs.tower(18) == 20.0
 
 
+def test_a_depth_off_the_scale_is_refused_naming_the_costs():
+    """A near-zero block cost (a noisy calibration) once asked for 1008 blocks and crashed the ranks."""
+    costs = sweep.StartupCosts(
+        chunk_forward=0.003, layer_step=0.006, tower_fixed=0.001, tower_block=1e-6, layers_per_chunk=1
+    )
+    assert costs.depth_for(1e-4) == 1
+    with pytest.raises(ValueError, match=r"--tower-ratio 2 needs \d+ vision blocks .* at most 64"):
+        costs.depth_for(2)
+
+
 def known_costs(layers, fwd=1.0, bwd=2.0, first=0.5, last=0.75) -> OpCosts:
     """Measured-style costs of a split with per-layer ``fwd``/``bwd`` and stage extras."""
     forward = [n * fwd for n in layers]
