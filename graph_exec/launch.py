@@ -10,7 +10,9 @@ the rank each worker runs), and whatever is left of them — workers, msrun's ``
 followers — is killed when the job ends, times out, or the caller is interrupted or sent
 SIGTERM. On a time-out every worker is first asked for a Python stack dump (SIGABRT with
 ``PYTHONFAULTHANDLER``), so its log says where it was stuck. A failure report names the rank
-that died and how (:mod:`graph_exec.launch_report`).
+that died and how (:mod:`graph_exec.launch_report`). With ``max_restarts`` a job whose rank
+died or timed out is launched again, once every process of the failed attempt is gone
+(:mod:`graph_exec.restarts` decides what is worth a restart).
 """
 
 from __future__ import annotations
@@ -30,12 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graph_exec.launch_report import failure_report, worker_exits
+from graph_exec.restarts import ATTEMPT_ENV, Attempt, run_attempts
 
 #: Seconds the workers get to write their stack dumps before a timed-out job is killed.
 DUMP_GRACE_S = 2.0
 
 #: msrun's own default rendezvous port, used when several hosts must agree on one.
 DEFAULT_MASTER_PORT = 8118
+
+#: Seconds to wait for the killed processes of a job to be gone (a restart waits for them).
+EXIT_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,8 @@ def free_port() -> int:
 
 @dataclass
 class LaunchResult:
-    """What a launch left behind: exit code, time taken and every worker's log."""
+    """What a launch left behind: exit code, time taken and every worker's log — of its last
+    attempt; ``attempts`` lists every attempt (one without restarts)."""
 
     returncode: int
     timed_out: bool
@@ -75,6 +82,7 @@ class LaunchResult:
     #: ``{rank: exit code}`` of the workers msrun saw fail (negative: killed by that signal).
     exits: dict[int, int] = field(default_factory=dict)
     timeout_s: float | None = None
+    attempts: list[Attempt] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -88,8 +96,11 @@ class LaunchResult:
             head = f"msrun timed out after {self.seconds:.1f} s{limit}"
         else:
             head = f"msrun exit code {self.returncode} after {self.seconds:.1f} s"
+        head = f"{head} (logs in {self.log_dir})"
+        if len(self.attempts) > 1:
+            head += "".join(f"\n  {attempt.describe()}" for attempt in self.attempts)
         return failure_report(
-            headline=f"{head} (logs in {self.log_dir})",
+            headline=head,
             worker_logs=self.worker_logs,
             exits=self.exits,
             msrun_output=self.output,
@@ -141,6 +152,10 @@ def launch(
     cluster_timeout_s: int = 30,
     poll: Callable[[], None] | None = None,
     nodes: Nodes | None = None,
+    max_restarts: int = 0,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    steps_done: Callable[[str], int | None] | None = None,
+    before_restart: Callable[[int], str | None] | None = None,
 ) -> LaunchResult:
     """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``.
 
@@ -153,15 +168,77 @@ def launch(
 
     ``nodes``: this host's place in a multi-host job (``nproc`` counts the ranks of every host;
     this call starts its share); default: every rank here, on loopback.
+
+    ``max_restarts``: launch again, at most that many times, after an attempt whose rank died
+    by a signal or timed out (:func:`graph_exec.restarts.classify` and ``decide`` say what is
+    retried), once every process of the failed attempt is gone, on a fresh port, with the same
+    arguments; the script resumes itself (``ge.latest_checkpoint``). Every worker sees its
+    attempt number in ``GRAPH_EXEC_ATTEMPT``; attempt ``i``'s logs move to ``log_dir/attempt_<i>``
+    when the next one starts, and one line per restart goes to stderr. ``checkpoint_dir`` (the
+    job's checkpoints) and ``steps_done(worker log) -> steps finished`` let the attempt records
+    say where each attempt resumed and what a failure cost. ``before_restart(attempt)`` runs
+    before each relaunch and may return a reason not to relaunch.
     """
     nodes = nodes or Nodes()
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     if nproc % nodes.count:
         raise ValueError(f"{nproc} ranks cannot be split evenly over {nodes.count} nodes")
-    port = nodes.master_port or (free_port() if nodes.count == 1 else DEFAULT_MASTER_PORT)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if max_restarts and nodes.count > 1:
+        raise ValueError(
+            f"max_restarts={max_restarts} needs a job on one host: the launchers of {nodes.count} hosts "
+            "cannot agree on a relaunch; restart a multi-host job from its checkpoint by hand (--resume)"
+        )
     log_path = Path(log_dir)
     log_path.mkdir(parents=True, exist_ok=True)
+    for old in log_path.glob("attempt_*"):
+        if old.is_dir() and old.name[len("attempt_") :].isdigit():
+            shutil.rmtree(old, ignore_errors=True)
+
+    def attempt(index: int) -> tuple[LaunchResult, bool]:
+        if index:
+            _archive_logs(log_path, index - 1)
+        return _launch_once(
+            script, args, nproc, log_path, timeout_s, env, cluster_timeout_s, poll, nodes, index
+        )
+
+    result, attempts = run_attempts(
+        attempt,
+        max_restarts=max_restarts,
+        checkpoint_dir=checkpoint_dir,
+        steps_done=steps_done,
+        before_restart=before_restart,
+        exit_wait_s=EXIT_WAIT_S,
+    )
+    result.attempts = attempts
+    return result
+
+
+def _archive_logs(log_path: Path, index: int) -> None:
+    """Move attempt ``index``'s logs (``*.log``, ``msrun.out``) to ``log_path/attempt_<index>``."""
+    target = log_path / f"attempt_{index}"
+    target.mkdir(exist_ok=True)
+    for path in [*log_path.glob("*.log"), log_path / "msrun.out"]:
+        if path.is_file():
+            path.replace(target / path.name)
+
+
+def _launch_once(
+    script: str | os.PathLike[str],
+    args: Sequence[str],
+    nproc: int,
+    log_path: Path,
+    timeout_s: float,
+    env: Mapping[str, str] | None,
+    cluster_timeout_s: int,
+    poll: Callable[[], None] | None,
+    nodes: Nodes,
+    attempt: int,
+) -> tuple[LaunchResult, bool]:
+    """One msrun job; also whether every process it started is gone (waited for, bounded)."""
+    port = nodes.master_port or (free_port() if nodes.count == 1 else DEFAULT_MASTER_PORT)
     for old in log_path.glob("*.log"):
         old.unlink()
     cmd = [
@@ -183,6 +260,7 @@ def launch(
     child_env.setdefault("GLOG_v", "3")
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     child_env.setdefault("PYTHONFAULTHANDLER", "1")  # stack dumps on SIGABRT (time-outs) and crashes
+    child_env[ATTEMPT_ENV] = str(attempt)
     start = time.monotonic()
     output_path = log_path / "msrun.out"
     with output_path.open("w") as output:
@@ -215,6 +293,7 @@ def launch(
                 os.killpg(proc.pid, signal.SIGKILL)
             _kill(started)
             proc.wait()
+            gone = _wait_gone(started, EXIT_WAIT_S)
     if poll is not None:
         poll()
     logs = {
@@ -223,7 +302,7 @@ def launch(
         if (m := re.fullmatch(r"worker_(\d+)\.log", p.name))
     }
     output_text = output_path.read_text(errors="replace")
-    return LaunchResult(
+    result = LaunchResult(
         proc.returncode,
         timed_out,
         time.monotonic() - start,
@@ -233,6 +312,7 @@ def launch(
         exits=_failed_workers(output_text, rank_of_pid, timed_out),
         timeout_s=timeout_s,
     )
+    return result, gone
 
 
 def _failed_workers(output: str, rank_of_pid: dict[int, int], timed_out: bool) -> dict[int, int]:
@@ -326,6 +406,28 @@ def _descendants(root: int) -> dict[int, str]:
                 found[child] = table[child][1]
                 todo.append(child)
     return found
+
+
+def _wait_gone(recorded: dict[int, str], limit_s: float) -> bool:
+    """Wait until no recorded process runs any more (a zombie counts as gone: it holds no
+    port, file or device); ``False`` if some still ran after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        running = [pid for pid, start in recorded.items() if _running(pid, start)]
+        if not running:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _running(pid: int, start: str) -> bool:
+    """Whether process ``pid`` is still the one that started at ``start`` and not a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == start and fields[0] != "Z"
 
 
 def _kill(recorded: dict[int, str]) -> None:
