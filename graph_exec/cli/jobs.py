@@ -303,6 +303,8 @@ def execute(
         raise JobFailed(130) from None
     if not result.ok:
         print(result.describe(tail_lines=40, last_step=last_finished_step), file=sys.stderr)
+        if restarts is not None and len(result.attempts) == 1:  # describe() lists two or more
+            print(f"{prog}: {result.attempts[0].describe()}", file=sys.stderr)
         print(f"{prog}: failed; logs kept in {run_dir}", file=sys.stderr)
         raise JobFailed(1)
     return result
