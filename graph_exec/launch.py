@@ -40,6 +40,9 @@ DUMP_GRACE_S = 2.0
 #: msrun's own default rendezvous port, used when several hosts must agree on one.
 DEFAULT_MASTER_PORT = 8118
 
+#: What msrun logs for the first failed worker it finds (before it kills the others).
+_WORKER_FAILED = "exit with exception. Error code:"
+
 #: Seconds to wait for the killed processes of a job to be gone (a restart waits for them).
 EXIT_WAIT_S = 30.0
 
@@ -269,11 +272,13 @@ def _launch_once(
         )
     started: dict[int, str] = {}  # pid -> start time, so that a reused pid is never killed
     rank_of_pid: dict[int, int] = {}
+    seen_exits: dict[int, int] = {}  # rank -> exit code of the workers seen dead, in that order
     timed_out = False
     with _sigterm_as_exit():
         try:
             while proc.poll() is None:
                 _record(proc.pid, started, rank_of_pid)
+                _note_deaths(rank_of_pid, started, seen_exits, output_path)
                 if poll is not None:
                     poll()
                 if time.monotonic() - start > timeout_s:
@@ -309,15 +314,20 @@ def _launch_once(
         log_path,
         output_text,
         logs,
-        exits=_failed_workers(output_text, rank_of_pid, timed_out),
+        exits=_failed_workers(output_text, rank_of_pid, seen_exits, timed_out),
         timeout_s=timeout_s,
     )
     return result, gone
 
 
-def _failed_workers(output: str, rank_of_pid: dict[int, int], timed_out: bool) -> dict[int, int]:
-    """msrun's failed workers; after a time-out, the SIGABRTs of our stack dumps are not news."""
-    exits = worker_exits(output, rank_of_pid)
+def _failed_workers(
+    output: str, rank_of_pid: dict[int, int], seen_exits: dict[int, int], timed_out: bool
+) -> dict[int, int]:
+    """The failed workers, in the order they died: those seen dead first (only failures), then
+    msrun's report; after a time-out, the SIGABRTs of our stack dumps are not news."""
+    exits = {rank: code for rank, code in seen_exits.items() if code != 0}
+    for rank, code in worker_exits(output, rank_of_pid).items():
+        exits.setdefault(rank, code)
     if timed_out:
         exits = {rank: code for rank, code in exits.items() if code != -signal.SIGABRT}
     return exits
@@ -351,6 +361,39 @@ def _record(root: int, started: dict[int, str], rank_of_pid: dict[int, int]) -> 
         rank = _worker_rank(pid)
         if rank is not None:
             rank_of_pid[pid] = rank
+
+
+def _note_deaths(
+    rank_of_pid: dict[int, int], started: dict[int, str], seen_exits: dict[int, int], msrun_out: Path
+) -> None:
+    """Add to ``seen_exits`` the workers that died on their own, seen before msrun reaped them.
+
+    msrun reports only the first failed worker it finds, polling once a second in rank order,
+    and then kills the others: a peer that the dead rank took down may be reported instead. The
+    dead are seen here first, unless msrun has reported already: after its report, the dead are
+    its own victims (it logs before it kills, so a scan followed by no report saw none of them).
+    """
+    found = {}
+    for pid, rank in rank_of_pid.items():
+        if rank not in seen_exits:
+            code = _zombie_exit(pid, started[pid])
+            if code is not None:
+                found[rank] = code
+    if found and _WORKER_FAILED not in msrun_out.read_text(errors="replace"):
+        seen_exits.update(found)
+
+
+def _zombie_exit(pid: int, start: str) -> int | None:
+    """The exit code of ``pid`` if it is that process, dead and not yet reaped (negative: the
+    signal that killed it), else ``None``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] != "Z" or fields[19] != start or len(fields) < 50:
+        return None
+    status = int(fields[49])  # exit_code, as waitpid(2) reports it
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 
 
 def _worker_rank(pid: int) -> int | None:

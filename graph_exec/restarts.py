@@ -121,7 +121,8 @@ def classify(
     In this order: bad arguments (a rank exited with code 2), a failure no restart can fix (exit
     code :data:`EXIT_NOT_RETRYABLE`, or a rank's last error is one of :data:`NOT_RETRYABLE_ERRORS`),
     a rank killed by a signal, the launcher's time limit, ranks that only saw a silent peer
-    (``PeerTimeoutError``), else an error in the program. ``steps_done(log)`` reads from a
+    (``PeerTimeoutError``), else an error in the program. ``exits`` is in the order msrun
+    reported the deaths (the first killed rank is named); ``steps_done(log)`` reads from a
     worker's log how many steps it finished.
     """
     if returncode == 0 and not timed_out:
@@ -150,7 +151,7 @@ def classify(
     for rank, text in sorted(errors.items()):
         if _NOT_RETRYABLE_LINE.match(text):
             return failure(NOT_RETRYABLE, rank, exits.get(rank), f"rank {rank} failed: {text}")
-    killed = sorted((rank, code) for rank, code in exits.items() if code < 0)
+    killed = [(rank, code) for rank, code in exits.items() if code < 0]  # msrun's order: the first died first
     if killed:
         rank, code = killed[0]
         return failure(SIGNAL, rank, code, f"rank {rank} {exit_words(code)}")

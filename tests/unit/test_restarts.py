@@ -234,3 +234,26 @@ def test_run_attempts_stops_where_decide_or_the_caller_says(tmp_path):
     _, attempts = run_attempts(lambda i: (corrupt, True), max_restarts=3, checkpoint_dir=tmp_path)
     assert len(attempts) == 1 and attempts[0].cause == NOT_RETRYABLE
     assert attempts[0].steps_redone is None and attempts[0].seconds_lost == 1.0  # no checkpoint: all lost
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"), [("os.kill(os.getpid(), 9)", -9), ("os._exit(3)", 3), ("pass", 0)]
+)
+def test_the_launcher_reads_the_exit_code_of_a_dead_unreaped_process(code, expected):
+    import subprocess
+    import sys
+
+    from graph_exec.launch import _processes, _zombie_exit
+
+    child = subprocess.Popen([sys.executable, "-c", f"import os\n{code}"])
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.02)
+        start = _processes()[child.pid][1]
+        assert _zombie_exit(child.pid, start) == expected
+        assert _zombie_exit(child.pid, "not its start time") is None
+    finally:
+        child.wait()
+    assert _zombie_exit(child.pid, start) is None  # reaped: gone
