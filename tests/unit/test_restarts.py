@@ -257,3 +257,44 @@ def test_the_launcher_reads_the_exit_code_of_a_dead_unreaped_process(code, expec
     finally:
         child.wait()
     assert _zombie_exit(child.pid, start) is None  # reaped: gone
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-restarts", "2"], "--max-restarts 2 needs --checkpoint-dir DIR"),
+        (["--max-restarts", "-1"], "argument --max-restarts: invalid value '-1'"),
+        (
+            ["--max-restarts", "1", "--checkpoint-dir", "ckpt", "--nodes", "2", "--ranks", "4"],
+            "--max-restarts needs a job on one host, not --nodes 2",
+        ),
+    ],
+)
+def test_graph_exec_run_refuses_restarts_it_cannot_make(argv, message, monkeypatch, capsys, tmp_path):
+    from graph_exec.cli import jobs, main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(jobs, "launch", lambda *a, **k: pytest.fail("msrun was launched"))
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "embed_lm", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_relaunched_job_resumes_from_the_latest_complete_checkpoint(tmp_path):
+    from graph_exec.cli.run import resumed_job
+    from graph_exec.report.job import JobSpec, RunSpec
+
+    job = JobSpec(
+        "embed_lm", "tiny", 2, 2, 4, 8, steps=11, warmup=1, runs=(RunSpec("run"),), save_every=3,
+        checkpoint_dir=str(tmp_path),
+    )  # fmt: skip
+    assert resumed_job(job) == job  # no checkpoint yet: from step 0 again
+    complete_step(tmp_path, 6, time.time())
+    layout.step_dir(tmp_path, 9).mkdir()  # a save that died: not a checkpoint
+    again = resumed_job(job)
+    assert (again.first_step, again.warmup, again.steps, again.end_step) == (6, 1, 5, 12)
+    complete_step(tmp_path, 12, time.time())
+    assert (
+        resumed_job(job) == "checkpoint step 12 is complete: the training finished, the job failed after it"
+    )
