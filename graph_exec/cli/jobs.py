@@ -10,6 +10,7 @@ caller, so the user sees training happen rather than a silent wait.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -252,9 +253,9 @@ def run_job(
     else:
         env["GLOG_v"] = "3"
 
-    def before_restart(attempt: int) -> str | None:
-        assert restarts is not None
-        following = restarts.next_job(attempt)
+    def before_restart(next_job: Callable[[int], JobSpec | str], attempt: int) -> str | None:
+        """The next attempt's job written for its workers, and the watch on its fresh logs."""
+        following = next_job(attempt)
         if isinstance(following, str):
             return following
         following.write(run_dir)
@@ -273,7 +274,7 @@ def run_job(
         max_restarts=0 if restarts is None else restarts.limit,
         checkpoint_dir=job.checkpoint_dir,
         steps_done=steps_finished,
-        before_restart=None if restarts is None else before_restart,
+        before_restart=None if restarts is None else functools.partial(before_restart, restarts.next_job),
     )
 
 
