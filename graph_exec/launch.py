@@ -10,9 +10,10 @@ the rank each worker runs), and whatever is left of them — workers, msrun's ``
 followers — is killed when the job ends, times out, or the caller is interrupted or sent
 SIGTERM. On a time-out every worker is first asked for a Python stack dump (SIGABRT with
 ``PYTHONFAULTHANDLER``), so its log says where it was stuck. A failure report names the rank
-that died and how (:mod:`graph_exec.launch_report`). With ``max_restarts`` a job whose rank
-died or timed out is launched again, once every process of the failed attempt is gone
-(:mod:`graph_exec.restarts` decides what is worth a restart).
+that died and how (:mod:`graph_exec.launch_report`); the job ends :data:`FAILED_GRACE_S` after
+msrun reported a failed worker. With ``max_restarts`` a job whose rank died or timed out is
+launched again, once every process of the failed attempt is gone (:mod:`graph_exec.restarts`
+decides what is worth a restart).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ DEFAULT_MASTER_PORT = 8118
 
 #: What msrun logs for the first failed worker it finds (before it kills the others).
 _WORKER_FAILED = "exit with exception. Error code:"
+
+#: Seconds msrun gets to end by itself after it reported a failed worker. It kills the other
+#: workers at once but then waits for its scheduler process, which notices their loss only
+#: after its heartbeat time-out (a kill took 29 s to report here): the launcher ends it instead.
+FAILED_GRACE_S = 1.0
 
 #: Seconds to wait for the killed processes of a job to be gone (a restart waits for them).
 EXIT_WAIT_S = 30.0
@@ -74,7 +80,8 @@ def free_port() -> int:
 @dataclass
 class LaunchResult:
     """What a launch left behind: exit code, time taken and every worker's log — of its last
-    attempt; ``attempts`` lists every attempt (one without restarts)."""
+    attempt; ``attempts`` lists every attempt (one without restarts). ``returncode`` is msrun's
+    (1 when the launcher ended msrun after it reported a failed worker)."""
 
     returncode: int
     timed_out: bool
@@ -274,6 +281,7 @@ def _launch_once(
     rank_of_pid: dict[int, int] = {}
     seen_exits: dict[int, int] = {}  # rank -> exit code of the workers seen dead, in that order
     timed_out = False
+    failed_at = None  # when msrun reported a failed worker
     with _sigterm_as_exit():
         try:
             while proc.poll() is None:
@@ -285,6 +293,10 @@ def _launch_once(
                     timed_out = True
                     _dump_stacks(started, rank_of_pid)
                     break
+                if failed_at is None and _WORKER_FAILED in output_path.read_text(errors="replace"):
+                    failed_at = time.monotonic()
+                if failed_at is not None and time.monotonic() - failed_at > FAILED_GRACE_S:
+                    break  # msrun has killed the workers and waits for its scheduler: done here
                 time.sleep(0.25)
         finally:
             # Whatever the job left — workers on a time-out or interrupt, msrun's `tail -f`
@@ -308,7 +320,7 @@ def _launch_once(
     }
     output_text = output_path.read_text(errors="replace")
     result = LaunchResult(
-        proc.returncode,
+        1 if failed_at is not None and proc.returncode < 0 else proc.returncode,  # msrun's own failure code
         timed_out,
         time.monotonic() - start,
         log_path,
