@@ -11,6 +11,7 @@ tensor of the final checkpoint (parameters and Adam state) on both ranks.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -156,27 +157,27 @@ def test_killed_twice_first_step_on_rank_0_then_while_saving(reference, killing_
     assert_equals_reference(reference, tmp_path)
 
 
-def test_killed_twice_with_one_restart_fails_naming_both_then_a_corrupt_checkpoint_is_not_retried(
-    killing_worker, tmp_path, capsys
-):
-    killing_worker("0:1:4,1:1:5")
+def test_killed_twice_with_one_restart_fails_naming_both_attempts(killing_worker, tmp_path, capsys):
+    killing_worker("0:0:0,1:1:0")  # at the first step: rank 0 in attempt 0, rank 1 in attempt 1
     code, out, err = graph_exec_run(capsys, tmp_path, "--max-restarts", "1")
     assert code == 1, out + err
-    assert "  attempt 0: rank 1 killed by signal 9 (SIGKILL) in step 5; started from step 0;" in err, err
-    assert (
-        "  attempt 1: rank 1 killed by signal 9 (SIGKILL) in step 6; resumed from checkpoint step 3;" in err
-    )
+    assert "  attempt 0: rank 0 killed by signal 9 (SIGKILL) in step 1; started from step 0;" in err, err
+    assert "  attempt 1: rank 1 killed by signal 9 (SIGKILL) in step 1; started from step 0;" in err, err
     assert "not retried: the restart limit (1) is reached" in err, err
     assert "rank 1: died, killed by signal 9 (SIGKILL)" in err, err
 
-    # The latest checkpoint (step 3) corrupted: every rank refuses it, nothing is relaunched.
-    rank_file = layout.step_dir(tmp_path / "ckpt", 3) / "rank_1.ckpt"
+
+def test_a_corrupt_checkpoint_is_not_retried(reference, tmp_path, capsys):
+    """The uninterrupted job's checkpoints without the last one, and step 9's rank 1 file
+    corrupted: every rank refuses it at the load and exits 3; nothing is relaunched."""
+    shutil.copytree(reference / "ckpt", tmp_path / "ckpt")
+    shutil.rmtree(layout.step_dir(tmp_path / "ckpt", STEPS))
+    rank_file = layout.step_dir(tmp_path / "ckpt", 9) / "rank_1.ckpt"
     data = bytearray(rank_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     rank_file.write_bytes(bytes(data))
-    killing_worker("")
     code, out, err = graph_exec_run(capsys, tmp_path, "--max-restarts", "2", "--resume")
     assert code == 1, out + err
     assert "restarting" not in err and "relaunching" not in err, err
     assert "CheckpointCorruptError" in err, err
-    assert "rank 0: died, exited with code 3" in err or "rank 1: died, exited with code 3" in err, err
+    assert "exited with code 3" in err and "not retried: a restart would meet the same error" in err, err
