@@ -133,11 +133,8 @@ def main(argv: list[str]) -> int:
     ]
     for words, key in rows:
         values = " ".join(f"{run[key]:7.2f}" for run in runs)
-        extra = (
-            f"  ({runs[0]['redone_steps']:.0f} step(s) x {runs[0]['step'] * 1e3:.0f} ms)"
-            if key == "redone"
-            else ""
-        )
+        counts = ", ".join(f"{r['redone_steps']:.0f} x {r['step'] * 1e3:.0f} ms" for r in runs)
+        extra = f"  (steps x median step: {counts})" if key == "redone" else ""
         print(f"{words:<60} {values} s{extra}")
     total = [r["detection"] + r["relaunch"] + r["reload_recompile"] + r["redone"] for r in runs]
     print(f"{'total lost per failure':<60} {' '.join(f'{t:7.2f}' for t in total)} s")
