@@ -10,7 +10,10 @@ the rank each worker runs), and whatever is left of them — workers, msrun's ``
 followers — is killed when the job ends, times out, or the caller is interrupted or sent
 SIGTERM. On a time-out every worker is first asked for a Python stack dump (SIGABRT with
 ``PYTHONFAULTHANDLER``), so its log says where it was stuck. A failure report names the rank
-that died and how (:mod:`graph_exec.launch_report`).
+that died and how (:mod:`graph_exec.launch_report`); the job ends :data:`FAILED_GRACE_S` after
+msrun reported a failed worker. With ``max_restarts`` a job whose rank died or timed out is
+launched again, once every process of the failed attempt is gone (:mod:`graph_exec.restarts`
+decides what is worth a restart).
 """
 
 from __future__ import annotations
@@ -30,12 +33,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graph_exec.launch_report import failure_report, worker_exits
+from graph_exec.restarts import ATTEMPT_ENV, Attempt, run_attempts
 
 #: Seconds the workers get to write their stack dumps before a timed-out job is killed.
 DUMP_GRACE_S = 2.0
 
 #: msrun's own default rendezvous port, used when several hosts must agree on one.
 DEFAULT_MASTER_PORT = 8118
+
+#: What msrun logs for the first failed worker it finds (before it kills the others).
+_WORKER_FAILED = "exit with exception. Error code:"
+
+#: Seconds msrun gets to end by itself after it reported a failed worker. It kills the other
+#: workers at once but then waits for its scheduler process, which notices their loss only
+#: after its heartbeat time-out (a kill took 29 s to report here): the launcher ends it instead.
+FAILED_GRACE_S = 1.0
+
+#: Seconds to wait for the killed processes of a job to be gone (a restart waits for them).
+EXIT_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -64,7 +79,9 @@ def free_port() -> int:
 
 @dataclass
 class LaunchResult:
-    """What a launch left behind: exit code, time taken and every worker's log."""
+    """What a launch left behind: exit code, time taken and every worker's log — of its last
+    attempt; ``attempts`` lists every attempt (one without restarts). ``returncode`` is msrun's
+    (1 when the launcher ended msrun after it reported a failed worker)."""
 
     returncode: int
     timed_out: bool
@@ -75,6 +92,7 @@ class LaunchResult:
     #: ``{rank: exit code}`` of the workers msrun saw fail (negative: killed by that signal).
     exits: dict[int, int] = field(default_factory=dict)
     timeout_s: float | None = None
+    attempts: list[Attempt] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -88,8 +106,11 @@ class LaunchResult:
             head = f"msrun timed out after {self.seconds:.1f} s{limit}"
         else:
             head = f"msrun exit code {self.returncode} after {self.seconds:.1f} s"
+        head = f"{head} (logs in {self.log_dir})"
+        if len(self.attempts) > 1:
+            head += "".join(f"\n  {attempt.describe()}" for attempt in self.attempts)
         return failure_report(
-            headline=f"{head} (logs in {self.log_dir})",
+            headline=head,
             worker_logs=self.worker_logs,
             exits=self.exits,
             msrun_output=self.output,
@@ -141,6 +162,10 @@ def launch(
     cluster_timeout_s: int = 30,
     poll: Callable[[], None] | None = None,
     nodes: Nodes | None = None,
+    max_restarts: int = 0,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    steps_done: Callable[[str], int | None] | None = None,
+    before_restart: Callable[[int], str | None] | None = None,
 ) -> LaunchResult:
     """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``.
 
@@ -153,15 +178,77 @@ def launch(
 
     ``nodes``: this host's place in a multi-host job (``nproc`` counts the ranks of every host;
     this call starts its share); default: every rank here, on loopback.
+
+    ``max_restarts``: launch again, at most that many times, after an attempt whose rank died
+    by a signal or timed out (:func:`graph_exec.restarts.classify` and ``decide`` say what is
+    retried), once every process of the failed attempt is gone, on a fresh port, with the same
+    arguments; the script resumes itself (``ge.latest_checkpoint``). Every worker sees its
+    attempt number in ``GRAPH_EXEC_ATTEMPT``; attempt ``i``'s logs move to ``log_dir/attempt_<i>``
+    when the next one starts, and one line per restart goes to stderr. ``checkpoint_dir`` (the
+    job's checkpoints) and ``steps_done(worker log) -> steps finished`` let the attempt records
+    say where each attempt resumed and what a failure cost. ``before_restart(attempt)`` runs
+    before each relaunch and may return a reason not to relaunch.
     """
     nodes = nodes or Nodes()
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     if nproc % nodes.count:
         raise ValueError(f"{nproc} ranks cannot be split evenly over {nodes.count} nodes")
-    port = nodes.master_port or (free_port() if nodes.count == 1 else DEFAULT_MASTER_PORT)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if max_restarts and nodes.count > 1:
+        raise ValueError(
+            f"max_restarts={max_restarts} needs a job on one host: the launchers of {nodes.count} hosts "
+            "cannot agree on a relaunch; restart a multi-host job from its checkpoint by hand (--resume)"
+        )
     log_path = Path(log_dir)
     log_path.mkdir(parents=True, exist_ok=True)
+    for old in log_path.glob("attempt_*"):
+        if old.is_dir() and old.name[len("attempt_") :].isdigit():
+            shutil.rmtree(old, ignore_errors=True)
+
+    def attempt(index: int) -> tuple[LaunchResult, bool]:
+        if index:
+            _archive_logs(log_path, index - 1)
+        return _launch_once(
+            script, args, nproc, log_path, timeout_s, env, cluster_timeout_s, poll, nodes, index
+        )
+
+    result, attempts = run_attempts(
+        attempt,
+        max_restarts=max_restarts,
+        checkpoint_dir=checkpoint_dir,
+        steps_done=steps_done,
+        before_restart=before_restart,
+        exit_wait_s=EXIT_WAIT_S,
+    )
+    result.attempts = attempts
+    return result
+
+
+def _archive_logs(log_path: Path, index: int) -> None:
+    """Move attempt ``index``'s logs (``*.log``, ``msrun.out``) to ``log_path/attempt_<index>``."""
+    target = log_path / f"attempt_{index}"
+    target.mkdir(exist_ok=True)
+    for path in [*log_path.glob("*.log"), log_path / "msrun.out"]:
+        if path.is_file():
+            path.replace(target / path.name)
+
+
+def _launch_once(
+    script: str | os.PathLike[str],
+    args: Sequence[str],
+    nproc: int,
+    log_path: Path,
+    timeout_s: float,
+    env: Mapping[str, str] | None,
+    cluster_timeout_s: int,
+    poll: Callable[[], None] | None,
+    nodes: Nodes,
+    attempt: int,
+) -> tuple[LaunchResult, bool]:
+    """One msrun job; also whether every process it started is gone (waited for, bounded)."""
+    port = nodes.master_port or (free_port() if nodes.count == 1 else DEFAULT_MASTER_PORT)
     for old in log_path.glob("*.log"):
         old.unlink()
     cmd = [
@@ -183,6 +270,7 @@ def launch(
     child_env.setdefault("GLOG_v", "3")
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     child_env.setdefault("PYTHONFAULTHANDLER", "1")  # stack dumps on SIGABRT (time-outs) and crashes
+    child_env[ATTEMPT_ENV] = str(attempt)
     start = time.monotonic()
     output_path = log_path / "msrun.out"
     with output_path.open("w") as output:
@@ -191,17 +279,24 @@ def launch(
         )
     started: dict[int, str] = {}  # pid -> start time, so that a reused pid is never killed
     rank_of_pid: dict[int, int] = {}
+    seen_exits: dict[int, int] = {}  # rank -> exit code of the workers seen dead, in that order
     timed_out = False
+    failed_at = None  # when msrun reported a failed worker
     with _sigterm_as_exit():
         try:
             while proc.poll() is None:
                 _record(proc.pid, started, rank_of_pid)
+                _note_deaths(rank_of_pid, started, seen_exits, output_path)
                 if poll is not None:
                     poll()
                 if time.monotonic() - start > timeout_s:
                     timed_out = True
                     _dump_stacks(started, rank_of_pid)
                     break
+                if failed_at is None and _WORKER_FAILED in output_path.read_text(errors="replace"):
+                    failed_at = time.monotonic()
+                if failed_at is not None and time.monotonic() - failed_at > FAILED_GRACE_S:
+                    break  # msrun has killed the workers and waits for its scheduler: done here
                 time.sleep(0.25)
         finally:
             # Whatever the job left — workers on a time-out or interrupt, msrun's `tail -f`
@@ -215,6 +310,7 @@ def launch(
                 os.killpg(proc.pid, signal.SIGKILL)
             _kill(started)
             proc.wait()
+            gone = _wait_gone(started, EXIT_WAIT_S)
     if poll is not None:
         poll()
     logs = {
@@ -223,21 +319,27 @@ def launch(
         if (m := re.fullmatch(r"worker_(\d+)\.log", p.name))
     }
     output_text = output_path.read_text(errors="replace")
-    return LaunchResult(
-        proc.returncode,
+    result = LaunchResult(
+        1 if failed_at is not None and proc.returncode < 0 else proc.returncode,  # msrun's own failure code
         timed_out,
         time.monotonic() - start,
         log_path,
         output_text,
         logs,
-        exits=_failed_workers(output_text, rank_of_pid, timed_out),
+        exits=_failed_workers(output_text, rank_of_pid, seen_exits, timed_out),
         timeout_s=timeout_s,
     )
+    return result, gone
 
 
-def _failed_workers(output: str, rank_of_pid: dict[int, int], timed_out: bool) -> dict[int, int]:
-    """msrun's failed workers; after a time-out, the SIGABRTs of our stack dumps are not news."""
-    exits = worker_exits(output, rank_of_pid)
+def _failed_workers(
+    output: str, rank_of_pid: dict[int, int], seen_exits: dict[int, int], timed_out: bool
+) -> dict[int, int]:
+    """The failed workers, in the order they died: those seen dead first (only failures), then
+    msrun's report; after a time-out, the SIGABRTs of our stack dumps are not news."""
+    exits = {rank: code for rank, code in seen_exits.items() if code != 0}
+    for rank, code in worker_exits(output, rank_of_pid).items():
+        exits.setdefault(rank, code)
     if timed_out:
         exits = {rank: code for rank, code in exits.items() if code != -signal.SIGABRT}
     return exits
@@ -271,6 +373,39 @@ def _record(root: int, started: dict[int, str], rank_of_pid: dict[int, int]) -> 
         rank = _worker_rank(pid)
         if rank is not None:
             rank_of_pid[pid] = rank
+
+
+def _note_deaths(
+    rank_of_pid: dict[int, int], started: dict[int, str], seen_exits: dict[int, int], msrun_out: Path
+) -> None:
+    """Add to ``seen_exits`` the workers that died on their own, seen before msrun reaped them.
+
+    msrun reports only the first failed worker it finds, polling once a second in rank order,
+    and then kills the others: a peer that the dead rank took down may be reported instead. The
+    dead are seen here first, unless msrun has reported already: after its report, the dead are
+    its own victims (it logs before it kills, so a scan followed by no report saw none of them).
+    """
+    found = {}
+    for pid, rank in rank_of_pid.items():
+        if rank not in seen_exits:
+            code = _zombie_exit(pid, started[pid])
+            if code is not None:
+                found[rank] = code
+    if found and _WORKER_FAILED not in msrun_out.read_text(errors="replace"):
+        seen_exits.update(found)
+
+
+def _zombie_exit(pid: int, start: str) -> int | None:
+    """The exit code of ``pid`` if it is that process, dead and not yet reaped (negative: the
+    signal that killed it), else ``None``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] != "Z" or fields[19] != start or len(fields) < 50:
+        return None
+    status = int(fields[49])  # exit_code, as waitpid(2) reports it
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 
 
 def _worker_rank(pid: int) -> int | None:
@@ -326,6 +461,28 @@ def _descendants(root: int) -> dict[int, str]:
                 found[child] = table[child][1]
                 todo.append(child)
     return found
+
+
+def _wait_gone(recorded: dict[int, str], limit_s: float) -> bool:
+    """Wait until no recorded process runs any more (a zombie counts as gone: it holds no
+    port, file or device); ``False`` if some still ran after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        running = [pid for pid, start in recorded.items() if _running(pid, start)]
+        if not running:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _running(pid: int, start: str) -> bool:
+    """Whether process ``pid`` is still the one that started at ``start`` and not a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == start and fields[0] != "Z"
 
 
 def _kill(recorded: dict[int, str]) -> None:

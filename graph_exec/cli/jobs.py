@@ -10,6 +10,7 @@ caller, so the user sees training happen rather than a silent wait.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from graph_exec.cli.argtypes import non_negative_int, port, positive_int, seconds
@@ -222,23 +224,44 @@ def progress_rank(job: JobSpec) -> int:
     return job.pp - 1
 
 
+@dataclass(frozen=True)
+class Restarts:
+    """Relaunch a failed job at most ``limit`` times; ``next_job(attempt)`` is the job attempt
+    ``attempt`` runs (resumed from the latest checkpoint), or why there is none."""
+
+    limit: int
+    next_job: Callable[[int], JobSpec | str]
+
+
 def run_job(
     job: JobSpec,
     run_dir: Path,
     timeout_s: float,
     on_progress: Callable[[dict], None],
     nodes: Nodes | None = None,
+    restarts: Restarts | None = None,
 ) -> LaunchResult:
     """Launch ``job`` (this host's share of its ranks), calling ``on_progress`` per progress
-    line of the last stage of replica 0 while it runs, where that rank runs on this host."""
+    line of the last stage of replica 0 while it runs, where that rank runs on this host;
+    with ``restarts``, relaunch it as :func:`graph_exec.launch.launch` decides."""
     job.write(run_dir)
-    tail = _LogTail(run_dir / "logs" / f"worker_{progress_rank(job)}.log")
-    status = StatusPrinter(job.ranks, lambda text: print(text, flush=True))
+    log = run_dir / "logs" / f"worker_{progress_rank(job)}.log"
+    watch = [_LogTail(log), StatusPrinter(job.ranks, lambda text: print(text, flush=True))]
     env = dict(os.environ)
     if job.verbose:  # MindSpore's warnings back (or the level the user chose)
         env.setdefault("GLOG_v", "2")
     else:
         env["GLOG_v"] = "3"
+
+    def before_restart(next_job: Callable[[int], JobSpec | str], attempt: int) -> str | None:
+        """The next attempt's job written for its workers, and the watch on its fresh logs."""
+        following = next_job(attempt)
+        if isinstance(following, str):
+            return following
+        following.write(run_dir)
+        watch[:] = [_LogTail(log), StatusPrinter(job.ranks, lambda text: print(text, flush=True))]
+        return None
+
     return launch(
         WORKER,
         [str(run_dir)],
@@ -246,8 +269,12 @@ def run_job(
         log_dir=run_dir / "logs",
         timeout_s=timeout_s,
         env=env,
-        poll=lambda: _echo(tail.lines(), on_progress, status),
+        poll=lambda: _echo(watch[0].lines(), on_progress, watch[1]),
         nodes=nodes,
+        max_restarts=0 if restarts is None else restarts.limit,
+        checkpoint_dir=job.checkpoint_dir,
+        steps_done=steps_finished,
+        before_restart=None if restarts is None else functools.partial(before_restart, restarts.next_job),
     )
 
 
@@ -258,6 +285,7 @@ def execute(
     on_progress: Callable[[dict], None],
     prog: str,
     nodes: Nodes | None = None,
+    restarts: Restarts | None = None,
 ) -> LaunchResult:
     """:func:`run_job`; a failure or Ctrl-C is reported on stderr and raised as :class:`JobFailed`."""
     if nodes is not None and nodes.count > 1:
@@ -270,15 +298,28 @@ def execute(
             flush=True,
         )
     try:
-        result = run_job(job, run_dir, timeout_s, on_progress, nodes)
+        result = run_job(job, run_dir, timeout_s, on_progress, nodes, restarts)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted, the job was stopped; logs in {run_dir}", file=sys.stderr)
         raise JobFailed(130) from None
     if not result.ok:
         print(result.describe(tail_lines=40, last_step=last_finished_step), file=sys.stderr)
+        if restarts is not None and len(result.attempts) == 1:  # describe() lists two or more
+            print(f"{prog}: {result.attempts[0].describe()}", file=sys.stderr)
         print(f"{prog}: failed; logs kept in {run_dir}", file=sys.stderr)
         raise JobFailed(1)
     return result
+
+
+def steps_finished(log: str) -> int:
+    """From a worker's log: how many steps of the training it has finished (the steps of its
+    checkpoint when it resumed and finished none since; 0 when it finished none at all)."""
+    done = 0
+    for line in log.splitlines():
+        if line.startswith(PROGRESS):
+            entry = json.loads(line[len(PROGRESS) :])
+            done = entry["resumed"] if "resumed" in entry else entry["step"] + 1
+    return done
 
 
 def last_finished_step(log: str) -> str:

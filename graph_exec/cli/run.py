@@ -15,12 +15,14 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from graph_exec.checkpoint.layout import latest_checkpoint
-from graph_exec.cli.argtypes import positive_int
+from graph_exec.cli.argtypes import non_negative_int, positive_int
 from graph_exec.cli.jobs import (
     JobFailed,
+    Restarts,
     add_launch_arguments,
     checked_job,
     execute,
@@ -34,6 +36,7 @@ from graph_exec.report.analysis import summarize
 from graph_exec.report.job import JobSpec, RunSpec
 from graph_exec.report.records import read_run
 from graph_exec.report.trace import PLOT_EXTRA_HINT, chrome_trace, plot_timeline
+from graph_exec.restarts import Attempt
 from graph_exec.schedule.config import BACKWARD, OVERFLOW
 
 SIZES = ("tiny", "small")
@@ -146,6 +149,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="continue from the latest complete checkpoint in --checkpoint-dir (from step 0 if there is none)",
     )
+    ckpt.add_argument(
+        "--max-restarts",
+        metavar="N",
+        type=non_negative_int,
+        default=0,
+        help="when a rank dies or times out, relaunch the job from the latest complete checkpoint, at "
+        "most N times (needs --checkpoint-dir; default 0)",
+    )
     add_launch_arguments(parser, timeout_s=300)
     parser.set_defaults(func=lambda args: _run(args, parser))
 
@@ -153,15 +164,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The step this run starts from: the latest complete checkpoint with ``--resume``, else 0.
 
-    Checkpoint flags that cannot work exit with code 2 before anything launches: ``--save-every``
-    or ``--resume`` without a directory, and a directory that already holds checkpoints without
-    ``--resume`` (saving older steps next to them would be refused mid-run).
+    Checkpoint flags that cannot work exit with code 2 before anything launches: ``--save-every``,
+    ``--resume`` or ``--max-restarts`` without a directory, ``--max-restarts`` on several hosts,
+    and a directory that already holds checkpoints without ``--resume`` (saving older steps next
+    to them would be refused mid-run).
     """
     folder = args.checkpoint_dir
     if folder is None:
+        if args.max_restarts:
+            parser.error(
+                f"--max-restarts {args.max_restarts} needs --checkpoint-dir DIR: a restart resumes from "
+                "the latest checkpoint there (add --save-every N to lose at most N steps)"
+            )
         if args.save_every or args.resume:
             parser.error("--save-every and --resume need --checkpoint-dir DIR")
         return 0
+    if args.max_restarts and args.nodes > 1:
+        parser.error(
+            f"--max-restarts needs a job on one host, not --nodes {args.nodes}: the launchers of several "
+            "hosts cannot agree on a relaunch; restart a multi-host job with --resume"
+        )
     with warnings.catch_warnings(record=True) as skipped:
         warnings.simplefilter("always")
         latest = latest_checkpoint(folder)
@@ -199,14 +221,30 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         keep_preprocess_tape=args.keep_preprocess_tape,
     )
     first = first_step(args, parser)
-    remaining = max(args.steps - first, 1)  # the caller stops before launching when none remain
-    steps, warmup = (remaining - 1, 1) if remaining > 1 else (1, 0)
+    steps, warmup = _split(max(args.steps - first, 1))  # the caller stops before launching when none remain
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=steps, warmup=warmup)
     if args.checkpoint_dir is None:
         return job
     return dataclasses.replace(
         job, first_step=first, save_every=args.save_every or 0, checkpoint_dir=str(args.checkpoint_dir)
     )
+
+
+def _split(remaining: int) -> tuple[int, int]:
+    """``(steps, warmup)`` of a launch that trains ``remaining >= 1`` steps: the first is warm-up."""
+    return (remaining - 1, 1) if remaining > 1 else (1, 0)
+
+
+def resumed_job(job: JobSpec) -> JobSpec | str:
+    """``job`` relaunched from the latest complete checkpoint of its directory (what ``--resume``
+    does), or why it cannot be: every step is in a complete checkpoint already."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the debris of a save that died is expected after a failure
+        latest = latest_checkpoint(job.checkpoint_dir or "") or 0
+    if latest >= job.end_step:
+        return f"checkpoint step {latest} is complete: the training finished, the job failed after it"
+    steps, warmup = _split(job.end_step - latest)
+    return dataclasses.replace(job, first_step=latest, steps=steps, warmup=warmup)
 
 
 def describe(job: JobSpec) -> str:
@@ -256,23 +294,58 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(progress_text(line, total, job.mesh), flush=True)
 
     began = time.monotonic()
+    current = [job]  # the job of the latest attempt
+
+    def relaunch(attempt: int) -> JobSpec | str:
+        resumed = resumed_job(current[-1])
+        if isinstance(resumed, JobSpec):
+            current.append(resumed)
+            print(
+                f"graph-exec run: restarting, attempt {attempt} (restart {attempt} of at most "
+                f"{args.max_restarts}), from checkpoint step {resumed.first_step}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return resumed
+
     try:
         with run_directory(args.log_dir) as run_dir:
-            execute(job, run_dir, args.timeout, progress, "graph-exec run", nodes_of(args, parser))
-            _report(args, job, run_dir, time.monotonic() - began)
+            result = execute(
+                job,
+                run_dir,
+                args.timeout,
+                progress,
+                "graph-exec run",
+                nodes_of(args, parser),
+                Restarts(args.max_restarts, relaunch) if args.max_restarts else None,
+            )
+            _report(args, current[-1], run_dir, time.monotonic() - began, result.attempts)
     except JobFailed as failed:
         return failed.code
     return 0
 
 
-def _report(args: argparse.Namespace, job: JobSpec, run_dir: Path, total_s: float) -> None:
-    """The summary, the trace and the plot of a finished run."""
+def _report(
+    args: argparse.Namespace, job: JobSpec, run_dir: Path, total_s: float, attempts: Sequence[Attempt] = ()
+) -> None:
+    """The summary, the trace and the plot of a finished run (of its last attempt's steps)."""
     total, first = job.end_step, job.first_step
     records = read_run(run_dir, "run", job.ranks)
     summary = summarize(records, job.warmup, job.pp * job.vpp - 1)
-    print(
-        f"done: {job.total_steps} steps on {job.mesh} in {total_s:.1f} s, including start-up and compilation"
+    restarts = len(attempts) - 1
+    after = (
+        f" (the last attempt's, after {restarts} restart{'s' if restarts != 1 else ''})"
+        if restarts > 0
+        else ""
     )
+    print(
+        f"done: {job.total_steps} steps{after} on {job.mesh} in {total_s:.1f} s, including start-up and "
+        "compilation"
+    )
+    if restarts > 0:
+        print(f"attempts: {len(attempts)}")
+        for attempt in attempts:
+            print(f"  {attempt.describe()}")
     over = " (mean over the replicas)" if job.dp > 1 else ""
     print(f"loss{over}: {summary.losses[0]:.4f} -> {summary.losses[-1]:.4f}")
     measured = {0: "all steps", job.total_steps - 1: f"step {total}"}.get(

@@ -3,13 +3,24 @@
 Usage (by the parent, never by hand): ``msrun … worker.py RUN_DIR``; the job is
 ``RUN_DIR/job.json``. msrun also starts a scheduler process running this script: nothing
 happens before ``init()`` except imports and MindSpore settings, so it has no side effects.
+A failure that a restart would meet again (ranks set up differently, a corrupt or mismatching
+checkpoint) exits with :data:`graph_exec.restarts.EXIT_NOT_RETRYABLE`, so ``--max-restarts``
+does not relaunch it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
+
+from graph_exec.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
+from graph_exec.errors import ConfigurationMismatchError
+from graph_exec.restarts import EXIT_NOT_RETRYABLE
+
+#: What a relaunch would meet again (see graph_exec.restarts.NOT_RETRYABLE_ERRORS).
+NOT_RETRYABLE = (ConfigurationMismatchError, CheckpointCorruptError, CheckpointMismatchError)
 
 
 def cores_for(rank: int, ranks: int, cores: list[int]) -> set[int]:
@@ -54,7 +65,11 @@ def main(argv: list[str]) -> int:
     announce("started")
     from graph_exec.harness.training import train
 
-    train(job, run_dir)
+    try:
+        train(job, run_dir)
+    except NOT_RETRYABLE:
+        traceback.print_exc()
+        return EXIT_NOT_RETRYABLE
     return 0
 
 
