@@ -105,6 +105,7 @@ from graph_exec.msenv import prepare_mindspore
 
 from .base import Executor, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
+from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE, KernelCache
 from .signature import TensorSpec, kwargs_key, split_kwargs, tensor_specs
 from .tape import A_TUPLE, NOT_A_TUPLE, Tape, free_tapes
 
@@ -153,9 +154,11 @@ class KernelExecutor(Executor):
         first_stage_input_grads: bool = True,
         recompute: bool = False,
         token_loss: bool = False,
+        kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
     ) -> None:
         checks.boolean("recompute", recompute, ExecutorConfigError)
         checks.boolean("token_loss", token_loss, ExecutorConfigError)
+        self._kernels = KernelCache(kernel_cache_size)
         prepare_mindspore()
         self.recompute = recompute
         self._stages = dict(sorted(stages.items()))
@@ -184,7 +187,6 @@ class KernelExecutor(Executor):
         # The whole-gradient arithmetic in numpy on host memory (CPU fast path) or compiled.
         self._host_math = policy().host_gradient_math
         self._kept_host: list[Any] | None = None
-        self._kernels: dict[Hashable, Callable[..., Any]] = {}
         self._kept: dict[tuple[int, int], KeptForward] = {}
         self._backward_done: set[tuple[int, int]] = set()
         self._kept_preprocess: dict[Hashable, KeptForward] = {}
@@ -202,14 +204,14 @@ class KernelExecutor(Executor):
 
     def _cached(self, key: Hashable) -> Any:
         """The callable cached under ``key``, or ``None`` (the graph executor first drops every
-        cached kernel when a parameter's storage moved)."""
+        cached kernel when a parameter's storage moved); a hit becomes the most recently used."""
         return self._kernels.get(key)
 
     def _kernel(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """The callable cached under ``key``, made (not called) on first use."""
         kernel = self._cached(key)
         if kernel is None:
-            kernel = self._kernels[key] = make()
+            kernel = self._kernels.put(key, make())
         return kernel
 
     def _call(self, key: Hashable, make: Callable[[], Callable[..., Any]], *args: Any) -> Any:
@@ -222,11 +224,12 @@ class KernelExecutor(Executor):
         start = time.perf_counter()
         result = kernel(*args)
         self._on_new_kernel(time.perf_counter() - start)
-        self._kernels[key] = kernel
+        self._kernels.put(key, kernel)
         return result
 
     def _taped(self, key: Hashable, make: Callable[[], Tape], *args: Any) -> tuple[Any, Tape]:
-        """Run (and record) the tape cached under ``key``; return its outputs and the tape."""
+        """Run (and record) the tape cached under ``key``; return its outputs and the tape
+        (the most recently used entry after the call, so never the one just evicted)."""
         outputs = self._call(key, make, *args)
         return outputs, self._kernels[key]
 
