@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import replace
 from typing import Any
 
 import mindspore as ms
@@ -99,13 +98,13 @@ class GraphExecutor(KernelExecutor):
 
     @property
     def compile_stats(self) -> CompileStats:
+        """The live counters (``compilations`` and ``compile_seconds`` keep counting in a held
+        reference; the cache and MindSpore's count are brought up to date here)."""
         now = mindspore_compilations()
-        return replace(
-            self._stats,
-            mindspore_compilations=None if now is None else now - self._mindspore_start,
-            cached_kernels=len(self._kernels),
-            evictions=self._kernels.evictions,
-        )
+        self._stats.mindspore_compilations = None if now is None else now - self._mindspore_start
+        self._stats.cached_kernels = len(self._kernels)
+        self._stats.evictions = self._kernels.evictions
+        return self._stats
 
 
 def mindspore_compilations() -> int | None:
