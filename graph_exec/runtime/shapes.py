@@ -67,6 +67,8 @@ class ShapeBuckets:
         label_list = (
             () if labels is None else tuple(labels) if isinstance(labels, tuple | list) else (labels,)
         )
+        if not inputs:  # split_batch says what is missing
+            return (), label_list
         named = [(f"input {i}", t) for i, t in enumerate(inputs)]
         named += [(f"label {i}", t) for i, t in enumerate(label_list)]
         for name, value in named:
