@@ -7,8 +7,9 @@ variants). ``static`` runs every batch as it comes (a new length compiles new ke
 Each variant runs in a fresh process (MindSpore's compile cache and allocator then start
 empty) and reports: the wall time of all steps, compilation included; the library's
 compilations and MindSpore's own count of compiled ``jit`` graphs; the kernel cache's
-evictions; and the steady-state step at one length both have seen (``--steady-length``, after
-two warm-up steps at it; p10 / p50 / p90 of ``--steady-steps`` steps).
+evictions; and the steady-state step at lengths both have seen (``--steady-lengths``, each
+after two warm-up steps at it; p10 / p50 / p90 of ``--steady-steps`` steps): by default one
+inside a bucket (padded) and one on a bucket size (nothing padded).
 
 Run ``python -m graph_exec.benchmarks.shape_speed [--help]``.
 """
@@ -38,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--size", choices=("tiny", "small"), default="tiny", help="embed_lm size (default tiny)"
     )
-    parser.add_argument("--steady-length", type=int, default=100, help="length of the steady-state steps")
+    parser.add_argument(
+        "--steady-lengths", default="100,128", help="lengths of the steady-state steps (default 100,128)"
+    )
     parser.add_argument("--steady-steps", type=int, default=10, help="timed steady-state steps (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the length draw (default 0)")
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # the child process
@@ -46,8 +49,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _pair(text: str) -> tuple[int, int]:
-    low, high = (int(v) for v in text.split(","))
+    low, high = _ints(text)
     return low, high
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
 
 
 def _run_variant(args: argparse.Namespace) -> dict:
@@ -63,7 +70,7 @@ def _run_variant(args: argparse.Namespace) -> dict:
     buckets = tuple(int(v) for v in args.buckets.split(","))
     lengths = np.random.default_rng(args.seed).integers(low, high + 1, args.steps)
     model = embed_lm.build(
-        2, trainable_preprocess=True, size=args.size, max_seq=max(high, args.steady_length)
+        2, trainable_preprocess=True, size=args.size, max_seq=max(high, *_ints(args.steady_lengths))
     )
     stages = [ge.PipelineStage(model.stages[s], s, 2) for s in range(2)]
     bucketed = args.variant == "buckets"
@@ -91,9 +98,12 @@ def _run_variant(args: argparse.Namespace) -> dict:
         step(index, length)
     total = time.perf_counter() - begin
     stats = sched.stats()
-    for index in range(2):
-        step(1000 + index, args.steady_length)
-    steady = [step(2000 + index, args.steady_length) for index in range(args.steady_steps)]
+    steady = {}
+    for length in _ints(args.steady_lengths):
+        for index in range(2):
+            step(1000 + index, length)
+        times = [step(2000 + index, length) for index in range(args.steady_steps)]
+        steady[str(length)] = [1e3 * v for v in p10_p50_p90(times)]
     return {
         "variant": args.variant,
         "distinct_lengths": len(set(lengths.tolist())),
@@ -102,7 +112,7 @@ def _run_variant(args: argparse.Namespace) -> dict:
         "compile_s": stats["compile_seconds"],
         "mindspore_compilations": stats["mindspore_compilations"],
         "evictions": stats["kernel_cache"]["evictions"],
-        "steady_ms": [1e3 * v for v in p10_p50_p90(steady)],
+        "steady_ms": steady,
     }
 
 
@@ -125,20 +135,30 @@ def main(argv: list[str] | None = None) -> int:
         f"micro {args.micro}, {args.steps} steps, lengths uniform in {low}-{high} "
         f"({results['static']['distinct_lengths']} distinct), buckets {args.buckets}"
     )
+    lengths = _ints(args.steady_lengths)
+    steady_head = "  ".join(f"steady ms p10/p50/p90 at {n}" for n in lengths)
     print(
-        f"{'variant':8} {'total s':>8} {'compiles':>9} {'ms jit':>7} {'compile s':>10} {'evicted':>8}   steady ms p10/p50/p90 at {args.steady_length}"
+        f"{'variant':8} {'total s':>8} {'compiles':>9} {'ms jit':>7} {'compile s':>10} {'evicted':>8}   {steady_head}"
     )
     for variant, r in results.items():
         ms_count = "-" if r["mindspore_compilations"] is None else str(r["mindspore_compilations"])
-        p10, p50, p90 = r["steady_ms"]
+        spreads = "  ".join(
+            "{:.1f} / {:.1f} / {:.1f}".format(*r["steady_ms"][str(n)]).ljust(
+                len(f"steady ms p10/p50/p90 at {n}")
+            )
+            for n in lengths
+        )
         print(
             f"{variant:8} {r['total_s']:8.1f} {r['compilations']:9d} {ms_count:>7} {r['compile_s']:10.1f} "
-            f"{r['evictions']:8d}   {p10:.1f} / {p50:.1f} / {p90:.1f}"
+            f"{r['evictions']:8d}   {spreads}"
         )
     static, buckets = results["static"], results["buckets"]
+    ratios = ", ".join(
+        f"{buckets['steady_ms'][str(n)][1] / static['steady_ms'][str(n)][1]:.2f}x at {n}" for n in lengths
+    )
     print(
-        f"buckets vs static: {static['total_s'] / buckets['total_s']:.2f}x faster over the {args.steps} steps; "
-        f"steady step at length {args.steady_length}: {buckets['steady_ms'][1] / static['steady_ms'][1]:.2f}x the static p50"
+        f"buckets vs static: {static['total_s'] / buckets['total_s']:.2f}x faster over the {args.steps} steps "
+        f"(compilation included); steady step p50, buckets / static: {ratios}"
     )
     return 0
 
