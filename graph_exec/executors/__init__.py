@@ -41,6 +41,7 @@ def create_executor(
     recompute: bool = False,
     token_loss: bool = False,
     kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
+    dynamic_shapes: bool = False,
 ) -> Executor:
     """The executor for one rank.
 
@@ -59,7 +60,8 @@ def create_executor(
     divides by the global token count). ``loss_scale`` can be changed later without a
     recompilation (:meth:`Executor.set_loss_scale`). ``kernel_cache_size``: how many made
     kernels the executor keeps (least recently used evicted first, counted in
-    :attr:`Executor.compile_stats`).
+    :attr:`Executor.compile_stats`). ``dynamic_shapes=True``: one kernel per tensor rank and dtype
+    whatever the sizes (``jit(dynamic=1)`` in graph mode).
 
     Shape bucketing is not done here but on the batch, by the schedules (``shapes="buckets"``,
     :mod:`graph_exec.runtime.shapes`): the executor compiles whatever shapes it is given.
@@ -81,6 +83,7 @@ def create_executor(
         recompute=recompute,
         token_loss=token_loss,
         kernel_cache_size=kernel_cache_size,
+        dynamic_shapes=dynamic_shapes,
     )
 
 

@@ -166,8 +166,9 @@ class ScheduleMPipeTranspose:
             every positional input and label is padded along each dim of ``shape_buckets`` up
             to the smallest bucket that holds it, and the loss gets one float32 mask per dim
             after the labels, ``loss_fn(output, *labels, *masks)`` (1 on real positions); at most
-            one compilation per bucket (:mod:`graph_exec.runtime.shapes`). ``"dynamic"`` is
-            refused (not implemented yet).
+            one compilation per bucket (:mod:`graph_exec.runtime.shapes`). ``"dynamic"``: nothing
+            padded, kernels compiled for dynamic shapes (``jit(dynamic=1)``: MindSpore compiles
+            again up to the third distinct shape, then never; ``docs/shapes.md``).
         shape_buckets: ``{dim: sizes}`` with ``shapes="buckets"``, e.g. ``{1: (64, 128, 256)}``
             for the sequence dim: a dim >= 1, sizes strictly increasing; a length above the
             largest bucket is an error.
@@ -658,6 +659,7 @@ class ScheduleMPipeTranspose:
             recompute=self.recompute,
             token_loss=self.loss_reduction == "token",
             kernel_cache_size=self.kernel_cache_size,
+            dynamic_shapes=self.shapes == "dynamic",
         )
         return build_plan(config), executor
 
@@ -695,7 +697,7 @@ class ScheduleMPipeTranspose:
             "loss_reduction": self.loss_reduction,
             "loss_scaler": describe_loss_scaler(self.loss_scaler),
             "tied_parameters": repr(self.tied_parameters),
-            "shapes": "static" if self.shape_buckets is None else self.shape_buckets.describe(),
+            "shapes": self.shapes if self.shape_buckets is None else self.shape_buckets.describe(),
         }
 
     def _replica_facts(self, config: PlanConfig) -> dict[str, str]:

@@ -28,8 +28,6 @@ from typing import Any
 
 #: The accepted ``shapes`` values.
 SHAPES = ("static", "buckets", "dynamic")
-#: Those implemented.
-IMPLEMENTED_SHAPES = ("static", "buckets")
 
 
 def _is_int(value: Any) -> bool:
@@ -123,22 +121,16 @@ class ShapeBuckets:
 
 
 def check_shapes(shapes: Any, shape_buckets: Any, pad_value: Any) -> ShapeBuckets | None:
-    """The bucketing of a schedule (``None`` for ``"static"``), or a clear error naming the bad
-    value and what is allowed."""
+    """The bucketing of a schedule (``None`` for ``"static"`` and ``"dynamic"``, which pad
+    nothing), or a clear error naming the bad value and what is allowed."""
     if not isinstance(shapes, str) or shapes not in SHAPES:
         raise ValueError(f"shapes must be one of {', '.join(map(repr, SHAPES))}, got {shapes!r}")
-    if shapes == "dynamic":
-        raise NotImplementedError(
-            "shapes='dynamic' (MindSpore dynamic-shape graphs) is not implemented yet; use one of "
-            f"{', '.join(map(repr, IMPLEMENTED_SHAPES))} (shapes='buckets' bounds the compilations "
-            "to one per bucket)"
-        )
     if isinstance(pad_value, bool) or not isinstance(pad_value, int | float):
         raise ValueError(f"shape_pad_value must be an int or a float, got {pad_value!r}")
-    if shapes == "static":
+    if shapes != "buckets":
         if shape_buckets is not None:
             raise ValueError(
-                f"shape_buckets={shape_buckets!r} needs shapes='buckets' (shapes is 'static': nothing is padded)"
+                f"shape_buckets={shape_buckets!r} needs shapes='buckets' (shapes is {shapes!r}: nothing is padded)"
             )
         return None
     if not isinstance(shape_buckets, Mapping) or not shape_buckets:

@@ -1,6 +1,6 @@
-"""Shape buckets on 2 ranks under msrun: both schedules, both modes, frozen and trainable
-preprocess, mean and per-token loss, against the reference on the unpadded batch (what each
-check compares: tests/multirank/workers/shape_checks.py). One launch."""
+"""Shape buckets and dynamic shapes on 2 ranks under msrun: both schedules, both modes, frozen
+and trainable preprocess, mean and per-token loss, recompute, against the reference on the
+unpadded batch (what each check compares: tests/multirank/workers/shape_checks.py). One launch."""
 
 import re
 
@@ -18,6 +18,11 @@ EXPECTED = {
         "mpipe_trainable_pynative_mean.len12.grads",
         "baseline_trainable_graph_mean.len16.grads",
         "baseline_trainable_graph_mean.too_long_refused",
+        "dynamic_trainable_graph_token.len20.grads",
+        "dynamic_trainable_graph_token.no_compile_after_the_third_shape",
+        "dynamic_frozen_graph_mean_recompute.len9.grads",
+        "dynamic_frozen_graph_mean_recompute.no_compile_after_the_third_shape",
+        "dynamic_baseline_trainable_pynative_mean.len20.grads",
     ],
     1: [
         "mpipe_trainable_graph_token.len5.losses",
@@ -30,6 +35,11 @@ EXPECTED = {
         "mpipe_frozen_pynative_token.evaluate",
         "baseline_trainable_graph_mean.len16.losses",
         "baseline_trainable_graph_mean.seen_bucket_compiles_nothing",
+        "dynamic_trainable_graph_token.len9.losses",
+        "dynamic_trainable_graph_token.evaluate",
+        "dynamic_frozen_graph_mean_recompute.len20.losses",
+        "dynamic_frozen_graph_mean_recompute.no_compile_after_the_third_shape",
+        "dynamic_baseline_trainable_pynative_mean.len16.losses",
     ],
 }
 

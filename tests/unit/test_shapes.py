@@ -13,6 +13,7 @@ from graph_exec.runtime.shapes import check_shapes
 
 def test_static_is_nothing_and_buckets_are_sorted_by_dim() -> None:
     assert check_shapes("static", None, 0) is None
+    assert check_shapes("dynamic", None, 0) is None
     buckets = check_shapes("buckets", {2: [4, 8], 1: (16, 32)}, -1)
     assert buckets.buckets == ((1, (16, 32)), (2, (4, 8)))
     assert buckets.pad_value == -1
@@ -65,7 +66,7 @@ def test_two_dims_give_two_masks_in_dim_order() -> None:
             ValueError,
             "shapes must be one of 'static', 'buckets', 'dynamic', got 'bucket'",
         ),
-        ("dynamic", None, 0, NotImplementedError, "use one of 'static', 'buckets'"),
+        ("dynamic", {1: (4,)}, 0, ValueError, "needs shapes='buckets' (shapes is 'dynamic'"),
         ("static", {1: (4,)}, 0, ValueError, "needs shapes='buckets'"),
         ("buckets", None, 0, ValueError, "needs shape_buckets, a non-empty dict"),
         ("buckets", {}, 0, ValueError, "needs shape_buckets, a non-empty dict"),

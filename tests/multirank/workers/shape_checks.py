@@ -32,6 +32,8 @@ from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, run_su
 
 BUCKETS = {1: (8, 16, 32)}
 LENGTHS = (5, 12, 16)  # buckets 8, 16, 16: the third step compiles nothing
+#: jit(dynamic=1) compiles again up to the third distinct shape, then never.
+DYNAMIC_LENGTHS = (5, 12, 16, 20, 9)
 ROWS, MICRO = 4, 2
 TIMEOUT_S = 60.0
 
@@ -51,6 +53,12 @@ class Case:
     trainable: bool = True
     token: bool = False
     baseline: bool = False
+    shapes: str = "buckets"  # or "dynamic": nothing padded, the mask a label of ones
+    recompute: bool = False
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return DYNAMIC_LENGTHS if self.shapes == "dynamic" else LENGTHS
 
 
 def reference(model, x: Tensor, y: Tensor, token: bool) -> tuple[list[float], dict[str, np.ndarray]]:
@@ -88,8 +96,9 @@ def schedule(model, case: Case, rank: int, pp: int):
     options = {
         "mode": case.mode,
         "timeout_s": TIMEOUT_S,
-        "shapes": "buckets",
-        "shape_buckets": BUCKETS,
+        "shapes": case.shapes,
+        "recompute": case.recompute,
+        **({"shape_buckets": BUCKETS} if case.shapes == "buckets" else {}),
         "loss_fn": masked_token_loss if case.token else masked_lm_cross_entropy,
         **({"loss_reduction": "token"} if case.token else {"scale_grads": True}),
     }
@@ -103,11 +112,17 @@ def run_case(case: Case, checker: Checker, rank: int, pp: int) -> None:
     sched = schedule(model, case, rank, pp)
     last = rank == pp - 1
     trained = {p.name for p in sched.trainable_params()}
-    compiled = None
-    for step, length in enumerate(LENGTHS):
+    dynamic = case.shapes == "dynamic"
+
+    def labels(y: Tensor):
+        """Buckets append the mask themselves; without padding it is a label of ones."""
+        return (y, Tensor(np.ones(tuple(y.shape), np.float32))) if dynamic else y
+
+    history = []
+    for step, length in enumerate(case.lengths):
         (x,), y = model.batch(100 + step, ROWS, length)
         ref_losses, expected = reference(ref, x, y, case.token)
-        losses = sched.run(x, labels=y)
+        losses = sched.run(x, labels=labels(y))
         name = f"{case.name}.len{length}"
         if last:
             got = np.array([float(v.asnumpy()) for v in losses])
@@ -119,21 +134,27 @@ def run_case(case: Case, checker: Checker, rank: int, pp: int) -> None:
         )
         sched.zero_grad()
         stats = sched.stats()
-        counts = (stats["compilations"], stats["mindspore_compilations"], stats["kernel_cache"]["entries"])
-        if step == len(LENGTHS) - 1:
-            checker.check(
-                f"{case.name}.seen_bucket_compiles_nothing", counts == compiled, f"{counts} vs {compiled}"
-            )
-        compiled = counts
+        history.append(
+            (stats["compilations"], stats["mindspore_compilations"], stats["kernel_cache"]["entries"])
+        )
+    if dynamic:  # one kernel per rank and dtype; MindSpore compiles no more after 3 distinct shapes
+        checker.check(
+            f"{case.name}.no_compile_after_the_third_shape",
+            all(h == history[2] for h in history[3:])
+            and all((h[0], h[2]) == (history[0][0], history[0][2]) for h in history),
+            f"{history}",
+        )
+    else:  # the third length falls in the second's bucket
+        checker.check(f"{case.name}.seen_bucket_compiles_nothing", history[2] == history[1], f"{history}")
     if case.mode == "graph":
         checker.check(
             f"{case.name}.mindspore_count_exposed",
-            isinstance(compiled[1], int) and compiled[1] > 0 and compiled[0] > 0,
-            f"{compiled}",
+            isinstance(history[-1][1], int) and history[-1][1] > 0 and history[-1][0] > 0,
+            f"{history[-1]}",
         )
     (x,), y = model.batch(200, ROWS, 7)
     ref_losses, _ = reference(ref, x, y, case.token)
-    losses = sched.evaluate(x, labels=y)
+    losses = sched.evaluate(x, labels=labels(y))
     if last:
         got = np.array([float(v.asnumpy()) for v in losses])
         checker.check(
@@ -141,6 +162,8 @@ def run_case(case: Case, checker: Checker, rank: int, pp: int) -> None:
             np.allclose(got, ref_losses, atol=ATOL, rtol=RTOL),
             f"{got} vs {ref_losses}",
         )
+    if dynamic:
+        return
     (x,), y = model.batch(300, ROWS, 33)
     try:
         sched.run(x, labels=y)
@@ -157,6 +180,9 @@ CASES = [
     Case("mpipe_trainable_pynative_mean", mode="pynative"),
     Case("mpipe_frozen_pynative_token", mode="pynative", trainable=False, token=True),
     Case("baseline_trainable_graph_mean", baseline=True),
+    Case("dynamic_trainable_graph_token", shapes="dynamic", token=True),
+    Case("dynamic_frozen_graph_mean_recompute", shapes="dynamic", trainable=False, recompute=True),
+    Case("dynamic_baseline_trainable_pynative_mean", shapes="dynamic", mode="pynative", baseline=True),
 ]
 
 
