@@ -1,9 +1,10 @@
-"""Variable sequence lengths in graph mode: ``shapes="static"`` against ``shapes="buckets"``.
+"""Variable sequence lengths in graph mode: ``shapes="static"``, ``"buckets"`` and ``"dynamic"``.
 
 ``embed_lm`` (one process holding both stages, ``V = 2``; graph mode) trains ``--steps`` steps
 whose sequence lengths are drawn uniformly from ``--lengths MIN,MAX`` (the same draw for both
 variants). ``static`` runs every batch as it comes (a new length compiles new kernels);
-``buckets`` pads each batch up to the next of ``--buckets`` and trains with the masked loss.
+``buckets`` pads each batch up to the next of ``--buckets`` and trains with the masked loss;
+``dynamic`` compiles MindSpore dynamic-shape graphs (``jit(dynamic=1)``), nothing padded.
 Each variant runs in a fresh process (MindSpore's compile cache and allocator then start
 empty) and reports: the wall time of all steps, compilation included; the library's
 compilations and MindSpore's own count of compiled ``jit`` graphs; the kernel cache's
@@ -26,7 +27,7 @@ import numpy as np
 
 from graph_exec.benchmarks.common import argument_parser, p10_p50_p90
 
-VARIANTS = ("static", "buckets")
+VARIANTS = ("static", "buckets", "dynamic")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +75,7 @@ def _run_variant(args: argparse.Namespace) -> dict:
     )
     stages = [ge.PipelineStage(model.stages[s], s, 2) for s in range(2)]
     bucketed = args.variant == "buckets"
-    options = {"shapes": "buckets", "shape_buckets": {1: buckets}} if bucketed else {}
+    options = {"shapes": args.variant, **({"shape_buckets": {1: buckets}} if bucketed else {})}
     sched = ge.ScheduleMPipeTranspose(
         stages,
         args.micro,
@@ -152,14 +153,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{variant:8} {r['total_s']:8.1f} {r['compilations']:9d} {ms_count:>7} {r['compile_s']:10.1f} "
             f"{r['evictions']:8d}   {spreads}"
         )
-    static, buckets = results["static"], results["buckets"]
-    ratios = ", ".join(
-        f"{buckets['steady_ms'][str(n)][1] / static['steady_ms'][str(n)][1]:.2f}x at {n}" for n in lengths
-    )
-    print(
-        f"buckets vs static: {static['total_s'] / buckets['total_s']:.2f}x faster over the {args.steps} steps "
-        f"(compilation included); steady step p50, buckets / static: {ratios}"
-    )
+    static = results["static"]
+    for variant in VARIANTS[1:]:
+        other = results[variant]
+        ratios = ", ".join(
+            f"{other['steady_ms'][str(n)][1] / static['steady_ms'][str(n)][1]:.2f}x at {n}" for n in lengths
+        )
+        print(
+            f"{variant} vs static: {static['total_s'] / other['total_s']:.2f}x faster over the {args.steps} "
+            f"steps (compilation included); steady step p50, {variant} / static: {ratios}"
+        )
     return 0
 
 

@@ -135,10 +135,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     shapes.add_argument(
         "--shapes",
-        choices=("static", "buckets"),
+        choices=("static", "buckets", "dynamic"),
         default="static",
         help="static: every new length compiles its kernels; buckets: pad up to the next of "
-        "--shape-buckets and mask the loss (default static)",
+        "--shape-buckets and mask the loss; dynamic: MindSpore dynamic-shape graphs (default static)",
     )
     shapes.add_argument(
         "--shape-buckets",

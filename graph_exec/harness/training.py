@@ -73,7 +73,8 @@ class Trainer:
         common: dict[str, Any] = {
             "mode": spec.mode,
             "loss_fn": self.model.masked_loss_fn if bucketed else self.model.loss_fn,
-            **({"shapes": "buckets", "shape_buckets": {1: job.shape_buckets}} if bucketed else {}),
+            "shapes": job.shapes,
+            **({"shape_buckets": {1: job.shape_buckets}} if bucketed else {}),
             "timeout_s": job.timeout_s,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
             "mesh": mesh,

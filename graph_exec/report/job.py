@@ -75,7 +75,7 @@ class JobSpec:
     model_options: dict | None = None
     #: Sequence lengths drawn per step, uniformly in ``[min, max]`` (``None``: the example's own).
     seq_len_range: tuple[int, int] | None = None
-    #: ``"static"`` or ``"buckets"`` (the schedules' ``shapes``), and the sequence dim's buckets.
+    #: The schedules' ``shapes`` (``"static"``, ``"buckets"``, ``"dynamic"``), and the buckets.
     shapes: str = "static"
     shape_buckets: tuple[int, ...] | None = None
 

@@ -44,7 +44,11 @@ def test_the_flags_reach_the_job_and_survive_its_file(tmp_path) -> None:
             "invalid value '9,3': must be MIN,MAX: two ints with 1 <= MIN <= MAX",
         ),
         (["embed_lm", "--seq-len-range", "16"], "invalid value '16'"),
-        (["embed_lm", "--shapes", "dynamic"], "argument --shapes: invalid choice: 'dynamic'"),
+        (["embed_lm", "--shapes", "jit"], "argument --shapes: invalid choice: 'jit'"),
+        (
+            ["embed_lm", "--shapes", "dynamic", "--shape-buckets", "64"],
+            "--shape-buckets needs --shapes buckets",
+        ),
         (
             ["embed_lm", "--shapes", "buckets", "--shape-buckets", "64,32"],
             "must be strictly increasing positive ints",
