@@ -23,12 +23,19 @@ class ExampleModel:
     num_transpose_layers: int
     stages: list[nn.Cell]
     loss_fn: Callable[..., Tensor]
-    make_batch: Callable[[int, int], tuple[tuple[Tensor, ...], Tensor]]
+    make_batch: Callable[..., tuple[tuple[Tensor, ...], Tensor]]
     summary: str
+    #: ``loss_fn`` with a padding mask after the labels (for ``shapes="buckets"``), if it has one.
+    masked_loss_fn: Callable[..., Tensor] | None = None
 
-    def batch(self, step: int, batch_size: int) -> tuple[tuple[Tensor, ...], Tensor]:
-        """``(inputs, labels)`` of training step ``step`` (the same on every rank)."""
-        return self.make_batch(step, batch_size)
+    def batch(
+        self, step: int, batch_size: int, length: int | None = None
+    ) -> tuple[tuple[Tensor, ...], Tensor]:
+        """``(inputs, labels)`` of training step ``step`` (the same on every rank); ``length``:
+        the sequence length, for the examples whose ``make_batch`` takes one (``embed_lm``)."""
+        if length is None:
+            return self.make_batch(step, batch_size)
+        return self.make_batch(step, batch_size, length)
 
     @classmethod
     def of_split(cls, split: Any, make_batch: Callable[[int, int], Any], summary: str) -> ExampleModel:

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 from graph_exec.examples.common import Example, ExampleModel
-from graph_exec.examples.lm import Block, LMConfig, TokenEmbedding, build_lm_stages, lm_cross_entropy
+from graph_exec.examples.lm import (
+    Block,
+    LMConfig,
+    TokenEmbedding,
+    build_lm_stages,
+    lm_cross_entropy,
+    masked_lm_cross_entropy,
+)
 from mindspore import Tensor, nn
 
 SEQ = 32
@@ -31,23 +38,32 @@ class EmbeddingAndBlock(nn.Cell):
         return self.block(self.embedding(ids))
 
 
-def make_batch(step: int, batch_size: int, vocab: int) -> tuple[tuple[Tensor, ...], Tensor]:
+def make_batch(
+    step: int, batch_size: int, vocab: int, length: int = SEQ
+) -> tuple[tuple[Tensor, ...], Tensor]:
+    """Token ids ``[batch_size, length]`` (int32) and their next tokens, seeded by ``step``."""
     rng = np.random.default_rng(step)
     start = rng.integers(0, vocab, (batch_size, 1))
     stride = rng.integers(1, 4, (batch_size, 1))
-    seq = ((start + stride * np.arange(SEQ + 1)[None, :]) % vocab).astype(np.int32)
+    seq = ((start + stride * np.arange(length + 1)[None, :]) % vocab).astype(np.int32)
     return (Tensor(seq[:, :-1]),), Tensor(seq[:, 1:])
 
 
 def build(
-    num_stages: int, trainable_preprocess: bool = True, seed: int = 0, size: str = "small"
+    num_stages: int,
+    trainable_preprocess: bool = True,
+    seed: int = 0,
+    size: str = "small",
+    max_seq: int = SEQ,
 ) -> ExampleModel:
-    """The model split into ``num_stages`` body chunks after the embedding-and-block preprocess."""
+    """The model split into ``num_stages`` body chunks after the embedding-and-block preprocess;
+    ``max_seq``: the longest sequence it takes (positions and causal mask), batches are ``SEQ``
+    long unless a length is asked for (``ExampleModel.batch(step, rows, length)``)."""
     import mindspore as ms
 
     width, layers = {"tiny": (32, 2), "small": (64, 4)}[size]
     ms.set_seed(seed)
-    config = LMConfig(vocab=128, width=width, heads=4, layers=max(layers, num_stages), seq=SEQ)
+    config = LMConfig(vocab=128, width=width, heads=4, layers=max(layers, num_stages), seq=max(max_seq, SEQ))
     pre = EmbeddingAndBlock(config)
     pre.update_parameters_name("pre.")
     if not trainable_preprocess:
@@ -58,9 +74,10 @@ def build(
         num_transpose_layers=2,
         stages=build_lm_stages(config, num_stages, embedding=False, prefix="lm"),
         loss_fn=lm_cross_entropy,
-        make_batch=lambda step, batch_size: make_batch(step, batch_size, config.vocab),
+        masked_loss_fn=masked_lm_cross_entropy,
+        make_batch=lambda step, batch_size, length=SEQ: make_batch(step, batch_size, config.vocab, length),
         summary=f"embedding + 1 block ({'trainable' if trainable_preprocess else 'frozen'}) as preprocess, "
-        f"LM body width {width}, {config.layers} blocks, vocab {config.vocab}, sequence {SEQ}",
+        f"LM body width {width}, {config.layers} blocks, vocab {config.vocab}, sequence {SEQ} (at most {config.seq})",
     )
 
 

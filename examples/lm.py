@@ -122,6 +122,16 @@ def lm_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return ops.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1), reduction="mean")
 
 
+def masked_lm_cross_entropy(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
+    """Mean next-token cross-entropy over the positions where ``mask [B, S]`` is 1: the loss of
+    a batch padded along the sequence (``shapes="buckets"`` appends the mask after the labels)
+    equals :func:`lm_cross_entropy` of the unpadded batch."""
+    vocab = logits.shape[-1]
+    weights = mask.reshape(-1)
+    losses = ops.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1), reduction="none")
+    return (losses * weights).sum() / weights.sum()
+
+
 class LMChunk(nn.Cell):
     """One pipeline chunk: an optional embedding, a run of blocks, an optional head."""
 

@@ -9,6 +9,7 @@ value and says what is allowed; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -42,3 +43,19 @@ finite_non_negative = checked(float, checks.finite_non_negative)
 positive_number = checked(float, checks.positive_number)
 seconds = checked(float, checks.positive_seconds)
 port = number(int, lambda v: 1024 <= v <= 65535, "a TCP port number in 1024..65535")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
+#: ``--seq-len-range MIN,MAX``.
+length_range = number(
+    _ints, lambda v: len(v) == 2 and 1 <= v[0] <= v[1], "MIN,MAX: two ints with 1 <= MIN <= MAX"
+)
+#: ``--shape-buckets S1,S2,...``.
+bucket_sizes = number(
+    _ints,
+    lambda v: all(s >= 1 for s in v) and all(a < b for a, b in itertools.pairwise(v)),
+    "strictly increasing positive ints, comma-separated (e.g. 64,128,192,256)",
+)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from graph_exec.checkpoint.layout import latest_checkpoint
-from graph_exec.cli.argtypes import non_negative_int, positive_int
+from graph_exec.cli.argtypes import bucket_sizes, length_range, non_negative_int, positive_int
 from graph_exec.cli.jobs import (
     JobFailed,
     Restarts,
@@ -129,6 +129,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the fair baseline: interleaved 1F1B with the same preprocess run on rank 0 right before "
         "F 0.m, nothing transposed (what MPipe is measured against)",
     )
+    shapes = parser.add_argument_group("shapes (embed_lm)")
+    shapes.add_argument(
+        "--seq-len-range",
+        metavar="MIN,MAX",
+        type=length_range,
+        help="draw each step's sequence length uniformly from MIN..MAX (default: the example's 32)",
+    )
+    shapes.add_argument(
+        "--shapes",
+        choices=("static", "buckets", "dynamic"),
+        default="static",
+        help="static: every new length compiles its kernels; buckets: pad up to the next of "
+        "--shape-buckets and mask the loss; dynamic: MindSpore dynamic-shape graphs (default static)",
+    )
+    shapes.add_argument(
+        "--shape-buckets",
+        metavar="S1,S2,...",
+        type=bucket_sizes,
+        help="bucket sizes of the sequence dim for --shapes buckets (default: 4 even steps up to MAX)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--trace", metavar="FILE", type=output_file, help="write every rank's timeline (chrome trace)"
@@ -197,6 +217,29 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return latest or 0
 
 
+#: The examples whose batches take a sequence length (and whose loss has a masked form).
+LENGTH_EXAMPLES = ("embed_lm",)
+
+
+def shape_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The job's ``seq_len_range``, ``shapes`` and ``shape_buckets``; impossible sets exit with 2."""
+    varied = args.seq_len_range is not None or args.shapes != "static" or args.shape_buckets is not None
+    if varied and args.example not in LENGTH_EXAMPLES:
+        parser.error(
+            f"--seq-len-range, --shapes and --shape-buckets need an example with a sequence length "
+            f"({', '.join(LENGTH_EXAMPLES)}), not {args.example}"
+        )
+    if args.shape_buckets is not None and args.shapes != "buckets":
+        parser.error("--shape-buckets needs --shapes buckets")
+    longest = args.seq_len_range[1] if args.seq_len_range else 32
+    buckets = args.shape_buckets
+    if args.shapes == "buckets" and buckets is None:
+        buckets = tuple(sorted({max(1, -(-longest * k // 4)) for k in range(1, 5)}))
+    if buckets is not None and longest > buckets[-1]:
+        parser.error(f"the longest sequence ({longest}) is above the largest of --shape-buckets {buckets}")
+    return {"seq_len_range": args.seq_len_range, "shapes": args.shapes, "shape_buckets": buckets}
+
+
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
     """The job ``args`` describe, checked the way the workers would check it (exit 2 if not)."""
     from graph_exec.examples import TRAINABLE_BY_DEFAULT
@@ -220,9 +263,11 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         backward=args.backward or "central",
         keep_preprocess_tape=args.keep_preprocess_tape,
     )
+    shapes = shape_options(args, parser)
     first = first_step(args, parser)
     steps, warmup = _split(max(args.steps - first, 1))  # the caller stops before launching when none remain
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=steps, warmup=warmup)
+    job = dataclasses.replace(job, **shapes)
     if args.checkpoint_dir is None:
         return job
     return dataclasses.replace(
@@ -261,6 +306,8 @@ def describe(job: JobSpec) -> str:
         f"{job.ranks} ranks ({job.mesh}{f', {job.nodes} nodes' if job.nodes > 1 else ''}), {spec.mode} mode "
         f"on {DevicePolicy.for_target(job.device, fast_paths_requested()).describe()}, "
         f"V={job.vpp} M={job.micro} per replica, batch {job.batch}, {schedule}"
+        + (f", lengths {job.seq_len_range[0]}-{job.seq_len_range[1]}" if job.seq_len_range else "")
+        + (f", shape buckets {job.shape_buckets}" if job.shapes == "buckets" else "")
     )
 
 

@@ -20,6 +20,7 @@ from .errors import (
     HookTypeError,
     UnknownStageError,
 )
+from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE
 
 if TYPE_CHECKING:
     from mindspore import nn
@@ -39,6 +40,8 @@ def create_executor(
     first_stage_input_grads: bool = True,
     recompute: bool = False,
     token_loss: bool = False,
+    kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
+    dynamic_shapes: bool = False,
 ) -> Executor:
     """The executor for one rank.
 
@@ -55,11 +58,13 @@ def create_executor(
     nothing. A ``recompute`` that is not a bool is refused. ``token_loss=True``: the loss is a
     ``(sum_of_token_losses, token_count)`` pair and only the sum is differentiated (the caller
     divides by the global token count). ``loss_scale`` can be changed later without a
-    recompilation (:meth:`Executor.set_loss_scale`).
+    recompilation (:meth:`Executor.set_loss_scale`). ``kernel_cache_size``: how many made
+    kernels the executor keeps (least recently used evicted first, counted in
+    :attr:`Executor.compile_stats`). ``dynamic_shapes=True``: one kernel per tensor rank and dtype
+    whatever the sizes (``jit(dynamic=1)`` in graph mode).
 
-    Shape bucketing (padding shapes up to buckets to bound recompiles) is deliberately not
-    offered: padding is only loss- and gradient-neutral for models whose rows and positions
-    are independent, which an executor cannot check.
+    Shape bucketing is not done here but on the batch, by the schedules (``shapes="buckets"``,
+    :mod:`graph_exec.runtime.shapes`): the executor compiles whatever shapes it is given.
     """
     checks.boolean("recompute", recompute, ExecutorConfigError)
     if mode not in MODES:
@@ -77,10 +82,13 @@ def create_executor(
         first_stage_input_grads=first_stage_input_grads,
         recompute=recompute,
         token_loss=token_loss,
+        kernel_cache_size=kernel_cache_size,
+        dynamic_shapes=dynamic_shapes,
     )
 
 
 __all__ = [
+    "DEFAULT_KERNEL_CACHE_SIZE",
     "MODES",
     "CompileStats",
     "Executor",

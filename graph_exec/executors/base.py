@@ -30,10 +30,22 @@ MaybeTensors = tuple[Any | None, ...]
 
 @dataclass
 class CompileStats:
-    """How often and how long the executor compiled (zero for the pynative executor)."""
+    """How often and how long the executor compiled (zero for the pynative executor), and its
+    kernel cache.
+
+    ``compilations`` counts first calls of a cached kernel (each compiles in graph mode);
+    ``mindspore_compilations`` is MindSpore's own count of ``mindspore.jit`` graphs compiled in
+    this process since the executor was made (``None`` where MindSpore does not expose it, and
+    in pynative mode): it also sees recompilations inside one cached kernel, and graphs other
+    code of the process compiled. ``cached_kernels`` / ``evictions``: entries in the bounded
+    kernel cache and how many it dropped for room.
+    """
 
     compilations: int = 0
     compile_seconds: float = 0.0
+    mindspore_compilations: int | None = None
+    cached_kernels: int = 0
+    evictions: int = 0
 
 
 class Executor(ABC):

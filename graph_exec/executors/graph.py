@@ -62,6 +62,7 @@ class GraphExecutor(KernelExecutor):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stats = CompileStats()
+        self._mindspore_start = mindspore_compilations() or 0
         # The parameters each kind of kernel reads or writes (frozen ones included): a stage's
         # kernels its stage's, the preprocess kernels the preprocess's, the others (zero_grad)
         # every parameter and accumulator.
@@ -88,7 +89,8 @@ class GraphExecutor(KernelExecutor):
         # would log "has been compiled again" although nothing is compiled twice: number them.
         kernel.__name__ = kernel.__qualname__ = f"{kernel.__name__}_{next(_kernel_numbers)}"
         # The default "ast" capture: "trace" replays stale gradients (see shared design notes).
-        return ms.jit(kernel)
+        # dynamic=1: MindSpore compiles a graph of dynamic shape at the third distinct shape.
+        return ms.jit(kernel, dynamic=1) if self.dynamic_shapes else ms.jit(kernel)
 
     def _on_new_kernel(self, first_call_seconds: float) -> None:
         # The first call compiles and then runs once; the run is small next to the compile.
@@ -97,4 +99,28 @@ class GraphExecutor(KernelExecutor):
 
     @property
     def compile_stats(self) -> CompileStats:
+        """The live counters (``compilations`` and ``compile_seconds`` keep counting in a held
+        reference; the cache and MindSpore's count are brought up to date here)."""
+        now = mindspore_compilations()
+        self._stats.mindspore_compilations = None if now is None else now - self._mindspore_start
+        self._stats.cached_kernels = len(self._kernels)
+        self._stats.evictions = self._kernels.evictions
         return self._stats
+
+
+def mindspore_compilations() -> int | None:
+    """How many ``mindspore.jit`` graphs MindSpore compiled in this process, or ``None``.
+
+    MindSpore 2.10 adds the phase of every graph its jit compiles to the module-level set
+    ``mindspore.graph.api.ms_compile_cache`` (a new shape of a cached jit function is a new
+    phase; nothing is removed but by ``mindspore.ms_memory_recycle``), so its size counts
+    compilations for the price of a ``len``. A private name: where it is missing the count is
+    ``None``. The bprop graphs MindSpore builds for a jitted forward run under the autograd
+    tape do not go through it.
+    """
+    try:
+        from mindspore.graph import api
+    except ImportError:
+        return None
+    cache = getattr(api, "ms_compile_cache", None)
+    return len(cache) if isinstance(cache, set) else None

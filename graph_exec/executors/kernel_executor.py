@@ -105,7 +105,8 @@ from graph_exec.msenv import prepare_mindspore
 
 from .base import Executor, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
-from .signature import TensorSpec, kwargs_key, split_kwargs, tensor_specs
+from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE, KernelCache
+from .signature import TensorSpec, kwargs_key, shape_free, split_kwargs, tensor_specs
 from .tape import A_TUPLE, NOT_A_TUPLE, Tape, free_tapes
 
 
@@ -153,9 +154,15 @@ class KernelExecutor(Executor):
         first_stage_input_grads: bool = True,
         recompute: bool = False,
         token_loss: bool = False,
+        kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
+        dynamic_shapes: bool = False,
     ) -> None:
         checks.boolean("recompute", recompute, ExecutorConfigError)
         checks.boolean("token_loss", token_loss, ExecutorConfigError)
+        #: One kernel per rank and dtype of its tensors, whatever their sizes (cache keys without
+        #: sizes; the graph executor compiles with ``jit(dynamic=1)``; see ``docs/shapes.md``).
+        self.dynamic_shapes = checks.boolean("dynamic_shapes", dynamic_shapes, ExecutorConfigError)
+        self._kernels = KernelCache(kernel_cache_size)
         prepare_mindspore()
         self.recompute = recompute
         self._stages = dict(sorted(stages.items()))
@@ -184,7 +191,6 @@ class KernelExecutor(Executor):
         # The whole-gradient arithmetic in numpy on host memory (CPU fast path) or compiled.
         self._host_math = policy().host_gradient_math
         self._kept_host: list[Any] | None = None
-        self._kernels: dict[Hashable, Callable[..., Any]] = {}
         self._kept: dict[tuple[int, int], KeptForward] = {}
         self._backward_done: set[tuple[int, int]] = set()
         self._kept_preprocess: dict[Hashable, KeptForward] = {}
@@ -202,19 +208,25 @@ class KernelExecutor(Executor):
 
     def _cached(self, key: Hashable) -> Any:
         """The callable cached under ``key``, or ``None`` (the graph executor first drops every
-        cached kernel when a parameter's storage moved)."""
+        cached kernel when a parameter's storage moved); a hit becomes the most recently used."""
         return self._kernels.get(key)
+
+    def _key(self, key: Hashable) -> Hashable:
+        """The cache key: ``key`` itself, or without tensor sizes for dynamic shapes."""
+        return shape_free(key) if self.dynamic_shapes else key
 
     def _kernel(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """The callable cached under ``key``, made (not called) on first use."""
+        key = self._key(key)
         kernel = self._cached(key)
         if kernel is None:
-            kernel = self._kernels[key] = make()
+            kernel = self._kernels.put(key, make())
         return kernel
 
     def _call(self, key: Hashable, make: Callable[[], Callable[..., Any]], *args: Any) -> Any:
         """Run the callable cached under ``key``, making it on first use (``make`` prepares
         the kernels it wraps)."""
+        key = self._key(key)
         kernel = self._cached(key)
         if kernel is not None:
             return kernel(*args)
@@ -222,13 +234,14 @@ class KernelExecutor(Executor):
         start = time.perf_counter()
         result = kernel(*args)
         self._on_new_kernel(time.perf_counter() - start)
-        self._kernels[key] = kernel
+        self._kernels.put(key, kernel)
         return result
 
     def _taped(self, key: Hashable, make: Callable[[], Tape], *args: Any) -> tuple[Any, Tape]:
-        """Run (and record) the tape cached under ``key``; return its outputs and the tape."""
+        """Run (and record) the tape cached under ``key``; return its outputs and the tape
+        (the most recently used entry after the call, so never the one just evicted)."""
         outputs = self._call(key, make, *args)
-        return outputs, self._kernels[key]
+        return outputs, self._kernels[self._key(key)]
 
     def _backward(self, key: Hashable, kept: KeptForward, sens: Any) -> tuple[tuple, tuple]:
         """Input and weight gradients of a kept forward for upstream gradient ``sens``: from
@@ -339,7 +352,13 @@ class KernelExecutor(Executor):
         return signature, args, lambda: make_preprocess_forward(cell, len(inputs), names, constants)
 
     def _preprocess_tape_for(self, make: Callable[[], Callable[..., Any]]) -> Tape:
-        return Tape(make(), self._preprocess_grads.params, grad_inputs=False, prepare=self._prepare)
+        return Tape(
+            make(),
+            self._preprocess_grads.params,
+            grad_inputs=False,
+            prepare=self._prepare,
+            dynamic_shapes=self.dynamic_shapes,
+        )
 
     def _preprocess_tape(self, signature: Hashable, make: Callable[[], Callable[..., Any]]) -> Tape:
         """The (unrecorded) preprocess tape of ``signature``, cached like a kernel."""
@@ -365,7 +384,13 @@ class KernelExecutor(Executor):
             tape_key = ("stage_tape", stage, specs, bool(grad_inputs))
 
             def make_tape() -> Tape:
-                return Tape(make_stage_forward(cell), weights, bool(grad_inputs), self._prepare)
+                return Tape(
+                    make_stage_forward(cell),
+                    weights,
+                    bool(grad_inputs),
+                    self._prepare,
+                    dynamic_shapes=self.dynamic_shapes,
+                )
 
             if not self.recompute:
                 outputs, tape = self._taped(tape_key, make_tape, *inputs)
@@ -445,6 +470,7 @@ class KernelExecutor(Executor):
                 bool(grad_inputs),
                 self._prepare,
                 differentiated_output=0 if self._token_loss else None,
+                dynamic_shapes=self.dynamic_shapes,
             ),
         )
         try:

@@ -25,4 +25,4 @@ class PynativeExecutor(KernelExecutor):
 
     @property
     def compile_stats(self) -> CompileStats:
-        return CompileStats()
+        return CompileStats(cached_kernels=len(self._kernels), evictions=self._kernels.evictions)

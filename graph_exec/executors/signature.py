@@ -32,6 +32,16 @@ class TensorSpec:
         return f"{list(self.shape)} {self.dtype}"
 
 
+def shape_free(key: Any) -> Any:
+    """``key`` with the sizes of every :class:`TensorSpec` in it dropped (rank and dtype kept):
+    the cache key of a kernel compiled for dynamic shapes, which serves every size."""
+    if isinstance(key, TensorSpec):
+        return TensorSpec((-1,) * len(key.shape), key.dtype)
+    if isinstance(key, tuple):
+        return tuple(shape_free(part) for part in key)
+    return key
+
+
 def tensor_specs(tensors: Sequence[Any], what: str) -> tuple[TensorSpec, ...]:
     """Specs of ``tensors``; ``what`` names the argument in the error for a non-tensor."""
     specs = []

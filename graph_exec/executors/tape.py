@@ -76,6 +76,13 @@ class Tape:
     record. ``differentiated_output``: for :meth:`value_and_gradient` of a kernel that returns
     a tuple, the position of the one element that is differentiated (the sum of a per-token
     loss beside its token count); ``None``: the kernel's output is the scalar itself.
+    ``dynamic_shapes``: ``prepare`` compiles for dynamic shapes (``jit(dynamic=1)``), so
+    :meth:`recompute` differentiates ``Σ sum(output * cotangent)`` with the cotangents as
+    ordinary inputs instead of passing them as ``GradOperation``'s sens (same gradients):
+    MindSpore refuses a sens of dynamic shape ("The shape of sense must not be dynamic shape",
+    measured at the third distinct shape); and :meth:`value_and_gradient` takes its scale as a
+    ``[1]`` tensor: MindSpore's automatic dynamic shape gives up on a function with a 0-d tensor
+    argument (``_is_invalid_shape`` in MindSpore 2.10) and compiled it for every length.
     """
 
     def __init__(
@@ -85,6 +92,7 @@ class Tape:
         grad_inputs: bool,
         prepare: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda kernel: kernel,
         differentiated_output: int | None = None,
+        dynamic_shapes: bool = False,
     ) -> None:
         if not grad_inputs and not len(weights):
             raise ValueError("a tape needs input gradients or weights to differentiate")
@@ -98,6 +106,7 @@ class Tape:
         self._one_go: Callable[..., Any] | None = None
         self._value_and_gradient: Callable[..., Any] | None = None
         self._differentiated = differentiated_output
+        self._dynamic = dynamic_shapes
 
     def _grad_operation(self, cell: nn.Cell) -> Callable[..., Any]:
         """``GradOperation`` over ``cell`` for the gradients this tape returns (sens last)."""
@@ -122,6 +131,8 @@ class Tape:
         again and is differentiated in the same call (see the module docstring). Nothing is
         recorded, so nothing is left behind."""
         tupled = isinstance(sens, tuple)
+        if self._one_go is None and self._dynamic:
+            self._one_go = self._prepare(self._loss_form(len(args), tupled))
         if self._one_go is None:
             # Its own cell: recorded forwards of this tape may be in flight on ``self._cell``.
             grad = self._grad_operation(_TapeCell(self._raw_kernel))
@@ -135,6 +146,29 @@ class Tape:
 
             self._one_go = self._prepare(forward_and_gradient)
         return self._split(self._one_go(*args, *(sens if tupled else (sens,))))
+
+    def _loss_form(self, count: int, tupled: bool) -> Callable[..., Any]:
+        """``(*inputs, *cotangents) -> gradients`` of ``Σ sum(output_i * cotangent_i)``: what
+        :meth:`recompute` runs when the cotangents may not be a sens input."""
+        kernel = self._raw_kernel
+        positions = tuple(range(count)) if self._inputs else None
+        weights = self._weights if len(self._weights) else None
+
+        def objective(*tensors: Any) -> Any:
+            outputs = kernel(*tensors[:count])
+            outputs = outputs if tupled else (outputs,)
+            cotangents = tensors[count:]
+            total = (outputs[0] * cotangents[0]).sum()
+            for i in range(1, len(outputs)):  # jit parses no zip(..., strict=...)
+                total = total + (outputs[i] * cotangents[i]).sum()
+            return total
+
+        gradient = ms.grad(objective, positions, weights)
+
+        def forward_and_gradient(*tensors: Any) -> Any:
+            return gradient(*tensors)
+
+        return forward_and_gradient
 
     def value_and_gradient(self, args: tuple[Any, ...], scale: Any) -> tuple[Any, tuple[tuple, tuple]]:
         """The kernel's output and the gradients :meth:`backward` would return for upstream
@@ -157,13 +191,14 @@ class Tape:
             # The scale is an argument but not differentiated: positions name the kernel's own.
             def scaled(*tensors: Any) -> tuple[Any, Any]:
                 output = kernel(*tensors[:count])
+                factor = tensors[count].reshape(())  # a [1] tensor with dynamic shapes
                 if element is None:
                     if isinstance(output, tuple):
                         raise ValueError(A_TUPLE)
-                    return output * tensors[count], output
+                    return output * factor, output
                 if not isinstance(output, tuple):
                     raise ValueError(NOT_A_TUPLE)
-                return output[element] * tensors[count], output
+                return output[element] * factor, output
 
             differentiate = ms.value_and_grad(scaled, positions, weights, has_aux=True)
 
@@ -173,7 +208,7 @@ class Tape:
 
             self._value_and_gradient = self._prepare(value_and_gradient)
         try:
-            output, grads = self._value_and_gradient(*args, scale)
+            output, grads = self._value_and_gradient(*args, scale.reshape((1,)) if self._dynamic else scale)
         except ValueError as exc:
             mismatch = next((text for text in (NOT_A_TUPLE, A_TUPLE) if text in str(exc)), None)
             if mismatch is None:

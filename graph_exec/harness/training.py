@@ -59,6 +59,9 @@ class Trainer:
         pp = mesh.pp_size
         self.num_stages = pp * job.vpp
         options = {**(job.model_options or {}), **({"layers": spec.layers} if spec.layers else {})}
+        longest = max(job.seq_len_range or (0, 0))
+        if longest:  # positions and the causal mask must reach the longest sequence
+            options["max_seq"] = max(longest, *(job.shape_buckets or (0,)))
         self.model: ExampleModel = load(job.example).build(
             self.num_stages, trainable_preprocess=spec.trainable, seed=job.seed, size=job.size, **options
         )
@@ -66,9 +69,12 @@ class Trainer:
         self.local = list(range(mesh.pp_rank, self.num_stages, pp))
         self.rows = job.batch // mesh.dp_size  # this replica's share of the global batch
         stages = [ge.PipelineStage(self.chunks[s], s, self.num_stages) for s in self.local]
+        bucketed = job.shapes == "buckets"
         common: dict[str, Any] = {
             "mode": spec.mode,
-            "loss_fn": self.model.loss_fn,
+            "loss_fn": self.model.masked_loss_fn if bucketed else self.model.loss_fn,
+            "shapes": job.shapes,
+            **({"shape_buckets": {1: job.shape_buckets}} if bucketed else {}),
             "timeout_s": job.timeout_s,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
             "mesh": mesh,
@@ -168,7 +174,11 @@ class Trainer:
 
     def _replica_batch(self, index: int) -> tuple[tuple[Any, ...], Any]:
         """This replica's rows of step ``index``'s global batch (all of it without dp)."""
-        inputs, labels = self.model.batch(index, self.job.batch)
+        length = None
+        if self.job.seq_len_range is not None:  # the same draw on every rank: seeded by the step
+            low, high = self.job.seq_len_range
+            length = int(np.random.default_rng((self.job.seed, index)).integers(low, high + 1))
+        inputs, labels = self.model.batch(index, self.job.batch, length)
         if self.mesh.dp_size == 1:
             return inputs, labels
         mine = slice(self.mesh.dp_rank * self.rows, (self.mesh.dp_rank + 1) * self.rows)

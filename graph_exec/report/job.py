@@ -73,6 +73,11 @@ class JobSpec:
     device: str = "CPU"  #: MindSpore device target of every rank (each rank takes its local device)
     #: Extra keyword arguments of the example's ``build`` for every run (``vision_depth``).
     model_options: dict | None = None
+    #: Sequence lengths drawn per step, uniformly in ``[min, max]`` (``None``: the example's own).
+    seq_len_range: tuple[int, int] | None = None
+    #: The schedules' ``shapes`` (``"static"``, ``"buckets"``, ``"dynamic"``), and the buckets.
+    shapes: str = "static"
+    shape_buckets: tuple[int, ...] | None = None
 
     @property
     def pp(self) -> int:
@@ -118,4 +123,6 @@ class JobSpec:
             RunSpec(**{**run, "layers": None if run.get("layers") is None else tuple(run["layers"])})
             for run in data["runs"]
         )
+        for name in ("seq_len_range", "shape_buckets"):
+            data[name] = None if data.get(name) is None else tuple(data[name])
         return cls(**data)

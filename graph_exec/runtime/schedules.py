@@ -24,7 +24,7 @@ from typing import Any
 
 from graph_exec import checks
 from graph_exec.errors import CommunicationNotInitializedError, GraphExecError
-from graph_exec.executors import MODES, Executor, create_executor
+from graph_exec.executors import DEFAULT_KERNEL_CACHE_SIZE, MODES, Executor, create_executor
 from graph_exec.executors.jit_callable import jit_parseable
 from graph_exec.runtime.buffers import ReceiveBuffers, Slots, receive_slots
 from graph_exec.runtime.data_parallel import DataParallelGrads
@@ -39,6 +39,7 @@ from graph_exec.runtime.handshake import (
 from graph_exec.runtime.loss_scaling import LossScale, check_loss_scaler, describe_loss_scaler
 from graph_exec.runtime.microbatch import MicroBatches, split_batch
 from graph_exec.runtime.param_names import check_unique_parameter_names
+from graph_exec.runtime.shapes import check_shapes
 from graph_exec.runtime.stage import PipelineStage
 from graph_exec.runtime.step_end import StepEnd, per_token_losses
 from graph_exec.runtime.tied import check_local, check_pairs, set_up_ties
@@ -161,6 +162,19 @@ class ScheduleMPipeTranspose:
             instead of recomputing the preprocess. Costs the preprocess activations of those
             micro-batches, held from ``TFWD`` to their backward; cannot be combined with
             ``recompute=True``.
+        shapes: ``"static"`` (default: every new shape compiles its kernels) or ``"buckets"``:
+            every positional input and label is padded along each dim of ``shape_buckets`` up
+            to the smallest bucket that holds it, and the loss gets one float32 mask per dim
+            after the labels, ``loss_fn(output, *labels, *masks)`` (1 on real positions); at most
+            one compilation per bucket (:mod:`graph_exec.runtime.shapes`). ``"dynamic"``: nothing
+            padded, kernels compiled for dynamic shapes (``jit(dynamic=1)``: MindSpore compiles
+            again up to the third distinct shape, then never; ``docs/shapes.md``).
+        shape_buckets: ``{dim: sizes}`` with ``shapes="buckets"``, e.g. ``{1: (64, 128, 256)}``
+            for the sequence dim: a dim >= 1, sizes strictly increasing; a length above the
+            largest bucket is an error.
+        shape_pad_value: what padded positions of inputs and labels hold (default 0).
+        kernel_cache_size: how many compiled kernels the executor keeps (least recently used
+            evicted first; :meth:`stats` counts the evictions).
     """
 
     #: Whether the preprocess is transposed onto the owners (``False``: the fair baseline).
@@ -188,6 +202,10 @@ class ScheduleMPipeTranspose:
         loss_reduction: str = "mean",
         loss_scaler: Any = None,
         tied_parameters: Sequence[tuple[str, str]] | None = None,
+        shapes: str = "static",
+        shape_buckets: dict[int, Sequence[int]] | None = None,
+        shape_pad_value: float = 0,
+        kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
     ) -> None:
         self.stages = _check_stages(stages)
         self.micro_batch_num = checks.positive_int("micro_batch_num", micro_batch_num)
@@ -217,6 +235,9 @@ class ScheduleMPipeTranspose:
         local = {p.name: p for cell in self._cells() for p in cell.get_parameters()}
         everything_local = [s.stage_index for s in self.stages] == list(range(self.stages[0].num_stages))
         check_local(self.tied_parameters, local, everything_local)
+        self.shape_buckets = check_shapes(shapes, shape_buckets, shape_pad_value)
+        self.shapes = shapes
+        self.kernel_cache_size = checks.positive_int("kernel_cache_size", kernel_cache_size)
         self._setup: _Setup | None = None
         self._failed: str | None = None
         self._accumulated = False  # whether the accumulators hold gradients (since zero_grad())
@@ -412,12 +433,20 @@ class ScheduleMPipeTranspose:
         return [] if self._setup is None else list(self._setup.runtime.timeline)
 
     def stats(self) -> dict[str, Any]:
-        """Counters for benchmarks: compilations, receive-buffer pool and message statistics."""
+        """Counters for benchmarks: compilations (the library's first calls per kernel and MindSpore's
+        own count, ``None`` where not exposed), the kernel cache, receive-buffer pool and message
+        statistics."""
         setup = self._require_setup("stats()")
         compile_stats = setup.executor.compile_stats
         out: dict[str, Any] = {
             "compilations": compile_stats.compilations,
             "compile_seconds": compile_stats.compile_seconds,
+            "mindspore_compilations": compile_stats.mindspore_compilations,
+            "kernel_cache": {
+                "size": self.kernel_cache_size,
+                "entries": compile_stats.cached_kernels,
+                "evictions": compile_stats.evictions,
+            },
             "pool": setup.slots.stats(),
         }
         if setup.transport is not None:
@@ -459,6 +488,10 @@ class ScheduleMPipeTranspose:
             raise ValueError(
                 f"keyword inputs {sorted(kwargs)} go to the preprocess module, but there is none"
             )
+        if self.shape_buckets is not None:
+            padded, with_masks = self.shape_buckets.pad(inputs, labels)
+            # The masks go to the loss; a forward-only call without labels has none to take them.
+            inputs, labels = padded, (with_masks if labels is not None or labels_required else None)
         return split_batch(inputs, kwargs, labels, self.micro_batch_num)
 
     def _optimizer_params(self, optimizer: Any) -> tuple[Any, ...]:
@@ -625,6 +658,8 @@ class ScheduleMPipeTranspose:
             first_stage_input_grads=config.trainable,
             recompute=self.recompute,
             token_loss=self.loss_reduction == "token",
+            kernel_cache_size=self.kernel_cache_size,
+            dynamic_shapes=self.shapes == "dynamic",
         )
         return build_plan(config), executor
 
@@ -662,6 +697,7 @@ class ScheduleMPipeTranspose:
             "loss_reduction": self.loss_reduction,
             "loss_scaler": describe_loss_scaler(self.loss_scaler),
             "tied_parameters": repr(self.tied_parameters),
+            "shapes": self.shapes if self.shape_buckets is None else self.shape_buckets.describe(),
         }
 
     def _replica_facts(self, config: PlanConfig) -> dict[str, str]:
@@ -698,7 +734,8 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         preprocess_module: the preprocess, run by rank 0 only; other ranks may pass ``None``.
         num_transpose_layers: layers in ``preprocess_module`` (the same on every rank).
         mode, loss_fn, scale_grads, timeout_s, sync_steps, mesh, dp_bucket_bytes, recompute,
-            loss_reduction, loss_scaler, tied_parameters: as for :class:`ScheduleMPipeTranspose`
+            loss_reduction, loss_scaler, tied_parameters, shapes, shape_buckets, shape_pad_value,
+            kernel_cache_size: as for :class:`ScheduleMPipeTranspose`
             (``overflow``, ``backward``, ``input`` do not apply).
     """
 
@@ -722,6 +759,10 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         loss_reduction: str = "mean",
         loss_scaler: Any = None,
         tied_parameters: Sequence[tuple[str, str]] | None = None,
+        shapes: str = "static",
+        shape_buckets: dict[int, Sequence[int]] | None = None,
+        shape_pad_value: float = 0,
+        kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
     ) -> None:
         layers = num_transpose_layers
         # A rank other than 0 may pass None with the real layer count; the base class's rule
@@ -743,5 +784,9 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
             loss_reduction=loss_reduction,
             loss_scaler=loss_scaler,
             tied_parameters=tied_parameters,
+            shapes=shapes,
+            shape_buckets=shape_buckets,
+            shape_pad_value=shape_pad_value,
+            kernel_cache_size=kernel_cache_size,
         )
         self.num_transpose_layers = layers

@@ -249,3 +249,35 @@ def test_bare_stage_forward_computes_what_the_hook_computes_and_keeps_nothing(mo
     executor.drop_kept()
     with pytest.raises(GraphExecError, match="stage 7"):
         executor.bare_stage_forward(7)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_full_kernel_cache_evicts_the_oldest_and_a_kept_forward_still_finishes(mode: str) -> None:
+    cell = named(Mixer(), f"lru_{mode}.")
+    executor = create_executor(mode, {0: cell}, kernel_cache_size=2)
+    full = create_executor(mode, {0: named(Mixer(), f"lru_full_{mode}.")})
+    for p, q in zip(cell.trainable_params(), full._stages[0].trainable_params(), strict=True):
+        q.set_data(Tensor(p.asnumpy().copy()))
+    kept = (random(2, WIDTH, seed=1), random(2, WIDTH, seed=2))
+    executor.stage_forward(0, 0, kept)  # its tape may be evicted before its backward runs
+    full.stage_forward(0, 0, kept)
+    for micro, batch in enumerate((3, 4, 5), start=1):  # new shapes: forward and backward kernels
+        inputs = (random(batch, WIDTH, seed=micro), random(batch, WIDTH, seed=micro + 10))
+        cotangents = (random(batch, WIDTH, seed=micro + 20), None)
+        for ex in (executor, full):
+            ex.stage_forward(0, micro, inputs)
+            ex.stage_backward(0, micro, cotangents)
+    sens = (random(2, WIDTH, seed=30), random(2, WIDTH, seed=31))
+    executor.stage_backward(0, 0, sens)
+    full.stage_backward(0, 0, sens)
+    stats = executor.compile_stats
+    assert stats.cached_kernels == 2 and stats.evictions >= 4
+    assert full.compile_stats.evictions == 0
+    want = {k.replace("lru_full_", "lru_"): v for k, v in snapshot(full.grads()).items()}
+    assert_grads_close(snapshot(executor.grads()), want)
+    if mode == "graph":
+        before = stats.compilations
+        executor.stage_forward(0, 9, kept)  # a shape evicted long ago: made and compiled again
+        assert executor.compile_stats.compilations == before + 1
+        assert isinstance(stats.mindspore_compilations, int) and stats.mindspore_compilations > 0
+        executor.drop_kept()
