@@ -30,9 +30,9 @@ TIMEOUT_S = 90
 FLAGS = ["--ranks", "2", "--steps", str(STEPS), "--save-every", "3", "--no-pin", "--timeout", str(TIMEOUT_S)]
 
 
-def graph_exec_run(capsys, directory: Path, *extra: str) -> tuple[int, str, str]:
-    """``graph-exec run embed_lm`` in this process: (exit code, stdout, stderr)."""
-    argv = [
+def run_argv(directory: Path) -> list[str]:
+    """``graph-exec run embed_lm`` with the test's flags, checkpoints and logs in ``directory``."""
+    return [
         "run",
         "embed_lm",
         *FLAGS,
@@ -41,7 +41,11 @@ def graph_exec_run(capsys, directory: Path, *extra: str) -> tuple[int, str, str]
         "--log-dir",
         str(directory / "job"),
     ]
-    code = main([*argv, *extra])
+
+
+def graph_exec_run(capsys, directory: Path, *extra: str) -> tuple[int, str, str]:
+    """``graph-exec run embed_lm`` in this process: (exit code, stdout, stderr)."""
+    code = main([*run_argv(directory), *extra])
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -98,16 +102,7 @@ def assert_equals_reference(reference: Path, restarted: Path) -> None:
 def reference(tmp_path_factory) -> Path:
     """The uninterrupted job, through the real harness."""
     directory = tmp_path_factory.mktemp("reference")
-    argv = [
-        "run",
-        "embed_lm",
-        *FLAGS,
-        "--checkpoint-dir",
-        str(directory / "ckpt"),
-        "--log-dir",
-        str(directory / "job"),
-    ]
-    assert main(argv) == 0
+    assert main(run_argv(directory)) == 0
     return directory
 
 
