@@ -398,11 +398,8 @@ def _note_deaths(
 def _zombie_exit(pid: int, start: str) -> int | None:
     """The exit code of ``pid`` if it is that process, dead and not yet reaped (negative: the
     signal that killed it), else ``None``."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    if fields[0] != "Z" or fields[19] != start or len(fields) < 50:
+    fields = _stat(pid)
+    if fields is None or fields[0] != "Z" or fields[19] != start or len(fields) < 50:
         return None
     status = int(fields[49])  # exit_code, as waitpid(2) reports it
     return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
@@ -439,12 +436,19 @@ def _processes() -> dict[int, tuple[int, str]]:
     """Every process: pid -> (parent pid, start time), from /proc."""
     table = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        table[int(stat.parent.name)] = (int(fields[1]), fields[19])  # ppid, starttime
+        pid = int(stat.parent.name)
+        fields = _stat(pid)
+        if fields is not None:  # else gone meanwhile
+            table[pid] = (int(fields[1]), fields[19])  # ppid, starttime
     return table
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first; ``None``: gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def _descendants(root: int) -> dict[int, str]:
@@ -478,11 +482,8 @@ def _wait_gone(recorded: dict[int, str], limit_s: float) -> bool:
 
 def _running(pid: int, start: str) -> bool:
     """Whether process ``pid`` is still the one that started at ``start`` and not a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[19] == start and fields[0] != "Z"
+    fields = _stat(pid)
+    return fields is not None and fields[19] == start and fields[0] != "Z"
 
 
 def _kill(recorded: dict[int, str]) -> None:

@@ -22,11 +22,16 @@ _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|I
 _NOISE = re.compile(r"^\[(INFO|DEBUG)\]|^\s*$|^@@graph-exec")
 
 
+def reported_exits(msrun_output: str) -> list[tuple[int, int]]:
+    """``(pid, exit code)`` of every worker msrun reported as failed, in its order (negative: a
+    signal)."""
+    return [(int(m.group(1)), int(m.group(2))) for m in _WORKER_EXIT.finditer(msrun_output)]
+
+
 def worker_exits(msrun_output: str, rank_of_pid: Mapping[int, int]) -> dict[int, int]:
     """``{rank: exit code}`` of every worker msrun reported as failed (negative: a signal)."""
     exits: dict[int, int] = {}
-    for match in _WORKER_EXIT.finditer(msrun_output):
-        pid, code = int(match.group(1)), int(match.group(2))
+    for pid, code in reported_exits(msrun_output):
         if pid in rank_of_pid:
             exits.setdefault(rank_of_pid[pid], code)
     return exits

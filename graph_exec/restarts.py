@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from graph_exec.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
 from graph_exec.checkpoint.layout import MANIFEST, latest_checkpoint, step_dir
-from graph_exec.launch_report import exit_words, own_error
+from graph_exec.errors import ConfigurationMismatchError
+from graph_exec.launch_report import exit_words, own_error, reported_exits
 
 #: Environment variable the launcher sets for every worker: the attempt number, 0, 1, ...
 ATTEMPT_ENV = "GRAPH_EXEC_ATTEMPT"
@@ -35,15 +37,16 @@ EXIT_BAD_ARGUMENTS = 2
 #: with it on the errors below); never retried.
 EXIT_NOT_RETRYABLE = 3
 #: Errors that a restart would meet again; a rank whose log ends with one is not retried.
-NOT_RETRYABLE_ERRORS = ("ConfigurationMismatchError", "CheckpointCorruptError", "CheckpointMismatchError")
+NOT_RETRYABLE_ERRORS = (ConfigurationMismatchError, CheckpointCorruptError, CheckpointMismatchError)
 
 #: Causes of a failed attempt, and which of them a restart may fix.
 SIGNAL, TIMEOUT, PEER_TIMEOUT = "signal", "timeout", "peer-timeout"
 BAD_ARGUMENTS, NOT_RETRYABLE, ERROR = "bad-arguments", "not-retryable", "error"
 RETRYABLE = frozenset({SIGNAL, TIMEOUT, PEER_TIMEOUT})
 
-_WORKER_EXIT = re.compile(r"Worker process \d+ exit with exception\. Error code: (-?\d+)")
-_NOT_RETRYABLE_LINE = re.compile(r"^(?:[\w]+\.)*(" + "|".join(NOT_RETRYABLE_ERRORS) + r")\b")
+_NOT_RETRYABLE_LINE = re.compile(
+    r"^(?:[\w]+\.)*(" + "|".join(error.__name__ for error in NOT_RETRYABLE_ERRORS) + r")\b"
+)
 _PEER_TIMEOUT_LINE = re.compile(r"^(?:[\w]+\.)*PeerTimeoutError\b")
 
 
@@ -156,7 +159,7 @@ def classify(
         rank, code = killed[0]
         return failure(SIGNAL, rank, code, f"rank {rank} {exit_words(code)}")
     if not exits:  # a worker died before the launcher saw which rank it ran: msrun's own line
-        codes = [int(m.group(1)) for m in _WORKER_EXIT.finditer(msrun_output)]
+        codes = [code for _, code in reported_exits(msrun_output)]
         if any(code < 0 for code in codes):
             code = next(code for code in codes if code < 0)
             return failure(SIGNAL, None, code, f"a worker {exit_words(code)}")

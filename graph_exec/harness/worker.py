@@ -15,12 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from graph_exec.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
-from graph_exec.errors import ConfigurationMismatchError
-from graph_exec.restarts import EXIT_NOT_RETRYABLE
-
-#: What a relaunch would meet again (see graph_exec.restarts.NOT_RETRYABLE_ERRORS).
-NOT_RETRYABLE = (ConfigurationMismatchError, CheckpointCorruptError, CheckpointMismatchError)
+from graph_exec.restarts import EXIT_NOT_RETRYABLE, NOT_RETRYABLE_ERRORS
 
 
 def cores_for(rank: int, ranks: int, cores: list[int]) -> set[int]:
@@ -67,7 +62,7 @@ def main(argv: list[str]) -> int:
 
     try:
         train(job, run_dir)
-    except NOT_RETRYABLE:
+    except NOT_RETRYABLE_ERRORS:  # what a relaunch would meet again
         traceback.print_exc()
         return EXIT_NOT_RETRYABLE
     return 0
