@@ -365,14 +365,19 @@ def _sigterm_as_exit() -> Iterator[None]:
 
 
 def _record(root: int, started: dict[int, str], rank_of_pid: dict[int, int]) -> None:
-    """Add the new processes below ``root`` to ``started``, and the rank of each new worker."""
+    """Add the new processes below ``root`` to ``started``, and the rank of each worker.
+
+    A rank is looked for again at every look until it is found: msrun forks a worker with a
+    ``preexec_fn`` and sets ``RANK_ID`` in its own ``os.environ``, so a child seen between fork
+    and exec shows msrun's original environment, without ``MS_ROLE`` (the rank of a worker first
+    seen then was never learnt, and its death was reported as "a worker's").
+    """
     for pid, start_time in _descendants(root).items():
-        if pid in started:
-            continue
-        started[pid] = start_time
-        rank = _worker_rank(pid)
-        if rank is not None:
-            rank_of_pid[pid] = rank
+        started.setdefault(pid, start_time)
+        if pid not in rank_of_pid and started[pid] == start_time:
+            rank = _worker_rank(pid)
+            if rank is not None:
+                rank_of_pid[pid] = rank
 
 
 def _note_deaths(

@@ -259,6 +259,40 @@ def test_the_launcher_reads_the_exit_code_of_a_dead_unreaped_process(code, expec
     assert _zombie_exit(child.pid, start) is None  # reaped: gone
 
 
+def test_the_launcher_learns_the_rank_of_a_worker_first_seen_before_its_exec():
+    # As msrun does: RANK_ID and MS_ROLE set in the launcher's own os.environ, the worker started
+    # with a preexec_fn (slowed here), so that between fork and exec its /proc environ is the
+    # launcher's original one, without them.
+    import subprocess
+    import sys
+
+    from graph_exec.launch import _record
+
+    launcher_code = (
+        "import os, subprocess, sys, time\n"
+        "os.environ['MS_ROLE'] = 'MS_WORKER'; os.environ['RANK_ID'] = '3'\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " preexec_fn=lambda: time.sleep(1.0)).wait()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MS_ROLE", "RANK_ID")}
+    launcher = subprocess.Popen([sys.executable, "-c", launcher_code], env=env, start_new_session=True)
+    started: dict[int, str] = {}
+    rank_of_pid: dict[int, int] = {}
+    seen_before_its_exec = False
+    try:
+        deadline = time.monotonic() + 30
+        while not rank_of_pid:
+            assert time.monotonic() < deadline, "the worker's rank was never learnt"
+            _record(launcher.pid, started, rank_of_pid)
+            seen_before_its_exec |= bool(started) and not rank_of_pid
+            time.sleep(0.05)
+    finally:
+        os.killpg(launcher.pid, 9)
+        launcher.wait()
+    assert seen_before_its_exec  # else this test did not meet the race it is about
+    assert list(rank_of_pid.values()) == [3]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
