@@ -11,14 +11,15 @@ from .grad_ops import (
     LOW_PRECISION,
     accumulator_dtype,
     host_add_back,
-    host_all_finite,
     host_norm_part,
     host_scale,
     host_set_aside,
+    host_unscale_and_check,
     make_add_back,
     make_norm_part,
     make_scale_grads,
     make_set_aside,
+    make_unscale_and_check,
 )
 from .preprocess import make_preprocess_forward
 from .stage import make_stage_forward, make_stage_loss
@@ -31,10 +32,10 @@ __all__ = [
     "accumulator_dtype",
     "as_tuple",
     "host_add_back",
-    "host_all_finite",
     "host_norm_part",
     "host_scale",
     "host_set_aside",
+    "host_unscale_and_check",
     "is_float",
     "make_accumulate",
     "make_add_back",
@@ -45,5 +46,6 @@ __all__ = [
     "make_set_aside",
     "make_stage_forward",
     "make_stage_loss",
+    "make_unscale_and_check",
     "make_zero_grads",
 ]

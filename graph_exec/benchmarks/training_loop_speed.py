@@ -10,8 +10,8 @@ default preprocess, ``V = 2``, ``M = 4``:
 - ``plain``: ``run()`` then ``step(optimizer)`` (no scaler, no clipping: the loop before these
   features, one call);
 - ``loop``: ``loss_scaler=DynamicLossScaler(2**16, 2, 1000)`` and ``step(optimizer,
-  max_norm=1.0)``: the scale as a graph input, the overflow check and its two small
-  all-reduces, the unscale, the global norm's all-reduce and the clip.
+  max_norm=1.0)``: the scale as a graph input, the unscale with the overflow check and the
+  norm's share in one pass, one small all-reduce for the verdict and the norm, the clip.
 
 Every measured step starts after a barrier; a rank's time is its ``run()`` plus ``step()``. On
 a busy machine those spread widely, so each rank also times what the features add directly:
@@ -22,7 +22,9 @@ schedule, and takes from ``plain``'s timelines the forward share of its ``run()`
 ``F`` steps of every stage but the last (whose ``F`` is the fused forward, loss and backward),
 the preprocess forwards and the transfers of forward data. A step lasts until its slowest rank
 is done; rank 0 prints p10/p50/p90 of that in milliseconds, the p50 ratio ``loop / plain``
-(the target is below 1.03 in graph mode) and ``evaluate`` against the forward share.
+(the target is below 1.03 in graph mode), the same ratio step by step (each ``loop`` step over
+the ``plain`` step run just before it, on the same batch: a slow spell of the machine hits both)
+and ``evaluate`` against the forward share.
 """
 
 from __future__ import annotations
@@ -120,10 +122,11 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
             k: [max(r[k][i] for r in everyone) for i in range(steps)] for k in ("plain", "loop", "evaluate")
         }
         ratio = p10_p50_p90(slowest["loop"])[1] / p10_p50_p90(slowest["plain"])[1]
+        paired = p10_p50_p90([a / b for a, b in zip(slowest["loop"], slowest["plain"], strict=True)])
         forward = statistics.median(max(r["forward"][i] for r in everyone) for i in range(steps))
         print(
             f"RESULT step (slowest rank): plain {ms(slowest['plain'])}  loop {ms(slowest['loop'])} ms  "
-            f"loop/plain {ratio:.3f}",
+            f"loop/plain {ratio:.3f}; step by step (p10/p50/p90) {'/'.join(f'{r:.3f}' for r in paired)}",
             flush=True,
         )
         print(

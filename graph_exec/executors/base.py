@@ -124,13 +124,18 @@ class Executor(ABC):
         """Multiply every gradient accumulator in place by ``factor`` (float or scalar tensor)."""
 
     @abstractmethod
-    def grads_all_finite(self) -> bool:
-        """Whether no gradient accumulator of this rank holds an infinity or a NaN."""
-
-    @abstractmethod
     def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Any:
         """This rank's share of a ``norm_type``-norm over the accumulators of ``names``: a
         float32 scalar tensor, the sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``)."""
+
+    @abstractmethod
+    def unscale_and_check(
+        self, factor: float, names: Sequence[str], norm_type: float | None
+    ) -> tuple[bool, float]:
+        """Multiply every accumulator in place by ``factor``, then return whether none holds an
+        infinity or a NaN and this rank's share of a ``norm_type``-norm over the accumulators of
+        ``names`` (as :meth:`grad_norm_part`; 0.0 without ``norm_type``): the end of a
+        loss-scaled step in one pass over the gradients."""
 
     @abstractmethod
     def set_aside_grads(self) -> None:

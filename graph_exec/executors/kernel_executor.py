@@ -86,10 +86,10 @@ from graph_exec.device import policy
 from graph_exec.kernels import (
     GradBuffers,
     host_add_back,
-    host_all_finite,
     host_norm_part,
     host_scale,
     host_set_aside,
+    host_unscale_and_check,
     is_float,
     make_add_back,
     make_buffer,
@@ -99,6 +99,7 @@ from graph_exec.kernels import (
     make_set_aside,
     make_stage_forward,
     make_stage_loss,
+    make_unscale_and_check,
     make_zero_grads,
 )
 from graph_exec.msenv import prepare_mindspore
@@ -540,16 +541,6 @@ class KernelExecutor(Executor):
         buffers = self._all_buffers
         self._call(("grad_scale",), lambda: self._prepare(make_scale_grads(buffers)), _scale_tensor(factor))
 
-    def grads_all_finite(self) -> bool:
-        """Whether no accumulator holds an infinity or a NaN."""
-        if not self._buffers:
-            return True
-        if self._host_math:
-            return host_all_finite(self._all_buffers)
-        from mindspore import amp
-
-        return bool(amp.all_finite(list(self._all_buffers)).asnumpy())
-
     def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Tensor:
         """This rank's share of the ``norm_type``-norm of the accumulators of ``names``: the
         sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``), a float32 scalar (0 for none)."""
@@ -562,6 +553,25 @@ class KernelExecutor(Executor):
         return self._call(
             ("grad_norm", names, norm_type), lambda: self._prepare(make_norm_part(buffers, norm_type))
         )
+
+    def unscale_and_check(
+        self, factor: float, names: Sequence[str], norm_type: float | None
+    ) -> tuple[bool, float]:
+        """Every accumulator multiplied in place by ``factor``; then ``(all finite, the
+        norm_type-norm share of names)`` from one kernel (one host pass on the CPU fast path)."""
+        if not self._buffers:
+            return True, 0.0
+        index = {name: i for i, name in enumerate(self._buffers)}
+        counted = tuple(index[name] for name in names if self._buffers[name].size)
+        if self._host_math:
+            return host_unscale_and_check(self._all_buffers, factor, counted, norm_type)
+        buffers = self._all_buffers
+        pair = self._call(
+            ("grad_unscale_check", counted, norm_type),
+            lambda: self._prepare(make_unscale_and_check(buffers, counted, norm_type)),
+            _scale_tensor(factor),
+        ).asnumpy()  # read through the tensor
+        return bool(pair[0] == 1.0), float(pair[1])
 
     def set_aside_grads(self) -> None:
         """Keep a copy of every accumulator and zero them: what follows accumulates this step's

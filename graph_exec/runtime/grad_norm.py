@@ -16,6 +16,17 @@ Each rank reduces its counted gradients to one number (the sum of ``|g| ** p``, 
 one small vector, each rank writing only its own slot, through one SUM all-reduce (adding zeros
 is exact); every rank then combines the vector itself, in the same order, so the norm is
 bit-identical on every rank whatever order the collective summed in.
+
+**The norm rides with the step's own collective.** A schedule with a loss scaler or per-token
+loss already meets its pipeline at the end of every step (:mod:`graph_exec.runtime.step_end`).
+Once :meth:`GlobalGradNorm.clip` has been called, the next steps' ends put this rank's share in
+that same vector and keep the norm (:meth:`GlobalGradNorm.learn`), so that the first ``clip`` after
+the step needs no collective of its own (a second meeting of the ranks cost more than the
+arithmetic: see ``docs/performance.md``, "The training loop"). The share is taken before the
+step's last factor (unscaling, per-token division), which multiplies the norm exactly as it
+multiplies every gradient. What could change the gradients in between — :meth:`forget` is called
+for ``zero_grad()`` and ``grads()`` — makes ``clip`` measure afresh; a step whose norm was not
+used stops the riding.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from typing import Any
+
+import numpy as np
 
 #: Added to the norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does.
 EPSILON = 1e-6
@@ -76,32 +89,74 @@ class GlobalGradNorm:
         self._transport = transport
         self._rank = rank
         self._size = size
+        #: The norm type the end of step measures along (``None``: none), learnt from ``clip``.
+        self._riding: float | None = None
+        #: ``(norm type, norm)`` the end of this step measured, until used or forgotten.
+        self._known: tuple[float, float] | None = None
+
+    @property
+    def slot_count(self) -> int:
+        """How many numbers :meth:`slots` puts in a vector (one per pipeline rank)."""
+        return self._size if self._transport is not None else 1
+
+    def part(self, norm_type: float) -> float:
+        """This rank's share: the sum of ``|g| ** p`` (largest ``|g|``) of what it counts."""
+        return float(self.executor.grad_norm_part(self.counted, norm_type).asnumpy())
+
+    def slots(self, part: float) -> np.ndarray:
+        """:attr:`slot_count` float32 zeros with ``part`` in this rank's slot: summed over the
+        pipeline, they hold every rank's share (adding zeros is exact)."""
+        slots = np.zeros(self.slot_count, np.float32)
+        slots[self._rank if self.slot_count > 1 else 0] = part
+        return slots
+
+    @staticmethod
+    def combine(summed: Any, norm_type: float) -> float:
+        """The norm from the summed vector's values (numpy), combined on the host in float64,
+        the same way on every rank."""
+        values = [float(v) for v in summed]
+        if math.isinf(norm_type):
+            return max(values)
+        total = math.fsum(values)
+        return math.sqrt(total) if norm_type == 2.0 else total ** (1.0 / norm_type)
 
     def measure(self, norm_type: float) -> float:
         """The ``norm_type``-norm over every counted gradient of the pipeline (every rank)."""
-        from mindspore import ops
+        slots = self.slots(self.part(norm_type))
+        if self.slot_count > 1:
+            import mindspore as ms
 
-        part = self.executor.grad_norm_part(self.counted, norm_type).reshape(1)
-        if self._transport is not None and self._size > 1:
-            pieces = [
-                ops.zeros(self._rank, part.dtype),
-                part,
-                ops.zeros(self._size - self._rank - 1, part.dtype),
-            ]
-            slots = ops.concat([piece for piece in pieces if piece.shape[0]])
-            self._transport.all_reduce_sum([slots])
-        else:
-            slots = part
-        if math.isinf(norm_type):
-            return float(slots.max().asnumpy())
-        total = slots.sum()
-        norm = ops.sqrt(total) if norm_type == 2.0 else ops.pow(total, 1.0 / norm_type)
-        return float(norm.asnumpy())
+            summed = ms.Tensor(slots)
+            self._transport.all_reduce_sum([summed])
+            slots = summed.asnumpy()  # read through the tensor
+        return self.combine(slots, norm_type)
+
+    def riding(self) -> float | None:
+        """For the end of a step: the norm type to measure along with its collective, or
+        ``None``. A norm the last step measured and nobody used stops the riding."""
+        if self._known is not None:
+            self._riding = None
+        self._known = None
+        return self._riding
+
+    def learn(self, norm_type: float, norm: float) -> None:
+        """The end of step measured ``norm`` (of the gradients as they now are)."""
+        self._known = (norm_type, norm)
+
+    def forget(self) -> None:
+        """The gradients may have changed: the next :meth:`clip` measures afresh."""
+        self._known = None
 
     def clip(self, max_norm: float, norm_type: float) -> float:
-        """Measure the norm and scale this rank's gradients (all of them, counted or not) in
-        place by :func:`clip_coefficient`; returns the norm before clipping."""
-        norm = self.measure(norm_type)
+        """Measure the norm (or take the one the end of step measured) and scale this rank's
+        gradients (all of them, counted or not) in place by :func:`clip_coefficient`;
+        returns the norm before clipping."""
+        if self._known is not None and self._known[0] == norm_type:
+            norm = self._known[1]
+        else:
+            norm = self.measure(norm_type)
+        self._known = None
+        self._riding = norm_type
         coefficient = clip_coefficient(norm, max_norm)
         if coefficient < 1.0:
             self.executor.scale_grads(coefficient)

@@ -2,8 +2,9 @@
 
 The schedules take a ``mindspore.amp.DynamicLossScaler`` or ``StaticLossScaler`` as they are:
 the scaler keeps its scale (``scale_value``, a ``Parameter``) and decides how it moves
-(``adjust``); the schedule only reads the scale before a step, hands it to the last stage's
-graph as an input (so a new scale compiles nothing), unscales the gradients after the step and
+(``adjust``); the schedule only reads the scale before a step (once: the same number is removed
+after it), hands it to the last stage's graph as an input (so a new scale compiles nothing),
+unscales the gradients after the step and
 calls ``adjust`` with the verdict every rank of the mesh agreed on
 (:mod:`graph_exec.runtime.step_end`). The scaler's own ``scale``/``unscale`` are not used: the
 scale is applied inside the last stage's graph and removed from the accumulators in place.
@@ -70,13 +71,6 @@ class LossScale:
                 return scaler.adjust(finite)
 
             self._adjust = ms.jit(adjust)
-
-    def for_graph(self) -> Any:
-        """The scale the last stage differentiates with this step: a float32 scalar tensor,
-        computed on the device (``base * scale_value``), or the plain ``base``."""
-        if self.scaler is None:
-            return self.base
-        return self.scaler.scale_value * self.base
 
     def value(self) -> float | None:
         """The scaler's current value (read back), ``None`` without a scaler."""

@@ -345,9 +345,11 @@ class ScheduleMPipeTranspose:
         parameter counted once over the pipeline, the replicated preprocess, the data-parallel
         replicas and tied pairs), the same on every rank; then this rank's gradients are scaled
         in place by ``min(1, max_norm / (norm + 1e-6))``. ``max_norm=float("inf")`` only
-        measures; ``norm_type=float("inf")`` is the largest ``|g|``. One small collective over
-        the pipeline group: call it on every rank, after ``run()``. A norm that is not finite
-        (an overflow) is returned and nothing is scaled.
+        measures; ``norm_type=float("inf")`` is the largest ``|g|``. Call it on every rank, after
+        ``run()``: one small collective over the pipeline group, or none when the step's end
+        measured the norm in its own (with a loss scaler or per-token loss, from the second
+        clipped step on). A norm that is not finite (an overflow) is returned and nothing is
+        scaled.
         """
         max_norm, norm_type = check_max_norm(max_norm), check_norm_type(norm_type)
         setup = self._require_step("clip_grad_norm()")
@@ -397,7 +399,9 @@ class ScheduleMPipeTranspose:
         receive the updated weights by broadcast); with owner backward every rank holds it.
         With data parallelism they are the means over the replicas.
         """
-        accumulators = self._require_setup("grads()").executor.grads()
+        setup = self._require_setup("grads()")
+        setup.grad_norm.forget()  # the caller may change them in place
+        accumulators = setup.executor.grads()
         return {p.name: accumulators[p.name] for p in self.trainable_params()}
 
     def trainable_params(self) -> list[Any]:
@@ -420,6 +424,7 @@ class ScheduleMPipeTranspose:
         """Reset every gradient buffer of this rank to zero."""
         if self._setup is not None:
             self._setup.executor.zero_grad()
+            self._setup.grad_norm.forget()
         self._accumulated = False
 
     @property
@@ -501,7 +506,7 @@ class ScheduleMPipeTranspose:
             raise TypeError(
                 f"optimizer must be a MindSpore optimizer (mindspore.nn.Adam, ...), got {type(optimizer).__name__}"
             )
-        grads = self.grads()
+        grads = self._require_setup("step()").executor.grads()  # not grads(): nothing handed out
         missing = [p.name for p in params if p.name not in grads]
         if missing:
             raise ValueError(
@@ -569,6 +574,8 @@ class ScheduleMPipeTranspose:
             tied = set_up_ties(
                 self.tied_parameters, trains, stage_names, executor, transport, mesh, self.timeout_s
             )
+        counted = counted_names(trained, stage_names, rank, [b for _, b in self.tied_parameters])
+        grad_norm = GlobalGradNorm(executor, counted, transport, rank, pp)
         step_end = StepEnd(
             executor,
             (transport, dp_transport),
@@ -577,9 +584,8 @@ class ScheduleMPipeTranspose:
             self.loss_reduction == "token",
             data_parallel,
             tied,
+            grad_norm,
         )
-        counted = counted_names(trained, stage_names, rank, [b for _, b in self.tied_parameters])
-        grad_norm = GlobalGradNorm(executor, counted, transport, rank, pp)
         slots = receive_slots()
         runtime = self._runtime(plan, rank, executor, transport, slots)
         self._setup = _Setup(

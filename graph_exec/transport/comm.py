@@ -211,6 +211,8 @@ class TransportStats:
     headers_received: int = 0
     stale_skipped: int = 0
     """Messages a restarted transport found left over from an earlier failed step and skipped."""
+    all_reduces: int = 0
+    """SUM all-reduces this rank joined (one per call of ``all_reduce_sum``, whatever it sums)."""
 
 
 #: A tensor's identity for the layout cache: its MindSpore dtype and shape (``None`` stays).
@@ -609,6 +611,7 @@ class Transport:
             self._complete(tensors)
 
         self._run(run, self.timeout_s, "in all-reduce")
+        self.stats.all_reduces += 1
 
     def _complete(self, tensors: Sequence[Any]) -> None:
         """Where dispatch is asynchronous, wait (within the caller's deadline) until collectives

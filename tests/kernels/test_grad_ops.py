@@ -1,6 +1,7 @@
 """The whole-gradient kernels (kernels/grad_ops.py): the compiled and eager MindSpore forms and
 the numpy host forms of the CPU fast path give the same answers (norm shares within rtol 1e-6,
-scaling and setting aside bit for bit, the overflow verdict of ``mindspore.amp.all_finite``)."""
+scaling and setting aside bit for bit, the overflow verdict of ``mindspore.amp.all_finite``
+on the unscaled gradients)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ import pytest
 from graph_exec.kernels import (
     accumulator_dtype,
     host_add_back,
-    host_all_finite,
     host_norm_part,
     host_scale,
     host_set_aside,
+    host_unscale_and_check,
     make_add_back,
     make_norm_part,
     make_scale_grads,
     make_set_aside,
+    make_unscale_and_check,
 )
 from mindspore import Parameter, ParameterTuple, Tensor, amp, ops
 
@@ -78,12 +80,33 @@ def test_scaling_and_setting_aside_are_the_same_on_the_host(mode: str) -> None:
         np.testing.assert_array_equal(b, was + 1)
 
 
-@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
-def test_the_host_overflow_check_is_all_finite(bad: float) -> None:
-    params = buffers(f"finite_{bad}.")
-    assert host_all_finite(params) is True and bool(amp.all_finite(list(params)).asnumpy())
-    ops.assign(params[2], ops.fill(ms.float32, params[2].shape, float(bad)))
-    assert host_all_finite(params) is False and not bool(amp.all_finite(list(params)).asnumpy())
+@pytest.mark.parametrize("mode", list(PREPARE))
+@pytest.mark.parametrize("bad", [None, np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("norm_type", [None, 2.0, math.inf])
+def test_unscaling_checks_and_measures_what_the_separate_kernels_do(
+    mode: str, bad: float | None, norm_type
+) -> None:
+    fused, host, apart = (buffers(f"check_{kind}_{mode}_{bad}_{norm_type}.") for kind in "fha")
+    if bad is not None:
+        for params in (fused, host, apart):
+            ops.assign(params[2], ops.fill(ms.float32, params[2].shape, float(bad)))
+    counted = (0, 2)  # a share of some accumulators only, as on a rank that skips tied seconds
+    pair = PREPARE[mode](make_unscale_and_check(fused, counted, norm_type))(Tensor(0.375, ms.float32))
+    host_finite, host_share = host_unscale_and_check(host, 0.375, counted, norm_type)
+    PREPARE[mode](make_scale_grads(apart))(Tensor(0.375, ms.float32))
+    for a, b, c in zip(values(fused), values(host), values(apart), strict=True):
+        assert a.tobytes() == b.tobytes() == c.tobytes()
+    finite = bool(amp.all_finite(list(apart)).asnumpy())
+    assert finite is (bad is None)
+    assert bool(pair.asnumpy()[0] == 1.0) is finite and host_finite is finite
+    if norm_type is None:
+        assert float(pair.asnumpy()[1]) == 0.0 and host_share == 0.0
+    elif bad is None:
+        want = float(make_norm_part(ParameterTuple([apart[i] for i in counted]), norm_type)().asnumpy())
+        assert float(pair.asnumpy()[1]) == pytest.approx(want, rel=1e-6)
+        assert host_share == pytest.approx(want, rel=1e-6)
+    elif not (norm_type == math.inf and np.isnan(bad)):  # MindSpore's max skips a NaN: the flag tells
+        assert not math.isfinite(float(pair.asnumpy()[1])) and not math.isfinite(host_share)
 
 
 def test_low_precision_parameters_get_float32_accumulators() -> None:

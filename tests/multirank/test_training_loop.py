@@ -23,6 +23,8 @@ EXPECTED = {
             "tied_central_graph.step1.tied_weights_stay_one",
             "tied_owner_pynative.step1.norm_counts_the_pair_once",
             "token_pynative.grads",
+            "token_pynative.step1.norm_without_a_collective_of_its_own",
+            "clip_scaled_v2_graph.step2.clip_needs_no_collective_of_its_own",
             "evaluate_v2_trainable_graph.grads_untouched",
             "accumulate_owner_graph.run1.accumulated",
             "float16_graph.grads",
@@ -32,7 +34,9 @@ EXPECTED = {
         ],
         1: [
             "tied_central_graph.step1.losses",
-            "token_pynative.losses",
+            "token_pynative.step1.losses",
+            "token_pynative.step1.norm_without_a_collective_of_its_own",
+            "clip_scaled_v2_graph.step2.grad_norm",
             "evaluate_v2_trainable_graph.eval.losses",
             "evaluate_v2_trainable_graph.outputs",
             "evaluate_baseline_pynative.outputs",
@@ -46,12 +50,14 @@ EXPECTED = {
             "clip_v2_trainable_owner_m8_graph.norm_2.0",
             "clip_v2_trainable_owner_m8_graph.clipped_grads",
             "tied_rank0_rank3_owner_graph.step1.grads",
+            "clip_scaled_owner_static_pynative.step2.clip_needs_no_collective_of_its_own",
         ],
         2: ["clip_v1_frozen_pynative.step1.grads", "bad.token_loss_returns_a_scalar"],
         3: [
             "tied_rank0_rank3_owner_graph.step1.tied_weights_stay_one",
             "evaluate_v2_owner_min_pynative.outputs",
-            "token_graph.losses",
+            "token_graph.step1.losses",
+            "token_graph.step1.norm_without_a_collective_of_its_own",
         ],
     },
     "mesh": {
@@ -64,6 +70,8 @@ EXPECTED = {
             "clip_mesh_pynative.clipped_grads",
             "tied_mesh_graph.step1.tied_weights_stay_one",
             "token_mesh_pynative.grads",
+            "token_mesh_pynative.step1.norm_without_a_collective_of_its_own",
+            "clip_scaled_mesh_graph.step2.clip_needs_no_collective_of_its_own",
             "evaluate_mesh_pynative.grads_untouched",
         ]
         for rank in range(4)

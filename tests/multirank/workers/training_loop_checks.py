@@ -141,6 +141,11 @@ def crc(param) -> int:
 # -- cases -----------------------------------------------------------------------------------
 
 
+def pipeline_meetings(sched) -> int:
+    """How many all-reduces this rank's pipeline group has run."""
+    return sched.stats()["transport"].all_reduces
+
+
 def clip_case(name: str, preprocess: str = "trainable", vpp: int = 1, micro: int = 4, **options) -> Case:
     """Norm (2, 1, inf) equal to the reference's global norm and the same bits on every rank,
     clipped gradients equal to the reference's times the coefficient, then step() with clipping
@@ -189,6 +194,25 @@ def clip_case(name: str, preprocess: str = "trainable", vpp: int = 1, micro: int
                     f"{outcome}",
                 )
             sgd_step(ref.params(), clipped, 0.5)
+        if "loss_scaler" in options:  # a third step, gradients not read: the norm rides with the check
+            x, labels = batch(size, seed=12)
+            ref_losses, full = reference(ref, x, labels, dp * micro, scale=1 / (dp * micro))
+            x_mine, labels_mine = share(ctx, x, labels)
+            ctx.losses(f"{name}.step2", sched.run(x_mine, labels=labels_mine), mine(ctx, ref_losses, micro))
+            meetings = pipeline_meetings(sched) if ctx.pp > 1 else 0
+            outcome = sched.step(optimizer, max_norm=0.3 * global_norm(full))
+            ctx.check(
+                f"{name}.step2.grad_norm",
+                math.isclose(outcome["grad_norm"], global_norm(full), rel_tol=1e-5),
+                f"{outcome}",
+            )
+            ctx.same_everywhere(f"{name}.step2.norm_same_bits_everywhere", outcome["grad_norm"])
+            if ctx.pp > 1:
+                ctx.check(
+                    f"{name}.step2.clip_needs_no_collective_of_its_own",
+                    pipeline_meetings(sched) == meetings,
+                    f"{meetings} -> {pipeline_meetings(sched)} all-reduces",
+                )
 
     return Case(name, run)
 
@@ -249,9 +273,26 @@ def token_case(name: str, micro: int = 4, **options) -> Case:
         mask = padding_mask(2 * micro * dp, micro * dp, seed=31)
         ref_losses, expected, _ = token_reference(ref, x, labels, mask, micro * dp)
         x_mine, labels_mine, mask_mine = share(ctx, x, labels, mask)
-        ctx.losses(name, sched.run(x_mine, labels=(labels_mine, mask_mine)), mine(ctx, ref_losses, micro))
-        ctx.close(f"{name}.grads", grads_numpy(sched), trained(sched, expected))
-        ctx.check(f"{name}.finite", sched.grads_finite is True)
+        want = global_norm(expected)
+        for step in range(2):  # the second step's norm rides with its token count, times D / N
+            ctx.losses(
+                f"{name}.step{step}",
+                sched.run(x_mine, labels=(labels_mine, mask_mine)),
+                mine(ctx, ref_losses, micro),
+            )
+            if step == 0:  # not at step 1: grads() hands the gradients out, and clip measures afresh
+                ctx.close(f"{name}.grads", grads_numpy(sched), trained(sched, expected))
+            ctx.check(f"{name}.step{step}.finite", sched.grads_finite is True)
+            meetings = pipeline_meetings(sched) if ctx.pp > 1 else 0
+            norm = sched.clip_grad_norm(math.inf)
+            ctx.check(f"{name}.step{step}.norm", math.isclose(norm, want, rel_tol=1e-5), f"{norm} vs {want}")
+            if step == 1 and ctx.pp > 1:
+                ctx.check(
+                    f"{name}.step1.norm_without_a_collective_of_its_own",
+                    pipeline_meetings(sched) == meetings,
+                    f"{meetings} -> {pipeline_meetings(sched)} all-reduces",
+                )
+            sched.zero_grad()
 
     return Case(name, run)
 
@@ -420,6 +461,7 @@ SUITES: dict[str, list[Case]] = {
         clip_case("clip_v1_trainable_owner_pynative", backward="owner", mode="pynative"),
         clip_case("clip_v1_frozen_graph", preprocess="frozen"),
         clip_case("clip_baseline_v2_pynative", vpp=2, baseline=True, mode="pynative"),
+        clip_case("clip_scaled_v2_graph", vpp=2, loss_scaler=amp.DynamicLossScaler(2.0**10, 2, 1000)),
         tied_case("tied_central_graph"),
         tied_case("tied_owner_pynative", backward="owner", mode="pynative"),
         token_case("token_pynative", mode="pynative"),
@@ -434,6 +476,12 @@ SUITES: dict[str, list[Case]] = {
     "p4": [
         clip_case("clip_v2_trainable_owner_m8_graph", vpp=2, micro=8, backward="owner"),
         clip_case("clip_v1_frozen_pynative", preprocess="frozen", mode="pynative"),
+        clip_case(
+            "clip_scaled_owner_static_pynative",
+            backward="owner",
+            mode="pynative",
+            loss_scaler=amp.StaticLossScaler(1000),
+        ),
         tied_case("tied_rank0_rank3_owner_graph", backward="owner"),
         evaluate_case(
             "evaluate_v2_owner_min_pynative", vpp=2, backward="owner", overflow="min", mode="pynative"
@@ -444,6 +492,7 @@ SUITES: dict[str, list[Case]] = {
     "mesh": [
         overflow_case("overflow_on_one_rank_graph"),
         clip_case("clip_mesh_pynative", vpp=2, mode="pynative"),
+        clip_case("clip_scaled_mesh_graph", loss_scaler=amp.DynamicLossScaler(2.0**10, 2, 1000)),
         tied_case("tied_mesh_graph"),
         token_case("token_mesh_pynative", mode="pynative"),
         evaluate_case("evaluate_mesh_pynative", vpp=2, mode="pynative"),
