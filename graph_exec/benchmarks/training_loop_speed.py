@@ -2,7 +2,7 @@
 plain step, and ``evaluate()`` against the forward share of ``run()``.
 
 ``python -m graph_exec.benchmarks.training_loop_speed [example] [size] [steps] [--runs N]
-[--mode MODE]`` (default ``embed_lm small 20``, three runs, graph mode) launches itself under
+[--mode MODE]`` (default ``embed_lm small 40``, three runs, graph mode) launches itself under
 msrun on 2 ranks, ``N`` times. Each launch trains two schedules of the same model (same seed,
 same batches), step by step in turn so machine noise hits both alike, MPipe with the example's
 default preprocess, ``V = 2``, ``M = 4``:
@@ -147,7 +147,7 @@ def main(argv: list[str]) -> int:
     parser = argument_parser(__doc__, "training_loop_speed")
     parser.add_argument("example", nargs="?", choices=tuple(EXAMPLES), default="embed_lm")
     parser.add_argument("size", nargs="?", choices=("tiny", "small"), default="small")
-    parser.add_argument("steps", nargs="?", type=int, default=20, help="measured steps (default 20)")
+    parser.add_argument("steps", nargs="?", type=int, default=40, help="measured steps (default 40)")
     parser.add_argument("--runs", type=int, default=3, help="launches, each measured on its own (default 3)")
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
     args = parser.parse_args(argv)

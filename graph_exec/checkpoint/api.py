@@ -64,7 +64,8 @@ def save_checkpoint(
     """Write what this rank owns to ``directory/step_<step>/rank_<rank>.ckpt``; call on every rank.
 
     This rank's file holds every parameter of its stage chunks and preprocess replica (frozen
-    ones included) and, if ``optimizer`` is given, the optimizer's state, in MindSpore's own
+    ones included), the loss scaler's scale and counter (with ``loss_scaler=``) and, if
+    ``optimizer`` is given, the optimizer's state, in MindSpore's own
     checkpoint format (``mindspore.load_checkpoint`` reads it). Once every rank's file is on
     disk, rank 0 writes ``complete.json`` — world size, device mesh, schedule options,
     stage->rank map, a SHA-256 per rank file — and only then deletes complete checkpoints

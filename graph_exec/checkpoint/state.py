@@ -1,7 +1,10 @@
 """The tensors one rank owns, written to and read back from its MindSpore ``.ckpt`` file.
 
 A rank owns every parameter of its stage chunks and of its preprocess replica (frozen ones
-included, so a resumed job needs no other file) and, when given, its optimizer's state: the
+included, so a resumed job needs no other file), its loss scaler's state (the scale and, for a
+``DynamicLossScaler``, the count of finite steps since the last change, stored under
+:data:`SCALER_PREFIX`: a resumed fp16 job goes on with the scale it had reached, not the
+initial one) and, when given, its optimizer's state: the
 optimizer's parameters that are not model parameters (Adam's moments, step counters, the
 learning rate). Values are loaded *in place* (``ops.assign``): a compiled graph keeps reading
 a parameter's storage, so swapping it (``set_data``) would force every graph to recompile.
@@ -25,8 +28,14 @@ def _add(found: dict[str, Any], param: Any, what: str) -> None:
     found[param.name] = param
 
 
+#: Prefix of the loss scaler's tensors in a rank file (its own names, ``scale_value`` and
+#: ``counter``, could be a model's).
+SCALER_PREFIX = "graph_exec.loss_scaler."
+
+
 def model_parameters(schedule: Any) -> dict[str, Any]:
-    """Every parameter of this rank's stage chunks and preprocess replica, by name."""
+    """Every parameter of this rank's stage chunks and preprocess replica, and its loss
+    scaler's state, by name."""
     cells = [stage.submodule for stage in schedule.stages]
     if getattr(schedule, "preprocess_module", None) is not None:
         cells.append(schedule.preprocess_module)
@@ -34,6 +43,11 @@ def model_parameters(schedule: Any) -> dict[str, Any]:
     for cell in cells:
         for param in cell.get_parameters():
             _add(found, param, "in the model")
+    scaler = getattr(schedule, "loss_scaler", None)
+    for attribute in ("scale_value", "counter"):
+        value = getattr(scaler, attribute, None)
+        if value is not None:
+            found[SCALER_PREFIX + attribute] = value
     return found
 
 

@@ -27,6 +27,7 @@ from graph_exec.checkpoint import (
     CheckpointNotFoundError,
     layout,
 )
+from graph_exec.checkpoint.state import SCALER_PREFIX
 from tests.models.common import loss_fn
 from tests.models.pipeline import batch, build
 
@@ -97,6 +98,33 @@ def test_resume_continues_exactly(tmp_path, preprocess, options):
     assert c.load(tmp_path) == 3  # before the first run()
     np.testing.assert_allclose(c.train(3, 3), losses_a[3:], atol=ATOL, rtol=0)
     assert_same_values(c.values(), a.values())
+
+
+def test_the_loss_scalers_state_is_saved_and_resumed(tmp_path):
+    # scale_window=2: the scale doubles every second finite step, so after three steps neither
+    # the scale nor the counter is the scaler's initial one.
+    def scaler():
+        return ms.amp.DynamicLossScaler(2.0**10, 2, 2)
+
+    a = Job("trainable", loss_scaler=scaler())
+    losses_a = a.train(0, 5)
+    b = Job("trainable", loss_scaler=scaler())
+    b.train(0, 3)
+    b.save(tmp_path, 3)
+    stored = ms.load_checkpoint(str(tmp_path / "step_3" / "rank_0.ckpt"))
+    assert float(stored[SCALER_PREFIX + "scale_value"].asnumpy()) == 2.0**11
+    assert int(stored[SCALER_PREFIX + "counter"].asnumpy()) == 1
+    c = Job("trainable", seed=7, loss_scaler=scaler())
+    c.load(tmp_path)
+    assert float(c.sched.loss_scaler.scale_value.asnumpy()) == 2.0**11
+    assert int(c.sched.loss_scaler.counter.asnumpy()) == 1
+    np.testing.assert_allclose(c.train(3, 2), losses_a[3:], atol=ATOL, rtol=0)
+    assert float(c.sched.loss_scaler.scale_value.asnumpy()) == float(
+        a.sched.loss_scaler.scale_value.asnumpy()
+    )
+    d = Job("trainable", seed=7)  # no scaler: the checkpoint's scaler state does not fit
+    with pytest.raises(CheckpointMismatchError, match="loss_scaler"):
+        d.load(tmp_path)
 
 
 def test_checkpoint_contents_and_manifest(tmp_path):
