@@ -5,19 +5,25 @@ Run by the bench in a process of its own, bound to one core as a rank would be (
 graph_exec.harness.tower_costs SIZE STAGES ROWS DEVICE [pin]``, ``pin`` as the bench's ranks
 are pinned on CPU); prints one line, :data:`RESULT` followed by
 the JSON of a :class:`~graph_exec.report.tower_sweep.StartupCosts`. Every time is the median of
-compiled (``mindspore.jit``) calls on one micro-batch, after warm-up calls that compile:
+calls on one micro-batch, after warm-up calls that compile:
 
-- one even-split chunk's forward (stage 1, the first chunk that is only decoder layers);
-- one decoder layer's forward + backward: that chunk's forward and gradient (inputs and
-  weights) in one compiled call, over its layer count;
-- the vision tower with one and with :data:`DEEP` blocks: a third of their difference is one
-  block's forward, the rest the tower's fixed part (patch embedding and merger). One block's
-  forward is a few milliseconds, the size of this machine's noise: a one-block difference once
-  came out at zero and asked for a thousand blocks.
+- one even-split chunk's forward (stage 1, the first chunk that is only decoder layers) *as
+  the pipeline runs it*: the graph executor's ``stage_forward``, which records what the backward
+  needs. A plain ``mindspore.jit`` forward of the same chunk costs about a third of that (1.2
+  against 4.2 ms, tiny, here): calibrated against it, the tower at "R = 4" was R ≈ 1.5 of the
+  chunks the launch ran (``docs/performance.md``);
+- one decoder layer's forward + backward: that chunk's ``stage_forward`` and ``stage_backward``
+  through the same executor, over its layer count;
+- the vision tower with one and with :data:`DEEP` blocks, compiled (``mindspore.jit``: the
+  frozen tower's forward records nothing, and costs the same through the executor): a third of
+  their difference is one block's forward, the rest the tower's fixed part (patch embedding and
+  merger). One block's forward is a few milliseconds, the size of this machine's noise: a
+  one-block difference once came out at zero and asked for a thousand blocks.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -46,17 +52,15 @@ def _timed(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int = REPEATS
     return statistics.median(once() for _ in range(repeats))
 
 
-def _flat(value: Any) -> tuple[Any, ...]:
-    if isinstance(value, tuple | list):
-        return tuple(t for v in value for t in _flat(v))
-    return (value,)
-
-
 def measure(size: str, num_stages: int, rows: int):  # -> StartupCosts
     """The :class:`StartupCosts` of the qwen2vl example of preset ``size`` split ``num_stages`` ways."""
     import mindspore as ms
+    from mindspore import ops
 
+    from graph_exec.device import wait_for
     from graph_exec.examples import qwen2vl
+    from graph_exec.executors.graph import GraphExecutor
+    from graph_exec.kernels import FLOAT_DTYPES
     from graph_exec.report.tower_sweep import StartupCosts
 
     towers = []
@@ -72,17 +76,27 @@ def measure(size: str, num_stages: int, rows: int):  # -> StartupCosts
         )
     chunk = model.stages[1]
     layers = len(chunk.blocks)
-    hidden = model.stages[0](*model.preprocess(*inputs))
-    forward = _timed(ms.jit(chunk), hidden)
-    weights = chunk.trainable_params()
+    hidden = tuple(model.stages[0](*model.preprocess(*inputs)))
+    executor = GraphExecutor({1: chunk}, loss_fn=model.loss_fn, last_stage=num_stages - 1)
+    micros = itertools.count()
 
-    def loss(h: Any, positions: Any) -> Any:
-        return chunk(h, positions)[0].sum()
+    def forward_and_backward() -> tuple[float, float]:
+        """Seconds of the chunk's ``F`` and of ``F`` + ``B``, on one micro-batch."""
+        micro = next(micros)
+        begin = time.perf_counter()
+        outputs = executor.stage_forward(1, micro, hidden)
+        wait_for(outputs)
+        forward = time.perf_counter() - begin
+        cotangents = tuple(ops.ones_like(o) if o.dtype in FLOAT_DTYPES else None for o in outputs)
+        wait_for(tuple(g for g in executor.stage_backward(1, micro, cotangents) if g is not None))
+        return forward, time.perf_counter() - begin
 
-    step = ms.jit(ms.grad(loss, grad_position=0, weights=weights))
-    layer_step = _timed(lambda *a: _flat(step(*a)), hidden) / max(layers, 1)
+    forward_and_backward(), forward_and_backward()  # the first compile
+    samples = [forward_and_backward() for _ in range(REPEATS)]
+    chunk_forward = statistics.median(f for f, _ in samples)
+    layer_step = statistics.median(t for _, t in samples) / max(layers, 1)
     return StartupCosts(
-        chunk_forward=forward,
+        chunk_forward=chunk_forward,
         layer_step=layer_step,
         tower_fixed=max(towers[0] - block, 0.0),
         tower_block=block,

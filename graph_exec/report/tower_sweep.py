@@ -47,8 +47,8 @@ MAX_VISION_DEPTH = 64
 class StartupCosts:
     """What the start-up calibration measured (seconds per micro-batch, graph mode, one core)."""
 
-    chunk_forward: float  #: one even-split chunk's forward
-    layer_step: float  #: one decoder layer's forward + backward
+    chunk_forward: float  #: one even-split chunk's forward, as the pipeline runs it (taped)
+    layer_step: float  #: one decoder layer's forward + backward, through the executor
     tower_fixed: float  #: the tower's forward without its blocks (patch embedding, merger)
     tower_block: float  #: one vision block's forward
     layers_per_chunk: int

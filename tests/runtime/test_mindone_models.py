@@ -182,3 +182,15 @@ def test_examples_build_and_train(example):
         optimizer(tuple(sched.grads().values()))
         sched.zero_grad()
     assert losses[-1] < losses[0], losses
+
+
+def test_the_tower_calibration_times_the_chunk_as_the_pipeline_runs_it():
+    """``bench --tower-ratio``'s start-up costs: the chunk's taped ``F`` and its ``F`` + ``B``
+    through the graph executor (every figure positive, the step longer than the forward),
+    a vision block's forward from the tower at one and at ``DEEP`` blocks."""
+    from graph_exec.harness.tower_costs import measure
+
+    costs = measure("tiny", 4, 2)
+    assert costs.layers_per_chunk == 1
+    assert 0 < costs.chunk_forward < costs.layer_step * costs.layers_per_chunk
+    assert costs.tower_block > 0 and costs.tower_fixed >= 0
