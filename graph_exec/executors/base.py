@@ -155,6 +155,11 @@ class Executor(ABC):
         """Reset every gradient buffer to zero."""
 
     @abstractmethod
+    def begin_step(self) -> None:
+        """A step (a walk of the plan) begins: kernels that adapt to the shapes they see count
+        in steps, not calls (every micro-batch of a step calls them with the same shapes)."""
+
+    @abstractmethod
     def kept(self) -> Sequence[Hashable]:
         """The keys whose forward state is still held (for leak checks): ``(stage, micro)`` of
         stage forwards, and the keys of taped preprocess forwards."""

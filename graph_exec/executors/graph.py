@@ -34,6 +34,7 @@ import mindspore as ms
 from graph_exec.device import policy
 
 from .base import CompileStats
+from .dynamic_kernel import GeneralisingKernel
 from .kernel_executor import KernelExecutor
 from .storage import storage_token
 
@@ -89,8 +90,8 @@ class GraphExecutor(KernelExecutor):
         # would log "has been compiled again" although nothing is compiled twice: number them.
         kernel.__name__ = kernel.__qualname__ = f"{kernel.__name__}_{next(_kernel_numbers)}"
         # The default "ast" capture: "trace" replays stale gradients (see shared design notes).
-        # dynamic=1: MindSpore compiles a graph of dynamic shape at the third distinct shape.
-        return ms.jit(kernel, dynamic=1) if self.dynamic_shapes else ms.jit(kernel)
+        # Dynamic shapes: a static graph for the first shape, one dynamic graph for the rest.
+        return GeneralisingKernel(kernel, lambda: self.steps_begun) if self.dynamic_shapes else ms.jit(kernel)
 
     def _on_new_kernel(self, first_call_seconds: float) -> None:
         # The first call compiles and then runs once; the run is small next to the compile.

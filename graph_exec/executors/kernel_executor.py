@@ -164,6 +164,7 @@ class KernelExecutor(Executor):
         #: sizes; the graph executor compiles with ``jit(dynamic=1)``; see ``docs/shapes.md``).
         self.dynamic_shapes = checks.boolean("dynamic_shapes", dynamic_shapes, ExecutorConfigError)
         self._kernels = KernelCache(kernel_cache_size)
+        self.steps_begun = 0  #: steps (walks of a plan) begun: the clock of adapting kernels
         prepare_mindspore()
         self.recompute = recompute
         self._stages = dict(sorted(stages.items()))
@@ -616,6 +617,9 @@ class KernelExecutor(Executor):
         """Stage keys ``(stage, micro)``, then the key of each taped preprocess forward whose
         backward has not run."""
         return [*self._kept, *self._kept_preprocess]
+
+    def begin_step(self) -> None:
+        self.steps_begun += 1
 
     def drop_kept(self, consume: bool = True) -> None:
         """Forget every kept forward; a recorded tape is consumed by a backward with zero

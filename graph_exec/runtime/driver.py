@@ -111,6 +111,7 @@ class RankRuntime:
             raise GraphExecError(f"rank {self.rank}: data left from a previous step: {'; '.join(leftovers)}")
         self._batch = batch
         self.timeline = []
+        self.executor.begin_step()
         if any(step.kind is StepKind.GRADREDUCE for step in self.order) and self._preprocess_grads:
             self._contribution = StepContribution(PackedTensors(self._preprocess_grads()))
         origin = time.perf_counter()

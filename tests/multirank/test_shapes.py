@@ -19,9 +19,9 @@ EXPECTED = {
         "baseline_trainable_graph_mean.len16.grads",
         "baseline_trainable_graph_mean.too_long_refused",
         "dynamic_trainable_graph_token.len20.grads",
-        "dynamic_trainable_graph_token.no_compile_after_the_third_shape",
+        "dynamic_trainable_graph_token.no_compile_after_the_second_shape",
         "dynamic_frozen_graph_mean_recompute.len9.grads",
-        "dynamic_frozen_graph_mean_recompute.no_compile_after_the_third_shape",
+        "dynamic_frozen_graph_mean_recompute.no_compile_after_the_second_shape",
         "dynamic_baseline_trainable_pynative_mean.len20.grads",
     ],
     1: [
@@ -38,7 +38,7 @@ EXPECTED = {
         "dynamic_trainable_graph_token.len9.losses",
         "dynamic_trainable_graph_token.evaluate",
         "dynamic_frozen_graph_mean_recompute.len20.losses",
-        "dynamic_frozen_graph_mean_recompute.no_compile_after_the_third_shape",
+        "dynamic_frozen_graph_mean_recompute.no_compile_after_the_second_shape",
         "dynamic_baseline_trainable_pynative_mean.len16.losses",
     ],
 }
