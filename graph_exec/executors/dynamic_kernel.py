@@ -19,7 +19,6 @@ static speed after a third compilation each.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,10 +32,6 @@ MAX_HOT_SHAPES = 8
 
 #: Per argument: its shape with ``None`` for a dynamic dim, or ``None`` for a dynamic rank.
 Pattern = tuple[tuple[int | None, ...] | None, ...]
-
-
-def _shape_of(value: Any) -> tuple[int, ...]:
-    return tuple(value.shape)
 
 
 def generalised(pattern: Pattern, shapes: Sequence[tuple[int, ...]]) -> Pattern:
@@ -71,10 +66,10 @@ class GeneralisingKernel:
     def __init__(self, kernel: Callable[..., Any], clock: Callable[[], int]) -> None:
         self._kernel = kernel
         self._clock = clock  # the executor's step count
-        self._last_step: dict[tuple[tuple[int, ...], ...], int] = {}
         self._static = ms.jit(kernel)  # one static graph per shape it is called with
         self._static_shapes: set[tuple[tuple[int, ...], ...]] = set()
-        self._steps_seen: Counter[tuple[tuple[int, ...], ...]] = Counter()
+        #: Shapes without a static graph: (steps that called with them, the last such step).
+        self._seen: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}
         self._pattern: Pattern | None = None
         self._dynamic: Callable[..., Any] | None = None
 
@@ -83,16 +78,19 @@ class GeneralisingKernel:
             raise TypeError(
                 f"a dynamic-shape kernel takes tensors only, got {[type(a).__name__ for a in args]}"
             )
-        shapes = tuple(_shape_of(a) for a in args)
-        if shapes not in self._static_shapes and self._last_step.get(shapes) != self._clock():
-            self._last_step[shapes] = self._clock()
-            self._steps_seen[shapes] += 1
-            first = not self._static_shapes
-            hot = self._steps_seen[shapes] >= HOT_AFTER and len(self._static_shapes) <= MAX_HOT_SHAPES
-            if first or hot:
+        shapes = tuple(tuple(a.shape) for a in args)
+        now = self._clock()
+        steps, last = self._seen.get(shapes, (0, None))
+        if shapes not in self._static_shapes and last != now:
+            steps += 1
+            if not self._static_shapes:  # the first shape
+                self._pattern = shapes
                 self._static_shapes.add(shapes)
-                self._pattern = self._pattern or tuple(shapes)
-                del self._steps_seen[shapes], self._last_step[shapes]
+            elif steps >= HOT_AFTER and len(self._static_shapes) <= MAX_HOT_SHAPES:
+                self._static_shapes.add(shapes)
+                self._seen.pop(shapes, None)
+            else:
+                self._seen[shapes] = (steps, now)
         if shapes in self._static_shapes:
             return self._static(*args)
         if not fits(self._pattern, shapes):

@@ -161,7 +161,7 @@ class KernelExecutor(Executor):
         checks.boolean("recompute", recompute, ExecutorConfigError)
         checks.boolean("token_loss", token_loss, ExecutorConfigError)
         #: One kernel per rank and dtype of its tensors, whatever their sizes (cache keys without
-        #: sizes; the graph executor compiles with ``jit(dynamic=1)``; see ``docs/shapes.md``).
+        #: sizes; the graph executor compiles them as ``GeneralisingKernel``s; see ``docs/shapes.md``).
         self.dynamic_shapes = checks.boolean("dynamic_shapes", dynamic_shapes, ExecutorConfigError)
         self._kernels = KernelCache(kernel_cache_size)
         self.steps_begun = 0  #: steps (walks of a plan) begun: the clock of adapting kernels
@@ -182,6 +182,7 @@ class KernelExecutor(Executor):
         self._stage_grads = {k: grads[f"stage {k}"] for k in self._stages}
         self._preprocess_grads = grads.get("preprocess")
         self._all_buffers = ParameterTuple(list(self._buffers.values()))
+        self._buffer_index = {name: i for i, name in enumerate(self._buffers)}  # in _all_buffers
         # Low-precision gradients are cast to their float32 accumulators before the adds.
         self._casts = {
             id(g): tuple(
@@ -562,8 +563,7 @@ class KernelExecutor(Executor):
         norm_type-norm share of names)`` from one kernel (one host pass on the CPU fast path)."""
         if not self._buffers:
             return True, 0.0
-        index = {name: i for i, name in enumerate(self._buffers)}
-        counted = tuple(index[name] for name in names if self._buffers[name].size)
+        counted = tuple(self._buffer_index[name] for name in names if self._buffers[name].size)
         if self._host_math:
             return host_unscale_and_check(self._all_buffers, factor, counted, norm_type)
         buffers = self._all_buffers

@@ -9,8 +9,8 @@ calls on one micro-batch, after warm-up calls that compile:
 
 - one even-split chunk's forward (stage 1, the first chunk that is only decoder layers) *as
   the pipeline runs it*: the graph executor's ``stage_forward``, which records what the backward
-  needs. A plain ``mindspore.jit`` forward of the same chunk costs about a third of that (1.2
-  against 4.2 ms, tiny, here): calibrated against it, the tower at "R = 4" was R ≈ 1.5 of the
+  needs (about 1.4x a plain ``mindspore.jit`` forward of the same chunk: 1.7 against 1.2 ms,
+  tiny, here). Calibrated against the plain forward, the tower at "R = 4" was R ≈ 1.5 of the
   chunks the launch ran (``docs/performance.md``);
 - one decoder layer's forward + backward: that chunk's ``stage_forward`` and ``stage_backward``
   through the same executor, over its layer count;
