@@ -118,6 +118,10 @@ class DevicePolicy:
     has_streams: bool
     """The target has device streams and events (GPU, Ascend); on CPU there is only
     MindSpore's op queue to wait for."""
+    assign_has_bfloat16: bool
+    """MindSpore's ``Assign`` has a bfloat16 kernel (GPU, Ascend). MindSpore 2.10's CPU target
+    has none (``ops.assign`` of a bfloat16 tensor fails), so :func:`assign_in_place` writes
+    bfloat16 tensors there with ``Tensor.copy_`` (its in-place copy has one)."""
 
     @classmethod
     def for_target(cls, target: str, cpu_fast_paths: bool = True) -> DevicePolicy:
@@ -141,6 +145,7 @@ class DevicePolicy:
             pin_cores=target == "CPU",
             device_per_rank=target != "CPU",
             has_streams=target != "CPU",
+            assign_has_bfloat16=target != "CPU",
         )
 
     def describe(self) -> str:
@@ -204,6 +209,20 @@ def _drain_op_queue() -> None:
     from mindspore.common.api import _pynative_executor
 
     _pynative_executor.sync()
+
+
+def assign_in_place(target: Any, value: Any) -> None:
+    """Write ``value`` into ``target``'s own memory (a compiled graph reading ``target`` sees
+    it): ``ops.assign``, or ``Tensor.copy_`` for a bfloat16 tensor where ``Assign`` has no
+    bfloat16 kernel (:attr:`DevicePolicy.assign_has_bfloat16`). ``value`` is copied to a tensor
+    of its own first: 2.10's CPU ``InplaceCopy`` rejects a source that is a view on a larger
+    tensor (a slice of a packed bucket) with "an unexpected kernel has been launched"."""
+    import mindspore as ms
+
+    if target.dtype == ms.bfloat16 and not policy().assign_has_bfloat16:
+        target.copy_(value.copy())
+        return
+    ms.ops.assign(target, value)
 
 
 def wait_for(tensors: Iterable[Any]) -> None:

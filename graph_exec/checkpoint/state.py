@@ -6,7 +6,7 @@ included, so a resumed job needs no other file), its loss scaler's state (the sc
 :data:`SCALER_PREFIX`: a resumed fp16 job goes on with the scale it had reached, not the
 initial one) and, when given, its optimizer's state: the
 optimizer's parameters that are not model parameters (Adam's moments, step counters, the
-learning rate). Values are loaded *in place* (``ops.assign``): a compiled graph keeps reading
+learning rate). Values are loaded *in place* (:func:`~graph_exec.device.assign_in_place`): a compiled graph keeps reading
 a parameter's storage, so swapping it (``set_data``) would force every graph to recompile.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from graph_exec.checkpoint.errors import CheckpointError
+from graph_exec.device import assign_in_place
 
 
 def _add(found: dict[str, Any], param: Any, what: str) -> None:
@@ -107,10 +108,8 @@ def mismatches(expected: Mapping[str, Any], stored: Mapping[str, Any], what: str
 
 def assign(targets: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
     """Copy every stored value into its live parameter, in place."""
-    from mindspore import ops
-
     for name, param in targets.items():
-        ops.assign(param, stored[name])
+        assign_in_place(param, stored[name])
 
 
 def _names(names: list[str], limit: int = 8) -> str:

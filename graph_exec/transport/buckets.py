@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_exec.device import policy, wait_until_run
+from graph_exec.device import assign_in_place, policy, wait_until_run
 
 #: Default bucket size. Averaging 6 MiB over 4 loopback ranks here
 #: (``python -m graph_exec.benchmarks.mesh_speed``, idle 2-core machine, packed by address): one
@@ -162,14 +162,12 @@ class PackedTensors:
     def _store(self, flats: list[Any], raw: bool = False) -> None:
         """Write each bucket's flat values (``raw``: bytes) back into its tensors."""
         if not (self._by_address or raw):
-            from mindspore import ops
-
             for bucket, flat in zip(self.buckets, flats, strict=True):
                 offset = 0
                 for i in bucket.indices:
                     tensor = self.tensors[i]
                     count = int(tensor.size)
-                    ops.assign(tensor, flat[offset : offset + count].reshape(tensor.shape))
+                    assign_in_place(tensor, flat[offset : offset + count].reshape(tensor.shape))
                     offset += count
             return
         wait_until_run()  # no queued op may still read or write that memory

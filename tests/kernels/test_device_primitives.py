@@ -65,3 +65,30 @@ def test_wait_until_run_waits_for_queued_work_on_cpu() -> None:
     y = (x * 2 + 1).sum()
     device.wait_until_run()
     assert float(y.asnumpy()) == 16.0
+
+
+@pytest.mark.parametrize("dtype", [ms.bfloat16, ms.float16, ms.float32])
+def test_assign_in_place_writes_every_dtype_into_the_tensors_own_memory_on_cpu(monkeypatch, dtype) -> None:
+    """MindSpore 2.10's CPU ``Assign`` has no bfloat16 kernel (the preprocess broadcast of a
+    bfloat16 tower failed on the device path); the write must reach the parameter a compiled
+    graph reads, not a new storage. The value is a slice of a larger flat tensor, as a packed
+    bucket's is (2.10's CPU in-place copy rejects such a view as its source)."""
+    use(monkeypatch, "CPU", False)
+    param = ms.Parameter(ms.Tensor(np.zeros((2, 3), np.float32), dtype), name="w")
+    before = param.data_ptr()
+    bucket = ms.Tensor(np.arange(8, dtype=np.float32), dtype)
+    device.assign_in_place(param, bucket[0:6].reshape(2, 3))
+    assert param.data_ptr() == before
+    np.testing.assert_array_equal(param.astype(ms.float32).asnumpy().ravel(), np.arange(6))
+
+
+def test_assign_in_place_uses_assign_where_the_target_has_a_bfloat16_kernel(monkeypatch) -> None:
+    use(monkeypatch, "Ascend", False)
+    written = []
+    monkeypatch.setattr(ms.ops, "assign", lambda target, value: written.append((target, value)))
+    target, value = (
+        ms.Tensor(np.zeros(2, np.float32), ms.bfloat16),
+        ms.Tensor(np.ones(2, np.float32), ms.bfloat16),
+    )
+    device.assign_in_place(target, value)
+    assert written == [(target, value)]

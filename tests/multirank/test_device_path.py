@@ -57,6 +57,18 @@ def test_data_parallel_pipelines_match_the_reference_on_the_device_path(run_work
         )
 
 
+@pytest.mark.timeout(420)
+def test_low_precision_chunks_match_the_reference_on_the_device_path(run_workers):
+    result = run_workers(
+        "training_loop_checks.py", 2, "device_low_precision", timeout_s=360, device_path=True
+    )
+    for rank in range(2):
+        assert "ALL DONE failures=0" in result.worker_logs[rank], result.describe()
+        for case in ("float16_graph", "bfloat16_pynative"):
+            assert f"{case}.grads" in checks(result, rank), result.describe()
+    assert {"float16_graph.losses", "bfloat16_pynative.losses"} <= checks(result, 1), result.describe()
+
+
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_failure_is_reported_on_every_rank_in_time_on_the_device_path(run_workers, scenario):
     ranks, setup, step = SCENARIOS[scenario]

@@ -27,7 +27,8 @@ FAST_PATHS = [
 
 def test_every_decision_is_either_a_fast_path_or_a_target_primitive() -> None:
     fields = {f.name for f in dataclasses.fields(DevicePolicy)}
-    assert fields == {"target", "cpu_fast_paths", "pin_cores", "device_per_rank", "has_streams", *FAST_PATHS}
+    primitives = {"pin_cores", "device_per_rank", "has_streams", "assign_has_bfloat16"}
+    assert fields == {"target", "cpu_fast_paths", *primitives, *FAST_PATHS}
 
 
 @pytest.mark.parametrize(
@@ -43,8 +44,18 @@ def test_fast_paths_only_on_cpu_and_only_when_asked(target: str, fast: bool, exp
 @pytest.mark.parametrize("fast", [True, False])
 def test_target_primitives_do_not_depend_on_the_switch(fast: bool) -> None:
     cpu, gpu = DevicePolicy.for_target("CPU", fast), DevicePolicy.for_target("GPU", fast)
-    assert (cpu.pin_cores, cpu.device_per_rank, cpu.has_streams) == (True, False, False)
-    assert (gpu.pin_cores, gpu.device_per_rank, gpu.has_streams) == (False, True, True)
+    assert (cpu.pin_cores, cpu.device_per_rank, cpu.has_streams, cpu.assign_has_bfloat16) == (
+        True,
+        False,
+        False,
+        False,
+    )
+    assert (gpu.pin_cores, gpu.device_per_rank, gpu.has_streams, gpu.assign_has_bfloat16) == (
+        False,
+        True,
+        True,
+        True,
+    )
 
 
 def test_an_unknown_target_is_refused_naming_the_choices() -> None:

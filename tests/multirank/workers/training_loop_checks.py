@@ -497,6 +497,12 @@ SUITES: dict[str, list[Case]] = {
         token_case("token_mesh_pynative", mode="pynative"),
         evaluate_case("evaluate_mesh_pynative", vpp=2, mode="pynative"),
     ],
+    # Run with GRAPH_EXEC_CPU_FAST_PATHS=0 (tests/multirank/test_device_path.py): the broadcast
+    # writes a bfloat16 preprocess back with MindSpore ops, where CPU's Assign has no kernel.
+    "device_low_precision": [
+        low_precision_case("float16_graph", ms.float16),
+        low_precision_case("bfloat16_pynative", ms.bfloat16, mode="pynative"),
+    ],
 }
 
 
