@@ -39,17 +39,21 @@ REPEATS = 15
 DEEP = 4
 
 
-def _timed(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int = REPEATS) -> float:
+def _timed(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], repeats: int = REPEATS) -> list[float]:
+    """The median seconds of each ``(fn, args)`` of ``calls``, timed in turns (one call of each,
+    then again) so that the machine's noise and the process's warming up hit them alike."""
     from graph_exec.device import wait_for
 
-    def once() -> float:
+    def once(fn: Callable[..., Any], args: tuple[Any, ...]) -> float:
         begin = time.perf_counter()
         out = fn(*args)
         wait_for(out if isinstance(out, tuple | list) else (out,))
         return time.perf_counter() - begin
 
-    once(), once()  # the first compiles
-    return statistics.median(once() for _ in range(repeats))
+    for fn, args in calls:  # the first compiles
+        once(fn, args), once(fn, args)
+    samples = [[once(fn, args) for fn, args in calls] for _ in range(repeats)]
+    return [statistics.median(turn[i] for turn in samples) for i in range(len(calls))]
 
 
 def measure(size: str, num_stages: int, rows: int):  # -> StartupCosts
@@ -63,11 +67,12 @@ def measure(size: str, num_stages: int, rows: int):  # -> StartupCosts
     from graph_exec.kernels import FLOAT_DTYPES
     from graph_exec.report.tower_sweep import StartupCosts
 
-    towers = []
+    calls = []
     for depth in (1, DEEP):
         model = qwen2vl.build(num_stages, size=size, vision_depth=depth)
         inputs, _ = model.batch(0, rows)
-        towers.append(_timed(ms.jit(model.preprocess), inputs))
+        calls.append((ms.jit(model.preprocess), inputs))
+    towers = _timed(calls)
     block = (towers[1] - towers[0]) / (DEEP - 1)
     if block <= 0:
         raise RuntimeError(
