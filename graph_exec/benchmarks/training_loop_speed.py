@@ -2,29 +2,41 @@
 plain step, and ``evaluate()`` against the forward share of ``run()``.
 
 ``python -m graph_exec.benchmarks.training_loop_speed [example] [size] [steps] [--runs N]
-[--mode MODE]`` (default ``embed_lm small 40``, three runs, graph mode) launches itself under
-msrun on 2 ranks, ``N`` times. Each launch trains two schedules of the same model (same seed,
-same batches), step by step in turn so machine noise hits both alike, MPipe with the example's
+[--mode MODE]`` (default ``embed_lm small 60``, three runs, graph mode) launches itself under
+msrun on 2 ranks, ``N`` times. Each launch trains three schedules of the same model (same seed,
+same batches), step by step in turn so machine noise hits them alike, MPipe with the example's
 default preprocess, ``V = 2``, ``M = 4``:
 
 - ``plain``: ``run()`` then ``step(optimizer)`` (no scaler, no clipping: the loop before these
   features, one call);
 - ``loop``: ``loss_scaler=DynamicLossScaler(2**16, 2, 1000)`` and ``step(optimizer,
   max_norm=1.0)``: the scale as a graph input, the unscale with the overflow check and the
-  norm's share in one pass, one small all-reduce for the verdict and the norm, the clip.
+  norm's share in one pass, one small all-reduce for the verdict and the norm, the clip;
+- ``control``: a second ``plain``. ``control / plain`` is what the method reads for two
+  identical schedules: the resolution any ``loop / plain`` figure has on this machine.
+
+The order of the three rotates from step to step (each schedule is first, second and third
+equally often), so that what being run right after another schedule costs (caches, the
+collector) falls on every schedule alike.
 
 Every measured step starts after a barrier; a rank's time is its ``run()`` plus ``step()``. On
-a busy machine those spread widely, so each rank also times what the features add directly:
-its end of step (``StepEnd.begin`` and ``finish``, wrapped) plus ``step()``, per variant; the
-difference of their p50s over ``plain``'s step p50 is the overhead without the body's noise.
+a busy machine those spread widely, so the loop's own work is also timed directly: on every
+rank its arithmetic over the gradients (the executor's ``unscale_and_check`` and
+``scale_grads``, wrapped) and, after the training steps, its one agreement (the all-reduce of a
+few float32, each call after a barrier: the latency without a wait for a late peer). Each
+rank's end of step (``StepEnd.begin`` and ``finish`` plus ``step()``) is printed too, but it
+includes waits: the loop's agreement waits for the slower rank where ``plain``'s end of step
+meets nobody, so its difference is not the loop's cost.
 After the training steps each rank times ``evaluate()`` (with labels) on the ``plain``
 schedule, and takes from ``plain``'s timelines the forward share of its ``run()``: the
 ``F`` steps of every stage but the last (whose ``F`` is the fused forward, loss and backward),
 the preprocess forwards and the transfers of forward data. A step lasts until its slowest rank
 is done; rank 0 prints p10/p50/p90 of that in milliseconds, the p50 ratio ``loop / plain``
 (the target is below 1.03 in graph mode), the same ratio step by step (each ``loop`` step over
-the ``plain`` step run just before it, on the same batch: a slow spell of the machine hits both)
-and ``evaluate`` against the forward share.
+the ``plain`` step of the same round, on the same batch: a slow spell of the machine hits both),
+the same two figures for ``control / plain``, the loop's own work (the slowest rank's
+arithmetic plus the agreement's p50 latency) against ``plain``'s step, and ``evaluate``
+against the forward share.
 """
 
 from __future__ import annotations
@@ -38,6 +50,8 @@ from graph_exec.benchmarks.common import argument_parser, launch_and_report, p10
 
 WARMUP = 3
 RANKS, VPP, MICRO = 2, 2, 4
+#: The schedules each launch trains; ``control`` is a second ``plain`` (the method's resolution).
+VARIANTS = ("plain", "loop", "control")
 #: Plan steps that make up the forward half of a training step (``F`` of the last stage excepted).
 FORWARD_KINDS = ("F", "Fsend", "Frecv", "TFWD", "OUTsend", "OUTrecv", "BCAST")
 
@@ -51,6 +65,25 @@ def _forward_seconds(timeline, last_stage: int) -> float:
         if step.kind.value in FORWARD_KINDS and not (step.kind is StepKind.F and step.stage == last_stage):
             total += event.end - event.start
     return total
+
+
+def _agreement_seconds(transport, calls: int) -> list[float]:
+    """Seconds of the loop's one agreement (a SUM all-reduce of a few float32) over
+    ``transport``, each call after a barrier: its latency without a wait for a late peer."""
+    import mindspore as ms
+    import numpy as np
+
+    from graph_exec.transport import barrier
+
+    seconds = []
+    for _ in range(calls):
+        values = ms.Tensor(np.zeros(3, np.float32))
+        barrier()
+        start = time.perf_counter()
+        transport.all_reduce_sum([values])
+        values.asnumpy()
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def _worker(example: str, size: str, steps: int, mode: str) -> None:
@@ -68,7 +101,7 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
     num_stages = VPP * RANKS
     family = load(example)
     runs = {}
-    for name in ("plain", "loop"):
+    for name in VARIANTS:
         model = family.build(num_stages, trainable_preprocess=family.trainable_by_default, size=size)
         stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in range(rank, num_stages, RANKS)]
         scaler = amp.DynamicLossScaler(2.0**16, 2, 1000) if name == "loop" else None
@@ -86,13 +119,19 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
     samples: dict[str, list[float]] = defaultdict(list)
     ends: dict[str, float] = defaultdict(float)
     for index in range(WARMUP + steps):
-        for name, (model, sched, optimizer) in runs.items():
+        turn = index % len(VARIANTS)  # the order rotates: each schedule leads equally often
+        for name in VARIANTS[turn:] + VARIANTS[:turn]:
+            model, sched, optimizer = runs[name]
             inputs, labels = model.batch(index, 2 * MICRO)
             if index == WARMUP:  # set up by now: time every end of step from here on
                 step_end = sched._setup.step_end
                 step_end.begin = timed(ends, name, step_end.begin)
                 step_end.finish = timed(ends, name, step_end.finish)
-            ends[name] = 0.0
+                if name == "loop":  # the loop's own arithmetic over the gradients
+                    executor = step_end.executor
+                    for method in ("unscale_and_check", "scale_grads"):
+                        setattr(executor, method, timed(ends, "arithmetic", getattr(executor, method)))
+            ends[name] = ends["arithmetic"] = 0.0
             barrier()
             start = time.perf_counter()
             sched.run(*inputs, labels=labels)
@@ -104,6 +143,9 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
                 samples[f"{name} end"].append(ends[name] + end - middle)
                 if name == "plain":
                     samples["forward"].append(_forward_seconds(sched.timeline, num_stages - 1))
+                if name == "loop":
+                    samples["arithmetic"].append(ends["arithmetic"])
+    samples["agreement"] = _agreement_seconds(runs["loop"][1]._setup.step_end._pipeline, steps)
     model, sched, _ = runs["plain"]
     for index in range(WARMUP + steps):
         inputs, labels = model.batch(10_000 + index, 2 * MICRO)
@@ -118,25 +160,39 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
         return "/".join(f"{v * 1e3:.1f}" for v in p10_p50_p90(values))
 
     if rank == 0:  # a step lasts until its slowest rank is done (every step starts at a barrier)
-        slowest = {
-            k: [max(r[k][i] for r in everyone) for i in range(steps)] for k in ("plain", "loop", "evaluate")
-        }
-        ratio = p10_p50_p90(slowest["loop"])[1] / p10_p50_p90(slowest["plain"])[1]
-        paired = p10_p50_p90([a / b for a, b in zip(slowest["loop"], slowest["plain"], strict=True)])
+        slowest = {k: [max(r[k][i] for r in everyone) for i in range(steps)] for k in (*VARIANTS, "evaluate")}
         forward = statistics.median(max(r["forward"][i] for r in everyone) for i in range(steps))
         print(
-            f"RESULT step (slowest rank): plain {ms(slowest['plain'])}  loop {ms(slowest['loop'])} ms  "
-            f"loop/plain {ratio:.3f}; step by step (p10/p50/p90) {'/'.join(f'{r:.3f}' for r in paired)}",
+            f"RESULT step (slowest rank): {'  '.join(f'{k} {ms(slowest[k])}' for k in VARIANTS)} ms",
             flush=True,
         )
+        for name in ("loop", "control"):
+            ratio = statistics.median(slowest[name]) / statistics.median(slowest["plain"])
+            paired = p10_p50_p90([a / b for a, b in zip(slowest[name], slowest["plain"], strict=True)])
+            print(
+                f"RESULT {name}/plain {ratio:.3f}; step by step (p10/p50/p90) "
+                f"{'/'.join(f'{r:.3f}' for r in paired)}",
+                flush=True,
+            )
         print(
             f"RESULT evaluate (slowest rank) {ms(slowest['evaluate'])} ms against run()'s forward share "
             f"(slowest rank, p50) {forward * 1e3:.1f} ms: {p10_p50_p90(slowest['evaluate'])[1] / forward:.2f}",
             flush=True,
         )
+        own = [
+            max(r["arithmetic"][i] for r in everyone) + statistics.median(everyone[0]["agreement"])
+            for i in range(steps)
+        ]
+        print(
+            f"RESULT loop's own work (slowest rank's unscale, check, norm share and clip, plus the "
+            f"agreement's all-reduce when both ranks arrive together): {ms(own)} ms, "
+            f"{statistics.median(own) / statistics.median(slowest['plain']):.1%} of plain's step (p50)",
+            flush=True,
+        )
+    ends_ms = "  ".join(f"{name} {ms(samples[f'{name} end'])}" for name in VARIANTS)
     print(
-        f"RESULT rank {rank}: end of step (begin + finish + step(), waits for peers included): plain "
-        f"{ms(samples['plain end'])}  loop {ms(samples['loop end'])} ms; forward share {ms(samples['forward'])} ms",
+        f"RESULT rank {rank}: end of step (begin + finish + step(), waits for peers included): {ends_ms} ms; "
+        f"forward share {ms(samples['forward'])} ms",
         flush=True,
     )
 
@@ -147,7 +203,7 @@ def main(argv: list[str]) -> int:
     parser = argument_parser(__doc__, "training_loop_speed")
     parser.add_argument("example", nargs="?", choices=tuple(EXAMPLES), default="embed_lm")
     parser.add_argument("size", nargs="?", choices=("tiny", "small"), default="small")
-    parser.add_argument("steps", nargs="?", type=int, default=40, help="measured steps (default 40)")
+    parser.add_argument("steps", nargs="?", type=int, default=60, help="measured steps (default 60)")
     parser.add_argument("--runs", type=int, default=3, help="launches, each measured on its own (default 3)")
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
     args = parser.parse_args(argv)

@@ -304,7 +304,11 @@ def checkpoint_due(job: JobSpec, steps_done: int) -> bool:
 
 
 def train(job: JobSpec, run_dir: Path) -> None:
-    """Every run of ``job``, interleaved step by step so machine noise hits all runs alike."""
+    """Every run of ``job``, interleaved step by step so machine noise hits all runs alike.
+
+    The runs' order rotates from step to step (each run goes first equally often), so that what
+    following another run costs (its data in the caches, the collector's work) is shared too.
+    """
     if job.checkpoint_dir is not None and len(job.runs) != 1:
         raise ValueError(f"checkpoints need a job with one run, this one has {len(job.runs)}")
     bound_backend_waits(job.timeout_s)  # before the mesh check, the process's first message
@@ -327,7 +331,8 @@ def train(job: JobSpec, run_dir: Path) -> None:
     for index in range(job.first_step, job.end_step):
         # the first step compiles
         with CompileWatch(compiled) if index == job.first_step else nullcontext():
-            for trainer in trainers:
+            turn = index % len(trainers)
+            for trainer in trainers[turn:] + trainers[:turn]:
                 record = trainer.step(index)
                 saved = trainer.save(index + 1) if checkpoint_due(job, index + 1) else None
                 trainer.report(record, saved)
