@@ -21,9 +21,10 @@ collector) falls on every schedule alike.
 
 Every measured step starts after a barrier; a rank's time is its ``run()`` plus ``step()``. On
 a busy machine those spread widely, so the loop's own work is also timed directly: on every
-rank its arithmetic over the gradients (the executor's ``unscale_and_check`` and
-``scale_grads``, wrapped) and, after the training steps, its one agreement (the all-reduce of a
-few float32, each call after a barrier: the latency without a wait for a late peer). Each
+rank the calls it adds (reading the scale and handing it to the graphs, the executor's
+``unscale_and_check``, the scaler's ``adjust``, ``clip_grad_norm``; wrapped) and, after the
+training steps, its one agreement (the all-reduce of a few float32, each call after a barrier:
+the latency without a wait for a late peer). Each
 rank's end of step (``StepEnd.begin`` and ``finish`` plus ``step()``) is printed too, but it
 includes waits: the loop's agreement waits for the slower rank where ``plain``'s end of step
 meets nobody, so its difference is not the loop's cost.
@@ -35,7 +36,7 @@ is done; rank 0 prints p10/p50/p90 of that in milliseconds, the p50 ratio ``loop
 (the target is below 1.03 in graph mode), the same ratio step by step (each ``loop`` step over
 the ``plain`` step of the same round, on the same batch: a slow spell of the machine hits both),
 the same two figures for ``control / plain``, the loop's own work (the slowest rank's
-arithmetic plus the agreement's p50 latency) against ``plain``'s step, and ``evaluate``
+calls plus the agreement's p50 latency) against ``plain``'s step, and ``evaluate``
 against the forward share.
 """
 
@@ -127,11 +128,16 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
                 step_end = sched._setup.step_end
                 step_end.begin = timed(ends, name, step_end.begin)
                 step_end.finish = timed(ends, name, step_end.finish)
-                if name == "loop":  # the loop's own arithmetic over the gradients
-                    executor = step_end.executor
-                    for method in ("unscale_and_check", "scale_grads"):
-                        setattr(executor, method, timed(ends, "arithmetic", getattr(executor, method)))
-            ends[name] = ends["arithmetic"] = 0.0
+                if name == "loop":  # the loop's own work, but for its meeting
+                    for owner, method in (
+                        (step_end.executor, "set_loss_scale"),
+                        (step_end.executor, "unscale_and_check"),
+                        (step_end.loss_scale, "value"),
+                        (step_end.loss_scale, "adjust"),
+                        (sched, "clip_grad_norm"),
+                    ):
+                        setattr(owner, method, timed(ends, "own", getattr(owner, method)))
+            ends[name] = ends["own"] = 0.0
             barrier()
             start = time.perf_counter()
             sched.run(*inputs, labels=labels)
@@ -144,7 +150,7 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
                 if name == "plain":
                     samples["forward"].append(_forward_seconds(sched.timeline, num_stages - 1))
                 if name == "loop":
-                    samples["arithmetic"].append(ends["arithmetic"])
+                    samples["own"].append(ends["own"])
     samples["agreement"] = _agreement_seconds(runs["loop"][1]._setup.step_end._pipeline, steps)
     model, sched, _ = runs["plain"]
     for index in range(WARMUP + steps):
@@ -180,12 +186,13 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
             flush=True,
         )
         own = [
-            max(r["arithmetic"][i] for r in everyone) + statistics.median(everyone[0]["agreement"])
+            max(r["own"][i] for r in everyone) + statistics.median(everyone[0]["agreement"])
             for i in range(steps)
         ]
         print(
-            f"RESULT loop's own work (slowest rank's unscale, check, norm share and clip, plus the "
-            f"agreement's all-reduce when both ranks arrive together): {ms(own)} ms, "
+            f"RESULT loop's own work (the slowest rank's scale read and hand-over, unscale-check pass, "
+            f"scaler adjust and clip, plus the agreement's all-reduce when both ranks arrive together): "
+            f"{ms(own)} ms, "
             f"{statistics.median(own) / statistics.median(slowest['plain']):.1%} of plain's step (p50)",
             flush=True,
         )
