@@ -4,10 +4,10 @@ A rank owns every parameter of its stage chunks and of its preprocess replica (f
 included, so a resumed job needs no other file), its loss scaler's state (the scale and, for a
 ``DynamicLossScaler``, the count of finite steps since the last change, stored under
 :data:`SCALER_PREFIX`: a resumed fp16 job goes on with the scale it had reached, not the
-initial one) and, when given, its optimizer's state: the
-optimizer's parameters that are not model parameters (Adam's moments, step counters, the
-learning rate). Values are loaded *in place* (:func:`~graph_exec.device.assign_in_place`): a compiled graph keeps reading
-a parameter's storage, so swapping it (``set_data``) would force every graph to recompile.
+initial one) and, when given, its optimizer's state: the optimizer's parameters that are not
+model parameters (Adam's moments, step counters, the learning rate). Values are loaded *in
+place* (:func:`~graph_exec.device.assign_in_place`): a compiled graph keeps reading a
+parameter's storage, so swapping it (``set_data``) would force every graph to recompile.
 """
 
 from __future__ import annotations
