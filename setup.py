@@ -1,4 +1,4 @@
-"""Build wiring for the C++ helpers (buffer reuse, host gradient adds); all other metadata lives
+"""Build wiring for the C++ helpers (buffer reuse, host gradient arithmetic); all other metadata lives
 in pyproject.toml."""
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
@@ -11,7 +11,7 @@ setup(
             sorted(["csrc/bufpool.cpp", "csrc/pool.cpp", "csrc/slot_planner.cpp"]),
             cxx_std=17,
         ),
-        Pybind11Extension("graph_exec._hostadd", ["csrc/host_add.cpp"], cxx_std=17),
+        Pybind11Extension("graph_exec._hostmath", ["csrc/host_math.cpp"], cxx_std=17),
     ],
     cmdclass={"build_ext": build_ext},
 )

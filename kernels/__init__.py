@@ -8,13 +8,10 @@ so both run exactly the same code. Kernels know nothing about schedules or commu
 from .autodiff import FLOAT_DTYPES, as_tuple, is_float
 from .grad_buffers import BUFFER_PREFIX, GradBuffers, make_accumulate, make_buffer, make_zero_grads
 from .grad_ops import (
+    HOST_DTYPES,
     LOW_PRECISION,
+    HostGradients,
     accumulator_dtype,
-    host_add_back,
-    host_norm_part,
-    host_scale,
-    host_set_aside,
-    host_unscale_and_check,
     make_add_back,
     make_norm_part,
     make_scale_grads,
@@ -27,15 +24,12 @@ from .stage import make_stage_forward, make_stage_loss
 __all__ = [
     "BUFFER_PREFIX",
     "FLOAT_DTYPES",
+    "HOST_DTYPES",
     "LOW_PRECISION",
     "GradBuffers",
+    "HostGradients",
     "accumulator_dtype",
     "as_tuple",
-    "host_add_back",
-    "host_norm_part",
-    "host_scale",
-    "host_set_aside",
-    "host_unscale_and_check",
     "is_float",
     "make_accumulate",
     "make_add_back",

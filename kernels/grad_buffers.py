@@ -22,18 +22,17 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
-from graph_exec import _hostadd
+from graph_exec import _hostmath
 from graph_exec.device import policy, wait_until_run
 
-from .grad_ops import accumulator_dtype
+from .grad_ops import HOST_DTYPES, accumulator_dtype
 
 #: Prefix of every accumulator name.
 BUFFER_PREFIX = "gacc."
-#: Accumulator dtypes whose host addition (C++ or numpy) is the very IEEE addition MindSpore's
-#: CPU kernel does (numpy has no bfloat16, and adds float16 through float32).
-HOST_ADD_DTYPES = (ms.float32, ms.float64)
-#: The C++ adder of each host-added dtype.
-_ADD_BY_ADDRESS = {ms.float32: _hostadd.add_float32, ms.float64: _hostadd.add_float64}
+#: The C++ adder of each host-added dtype (:data:`~kernels.grad_ops.HOST_DTYPES`: their host
+#: addition is the very IEEE addition MindSpore's CPU kernel does; numpy has no bfloat16, and
+#: adds float16 through float32).
+_ADD_BY_ADDRESS = {ms.float32: _hostmath.add_float32, ms.float64: _hostmath.add_float64}
 
 
 def make_buffer(param: Parameter) -> Parameter:
@@ -87,11 +86,11 @@ def make_host_accumulate(buffers: ParameterTuple) -> Callable[..., None] | None:
     eager ops and compiled graphs alike (measured with MindSpore 2.10). Waiting for the queued
     work first means no earlier op still reads or writes an accumulator. A gradient of the
     accumulator's dtype and shape, laid out contiguously (what a backward returns), is added
-    by address in C++ (``graph_exec._hostadd``: about 1.5 us per parameter, against about 8 us
+    by address in C++ (``graph_exec._hostmath``: about 1.5 us per parameter, against about 8 us
     through two ``asnumpy()`` views); any other goes through numpy. Eager only: it cannot run
     under ``mindspore.jit``.
     """
-    if not all(buffer.dtype in HOST_ADD_DTYPES for buffer in buffers):
+    if not all(buffer.dtype in HOST_DTYPES for buffer in buffers):
         return None
     plan = [
         (buffer, buffer.dtype, buffer.shape, buffer.size, _ADD_BY_ADDRESS[buffer.dtype]) for buffer in buffers

@@ -19,7 +19,12 @@ The order of the three rotates from step to step (each schedule is first, second
 equally often), so that what being run right after another schedule costs (caches, the
 collector) falls on every schedule alike.
 
-Every measured step starts after a barrier; a rank's time is its ``run()`` plus ``step()``. On
+Every measured step starts after a barrier; a rank's time is its ``run()`` plus ``step()``.
+Then the same schedules run their steps **in a row**, as a training loop does: rounds of five
+steps with no barrier between them (a round starts after one; the order of the schedules
+rotates from round to round), a step's time being the round's over five on its slowest rank.
+There the loop's agreement at the end of a step no longer adds a wait that ``plain`` would
+not have: the next step's transfers make the ranks wait for each other anyway. On
 a busy machine those spread widely, so the loop's own work is also timed directly: on every
 rank the calls it adds (reading the scale and handing it to the graphs, the executor's
 ``unscale_and_check``, the scaler's ``adjust``, ``clip_grad_norm``; wrapped) and, after the
@@ -50,6 +55,8 @@ from collections import defaultdict
 from graph_exec.benchmarks.common import argument_parser, launch_and_report, p10_p50_p90, timed
 
 WARMUP = 3
+#: Steps run back to back, without a barrier, in each round of the second measurement.
+IN_A_ROW = 5
 RANKS, VPP, MICRO = 2, 2, 4
 #: The schedules each launch trains; ``control`` is a second ``plain`` (the method's resolution).
 VARIANTS = ("plain", "loop", "control")
@@ -151,6 +158,16 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
                     samples["forward"].append(_forward_seconds(sched.timeline, num_stages - 1))
                 if name == "loop":
                     samples["own"].append(ends["own"])
+    for index in range(max(1, steps // IN_A_ROW) * len(VARIANTS)):  # then steps in a row
+        name = VARIANTS[(index - index // len(VARIANTS)) % len(VARIANTS)]  # each first equally often
+        model, sched, optimizer = runs[name]
+        barrier()
+        start = time.perf_counter()
+        for step in range(IN_A_ROW):
+            inputs, labels = model.batch(WARMUP + steps + index * IN_A_ROW + step, 2 * MICRO)
+            sched.run(*inputs, labels=labels)
+            sched.step(optimizer, max_norm=1.0 if name == "loop" else None)
+        samples[f"{name} in a row"].append((time.perf_counter() - start) / IN_A_ROW)
     samples["agreement"] = _agreement_seconds(runs["loop"][1]._setup.step_end._pipeline, steps)
     model, sched, _ = runs["plain"]
     for index in range(WARMUP + steps):
@@ -180,6 +197,17 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
                 f"{'/'.join(f'{r:.3f}' for r in paired)}",
                 flush=True,
             )
+        rounds = len(everyone[0]["plain in a row"])
+        row = {k: [max(r[f"{k} in a row"][i] for r in everyone) for i in range(rounds)] for k in VARIANTS}
+        print(
+            f"RESULT steps in a row ({rounds} rounds of {IN_A_ROW}, no barrier between steps; ms a step, "
+            f"slowest rank): {'  '.join(f'{k} {ms(row[k])}' for k in VARIANTS)}; "
+            + "  ".join(
+                f"{k}/plain {statistics.median(row[k]) / statistics.median(row['plain']):.3f}"
+                for k in ("loop", "control")
+            ),
+            flush=True,
+        )
         print(
             f"RESULT evaluate (slowest rank) {ms(slowest['evaluate'])} ms against run()'s forward share "
             f"(slowest rank, p50) {forward * 1e3:.1f} ms: {p10_p50_p90(slowest['evaluate'])[1] / forward:.2f}",

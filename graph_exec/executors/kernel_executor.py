@@ -15,7 +15,7 @@ always that recompute (its forward ran elsewhere, or long before), unless the ca
 taped preprocess hooks.
 
 Weight gradients come back from the tape as tensors and are added into the accumulators by
-``GradBuffers.add``, in both modes: on CPU by address in C++ (``graph_exec._hostadd``, float32
+``GradBuffers.add``, in both modes: on CPU by address in C++ (``graph_exec._hostmath``, float32
 and float64 accumulators; a gradient that is not contiguous goes through numpy), elsewhere eager
 ``ops.assign_add``, one per parameter. Candidates, measured side by side with
 ``python -m graph_exec.benchmarks.executor_speed --only accumulation`` (4 taped forwards then 4
@@ -84,12 +84,9 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from graph_exec import checks
 from graph_exec.device import policy
 from graph_exec.kernels import (
+    HOST_DTYPES,
     GradBuffers,
-    host_add_back,
-    host_norm_part,
-    host_scale,
-    host_set_aside,
-    host_unscale_and_check,
+    HostGradients,
     is_float,
     make_add_back,
     make_buffer,
@@ -191,9 +188,13 @@ class KernelExecutor(Executor):
             for g in grads.values()
         }
         self._kept_grads: ParameterTuple | None = None  # made by the first set_aside_grads()
-        # The whole-gradient arithmetic in numpy on host memory (CPU fast path) or compiled.
-        self._host_math = policy().host_gradient_math
-        self._kept_host: list[Any] | None = None
+        # The whole-gradient arithmetic on host memory (CPU fast path, float32/float64
+        # accumulators), else compiled (None).
+        self._host = (
+            HostGradients(self._all_buffers)
+            if policy().host_gradient_math and all(b.dtype in HOST_DTYPES for b in self._all_buffers)
+            else None
+        )
         self._kept: dict[tuple[int, int], KeptForward] = {}
         self._backward_done: set[tuple[int, int]] = set()
         self._kept_preprocess: dict[Hashable, KeptForward] = {}
@@ -537,8 +538,8 @@ class KernelExecutor(Executor):
         """Multiply every accumulator in place by ``factor`` (a float or a scalar tensor)."""
         if not self._buffers:
             return
-        if self._host_math:
-            host_scale(self._all_buffers, float(factor.asnumpy() if isinstance(factor, Tensor) else factor))
+        if self._host is not None:
+            self._host.scale(float(factor.asnumpy() if isinstance(factor, Tensor) else factor))
             return
         buffers = self._all_buffers
         self._call(("grad_scale",), lambda: self._prepare(make_scale_grads(buffers)), _scale_tensor(factor))
@@ -549,9 +550,10 @@ class KernelExecutor(Executor):
         names = tuple(name for name in names if self._buffers[name].size)  # an empty one adds nothing
         if not names:
             return ops.zeros((), ms.float32)
+        if self._host is not None:
+            counted = [self._buffer_index[name] for name in names]
+            return Tensor(np.float32(self._host.norm_part(counted, norm_type)))
         buffers = ParameterTuple([self._buffers[name] for name in names])
-        if self._host_math:
-            return Tensor(np.float32(host_norm_part(buffers, norm_type)))
         return self._call(
             ("grad_norm", names, norm_type), lambda: self._prepare(make_norm_part(buffers, norm_type))
         )
@@ -564,8 +566,8 @@ class KernelExecutor(Executor):
         if not self._buffers:
             return True, 0.0
         counted = tuple(self._buffer_index[name] for name in names if self._buffers[name].size)
-        if self._host_math:
-            return host_unscale_and_check(self._all_buffers, factor, counted, norm_type)
+        if self._host is not None:
+            return self._host.unscale_and_check(factor, counted, norm_type)
         buffers = self._all_buffers
         pair = self._call(
             ("grad_unscale_check", counted, norm_type),
@@ -579,8 +581,8 @@ class KernelExecutor(Executor):
         gradients alone, until :meth:`add_back_grads` adds the copy back."""
         if not self._buffers:
             return
-        if self._host_math:
-            self._kept_host = host_set_aside(self._all_buffers)
+        if self._host is not None:
+            self._host.set_aside()
             return
         if self._kept_grads is None:
             self._kept_grads = ParameterTuple(
@@ -594,10 +596,8 @@ class KernelExecutor(Executor):
 
     def add_back_grads(self) -> None:
         """Add what :meth:`set_aside_grads` kept to every accumulator."""
-        if self._host_math:
-            if self._kept_host is not None:
-                host_add_back(self._all_buffers, self._kept_host)
-                self._kept_host = None
+        if self._host is not None:
+            self._host.add_back()
             return
         if self._kept_grads is not None:
             kept = self._kept_grads
@@ -610,8 +610,12 @@ class KernelExecutor(Executor):
         return {name: buffer for name, buffer in self._buffers.items()}
 
     def zero_grad(self) -> None:
-        if self._buffers:
-            self._call(("zero_grad",), lambda: self._prepare(make_zero_grads(self._all_buffers)))
+        if not self._buffers:
+            return
+        if self._host is not None:
+            self._host.zero()
+            return
+        self._call(("zero_grad",), lambda: self._prepare(make_zero_grads(self._all_buffers)))
 
     def kept(self) -> Sequence[Hashable]:
         """Stage keys ``(stage, micro)``, then the key of each taped preprocess forward whose
