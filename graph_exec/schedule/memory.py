@@ -1,0 +1,140 @@
+"""What each rank holds while it runs its plan: the schedule's half of the memory model.
+
+A pipeline schedule trades memory for bubbles, and the plan already says, step by step, which
+micro-batches each rank holds. This module walks a rank's order and tracks four kinds of held
+items, each from the step that makes it to the step after which nothing reads it:
+
+- ``activations`` of stage ``s``, micro ``m``: from ``F s.m`` to ``B s.m`` (what the executor
+  keeps for the backward: the tape, or the stage input with ``recompute=True``). The last stage
+  fuses forward, loss and backward into ``F``: it holds its micro-batch during that step only;
+- ``receives``: every receive buffer, for the interval :func:`buffer_lifetimes` gives it;
+- ``preprocess outputs``: ``TFWD m``'s output, on an owner until ``OUTsend m``, on rank 0 (its
+  own or inline micro-batches) until ``F 0.m`` reads it;
+- ``preprocess tapes`` (``keep_preprocess_tape``): ``TFWD m``'s tape, until the backward that
+  reads it on the same rank (``TBWD m`` or ``GRADrecv+bwd m``).
+
+:func:`held_items` counts them; :func:`peak_bytes` weighs them by sizes and returns the peak
+over the step, which is not the sum of the per-kind peaks (they peak at different times). A
+step allocates before it releases: the peak includes what a step reads and what it makes.
+Pure Python, like the rest of the schedule layer; sizes come from the caller (calibrated once
+per stage by the runtime).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from graph_exec.schedule import codes
+from graph_exec.schedule.codes import kind_base, micro_of, stage_of
+from graph_exec.schedule.lifetimes import buffer_lifetimes
+from graph_exec.schedule.plan import Plan
+
+#: The kinds of held items, in the order the reports print them.
+KINDS = ("activations", "receives", "preprocess outputs", "preprocess tapes")
+
+
+@dataclass(frozen=True)
+class HeldItem:
+    """One thing a rank holds from step ``start`` to step ``end`` (indices into its order,
+    inclusive), of ``kind``; ``stage`` is the stage whose size it has (-1: the preprocess)."""
+
+    kind: str
+    stage: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ItemSizes:
+    """Bytes of one held item of each kind; per stage where stages differ.
+
+    ``activations[s]``: what stage ``s`` keeps per micro-batch for its backward (tape, or the
+    input with recompute); ``stage_inputs[s]``: a received input of stage ``s`` (also the size
+    of a received gradient of stage ``s - 1``'s output, the same tensor shape); missing stages
+    count 0. ``preprocess_output`` and ``preprocess_tape``: per micro-batch.
+    """
+
+    activations: Mapping[int, int]
+    stage_inputs: Mapping[int, int]
+    preprocess_output: int = 0
+    preprocess_tape: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("activations", "stage_inputs"):
+            for stage, size in getattr(self, name).items():
+                if size < 0:
+                    raise ValueError(f"ItemSizes.{name}[{stage}] must be >= 0 bytes, got {size}")
+        for name in ("preprocess_output", "preprocess_tape"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ItemSizes.{name} must be >= 0 bytes, got {getattr(self, name)}")
+
+    def of(self, item: HeldItem) -> int:
+        if item.kind == "activations":
+            return self.activations.get(item.stage, 0)
+        if item.kind == "receives":
+            return self.stage_inputs.get(item.stage, 0)
+        return self.preprocess_output if item.kind == "preprocess outputs" else self.preprocess_tape
+
+
+def _receive_stage(code: int) -> int:
+    """The stage whose input shape a received buffer has (-1: the preprocess's input or output)."""
+    kind = kind_base(code)
+    if kind == codes.FRECV:
+        return stage_of(code)
+    if kind == codes.BRECV:
+        return stage_of(code) + 1  # the gradient of stage s's output: stage s+1's input shape
+    return 0 if kind == codes.OUTRECV else -1
+
+
+def held_items(plan: Plan, rank: int, keep_preprocess_tape: bool = False) -> list[HeldItem]:
+    """Everything ``rank`` holds during ``plan``, with the interval it holds it for."""
+    row = plan.order_codes[rank]
+    index = {code: i for i, code in enumerate(row)}
+    items = [
+        HeldItem("receives", _receive_stage(lt_code), lt.recv_index, lt.last_index)
+        for lt, lt_code in ((lt, row[lt.recv_index]) for lt in buffer_lifetimes(plan, rank))
+        if kind_base(lt_code) != codes.GRADRECV_BWD  # consumed by its own step
+    ]
+    training = not plan.config.forward_only
+    for i, code in enumerate(row):
+        kind = kind_base(code)
+        if kind == codes.F and training:
+            stage, micro = stage_of(code), micro_of(code)
+            end = i if stage == plan.last_stage else index[codes.B | stage << codes.STAGE_SHIFT | micro]
+            items.append(HeldItem("activations", stage, i, end))
+        elif kind == codes.TFWD:
+            micro = micro_of(code)
+            ship = index.get(codes.OUTSEND | micro)
+            end = ship if ship is not None else index[codes.F | micro]  # rank 0: F 0.m reads it
+            items.append(HeldItem("preprocess outputs", -1, i, end))
+            if keep_preprocess_tape and training:
+                reader = index.get(codes.TBWD | micro, index.get(codes.GRADRECV_BWD | micro))
+                if reader is not None:
+                    items.append(HeldItem("preprocess tapes", -1, i, reader))
+    return items
+
+
+def peak_counts(plan: Plan, rank: int, keep_preprocess_tape: bool = False) -> dict[str, int]:
+    """The most items of each kind ``rank`` holds at once (each kind's own peak)."""
+    items = held_items(plan, rank, keep_preprocess_tape)
+    return {kind: _peak([it for it in items if it.kind == kind], lambda _: 1) for kind in KINDS}
+
+
+def peak_bytes(plan: Plan, rank: int, sizes: ItemSizes, keep_preprocess_tape: bool = False) -> int:
+    """The peak over ``rank``'s steps of the bytes it holds, every kind together."""
+    return _peak(held_items(plan, rank, keep_preprocess_tape), sizes.of)
+
+
+def _peak(items: list[HeldItem], size_of) -> int:  # size_of: HeldItem -> int
+    """Peak of the running sum: an item counts from its ``start`` step through its ``end`` step."""
+    events: dict[int, int] = {}
+    for item in items:
+        size = size_of(item)
+        events[item.start] = events.get(item.start, 0) + size
+        events[item.end + 1] = events.get(item.end + 1, 0) - size
+    held = peak = 0
+    for step in sorted(events):
+        held += events[step]
+        peak = max(peak, held)
+    return peak
