@@ -16,6 +16,9 @@ compared line by line with ``docs/schedule.md``, "Worked examples".
       "ranks": [
         {"rank": 0,
          "tokens": ["BCAST", "TFWD0", ...],         # the executable order (no idle slots)
+         "held": {"activations": 3, "receives": 3,  # the most items of each kind held at
+                  "preprocess outputs": 2,          # once (schedule.memory.peak_counts)
+                  "preprocess tapes": 0},
          "steps": [{"kind": "BCAST", "stage": null, "micro": null, "peer": null},
                    {"kind": "OUTrecv", "stage": null, "micro": 1, "peer": 1}, ...]},
         ...
@@ -45,6 +48,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from graph_exec.schedule import codes, routing
+from graph_exec.schedule.memory import peak_counts
 from graph_exec.schedule.plan import Plan
 from graph_exec.schedule.steps import GLOBAL_KINDS, STAGED_KINDS, StepKind
 
@@ -124,6 +128,7 @@ def write_json(plan: Plan, out: TextIO, steps: bool = False) -> None:
     for rank, row in enumerate(plan.order_codes):
         out.write(("," if rank else "") + f'{{"rank":{rank},"tokens":')
         out.write(json.dumps(_tokens(row), **compact))
+        out.write(',"held":' + json.dumps(peak_counts(plan, rank), **compact))
         if steps:
             out.write(',"steps":[')
             for index, code in enumerate(row):

@@ -38,7 +38,7 @@ class BufferLifetime:
     last_index: int
 
 
-def _reader(code: int, last_stage: int, forward_only: bool) -> int:
+def last_reader(code: int, last_stage: int, forward_only: bool) -> int:
     """The code of the last step that reads what ``code`` receives."""
     kind = kind_base(code)
     if kind == codes.FRECV:
@@ -61,6 +61,6 @@ def buffer_lifetimes(plan: Plan, rank: int) -> list[BufferLifetime]:
     lifetimes = []
     for i, code in enumerate(row):
         if is_recv(code):
-            reader = _reader(code, plan.last_stage, plan.config.forward_only)
+            reader = last_reader(code, plan.last_stage, plan.config.forward_only)
             lifetimes.append(BufferLifetime(codes.decode(code), i, index[reader]))
     return lifetimes

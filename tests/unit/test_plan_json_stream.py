@@ -9,6 +9,7 @@ import pytest
 
 from graph_exec.cli import main
 from graph_exec.schedule import PlanConfig, build_plan, to_json, write_json
+from graph_exec.schedule.memory import peak_counts
 
 CONFIG = PlanConfig(pp=4, vpp=2, micro=8, preprocess="trainable", backward="owner")
 
@@ -23,8 +24,9 @@ def test_tokens_only_by_default_and_compact():
     assert doc["schema"] == "graph-exec/plan" and doc["version"] == 1
     assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
     for rank, entry in enumerate(doc["ranks"]):
-        assert set(entry) == {"rank", "tokens"}
+        assert set(entry) == {"rank", "tokens", "held"}
         assert entry["tokens"] == [step.token for step in plan.orders[rank]]
+        assert entry["held"] == peak_counts(plan, rank)
 
 
 def test_steps_on_request_match_the_plan():
