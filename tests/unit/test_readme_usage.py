@@ -19,9 +19,16 @@ def test_readme_usage_code_is_the_example_core_verbatim():
     source = (ROOT / "examples" / "train_custom.py").read_text()
     assert source.count(BEGIN) == 1 and source.count(END) == 1
     core = textwrap.dedent(source.split(BEGIN, 1)[1].split(END, 1)[0]).strip("\n ")
-    section = usage_section()
-    block = section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    imports, block = usage_blocks()
     assert block == core, "README.md's Usage code differs from examples/train_custom.py: copy it over"
+    assert "prepare_mindspore" in imports and "args = parse_args()" in imports
+
+
+def usage_blocks() -> tuple[str, str]:
+    """The Usage section's two Python blocks: the imports, then the script's core."""
+    blocks = [b.split("\n```", 1)[0] for b in usage_section().split("```python\n")[1:]]
+    assert len(blocks) == 2, f"Usage shows {len(blocks)} Python blocks, expected imports + core"
+    return blocks[0], blocks[1]
 
 
 def test_readme_launch_line_picks_a_free_port():

@@ -1,0 +1,79 @@
+"""``graph-exec tune``: the plans that fit a memory budget, fastest first, from a cost file.
+
+Pure Python (no MindSpore): the costs are a JSON object of :class:`graph_exec.tune.ModelCosts`'s
+fields, measured once on one micro-batch; every candidate is simulated and its per-rank peak
+predicted (:mod:`graph_exec.tune`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from graph_exec.cli.argtypes import number, positive_int
+from graph_exec.tune import CostFileError, ModelCosts, NoPlanFitsError, table, tune
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def _bytes(text: str) -> int | None:
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if match is None or match.group(2).upper() not in _UNITS:
+        return None
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+#: ``--memory-budget 64GiB`` (or bytes, KB/MB/GB, KiB/MiB/GiB).
+memory_size = number(
+    _bytes, lambda v: v is not None and v > 0, "a size > 0: bytes, or with KB/MB/GB/KiB/MiB/GiB"
+)
+#: ``--vpp 1,2,4`` and ``--micro 4,8``.
+int_list = number(
+    lambda text: tuple(int(p) for p in text.split(",")),
+    lambda v: len(v) >= 1 and all(x >= 1 for x in v),
+    "comma-separated integers >= 1 (e.g. 1,2,4)",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "tune",
+        help="the plans that fit a memory budget, fastest first, from measured costs",
+        description=__doc__.split("\n\n", 1)[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--costs", metavar="FILE", required=True, help="JSON cost file (graph_exec.tune.ModelCosts)"
+    )
+    parser.add_argument("--ranks", metavar="P", type=positive_int, default=2, help="pipeline ranks")
+    parser.add_argument(
+        "--batch", metavar="B", type=positive_int, required=True, help="global batch, rows per step"
+    )
+    parser.add_argument(
+        "--memory-budget", metavar="SIZE", type=memory_size, help="bytes per rank (default: any)"
+    )
+    parser.add_argument(
+        "--vpp", metavar="V,...", type=int_list, default=(1, 2, 4), help="chunks per rank to try"
+    )
+    parser.add_argument(
+        "--micro",
+        metavar="M,...",
+        type=int_list,
+        help="micro-batch counts to try (default: every divisor of B >= P)",
+    )
+    parser.add_argument("--top", metavar="N", type=positive_int, default=10, help="candidates to print")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        costs = ModelCosts.load(args.costs)
+        results = tune(costs, args.ranks, args.batch, args.memory_budget, args.vpp, args.micro)
+    except (CostFileError, NoPlanFitsError, ValueError) as exc:
+        print(f"graph-exec tune: error: {exc}", file=sys.stderr)
+        return 2
+    budget = "any memory" if args.memory_budget is None else f"{args.memory_budget / 2**20:.1f} MiB per rank"
+    print(f"{len(results)} plans fit {budget}; the best {min(args.top, len(results))}:")
+    sys.stdout.write(table(results, args.top))
+    return 0

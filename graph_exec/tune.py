@@ -1,0 +1,280 @@
+"""Choose a plan: search the schedule's options with the simulator and the memory model.
+
+A pipeline's options trade memory for bubbles — interleaving holds more micro-batches on the
+first ranks, MPipe's ``full`` run-ahead keeps the owners' tower outputs, ``recompute`` trades
+compute for activations, the rebalanced split moves layers (and their parameters and optimizer
+state) off rank 0 — so the fastest plan is often not one that fits. :func:`tune` predicts, for
+every candidate, the step time (:func:`graph_exec.simulate.simulate`) and every rank's peak
+memory (:mod:`graph_exec.schedule.memory` plus parameters, gradients and optimizer state), and
+returns the candidates that fit a budget, fastest first.
+
+The costs come from :class:`ModelCosts`: per decoder layer and per preprocess, measured once on
+one micro-batch of ``micro_batch_size`` rows. A candidate with ``M`` micro-batches of a global
+batch of ``B`` rows runs micro-batches of ``B / M`` rows; compute, transfer sizes and
+activations are taken to scale linearly with the rows (the model's cost per row is constant),
+which holds while a micro-batch is large enough to keep the device busy — below that, measure
+at the micro-batch size you will run.
+
+Pure Python, no MindSpore: a cost file (JSON of :class:`ModelCosts`'s fields) is enough, so a
+plan for a 64-device job can be chosen on a laptop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from graph_exec.balance import rebalanced_layers
+from graph_exec.schedule import PlanConfig, build_plan
+from graph_exec.schedule.memory import ItemSizes, peak_bytes
+from graph_exec.simulate import OpCosts, simulate
+
+
+class CostFileError(ValueError):
+    """A cost file or :class:`ModelCosts` entry that is missing, unknown or out of range."""
+
+
+class NoPlanFitsError(ValueError):
+    """No candidate fits the memory budget; names the smallest predicted peak and its plan."""
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """What one micro-batch of ``micro_batch_size`` rows costs, per decoder layer and for the
+    preprocess (times in any one unit, sizes in bytes)."""
+
+    layers: int  #: decoder layers of the body, cut into ``P·V`` stages
+    micro_batch_size: int  #: rows of the micro-batch the figures below were measured on
+    layer_forward: float  #: one layer's forward
+    layer_backward: float  #: one layer's backward (input and weight gradients)
+    layer_activation_bytes: int  #: what one layer keeps for its backward (its tape)
+    layer_param_bytes: int  #: one layer's parameters
+    hidden_bytes: int  #: one stage boundary tensor (a stage's input, the gradient sent back)
+    preprocess: str = "none"  #: ``"frozen"``, ``"trainable"`` or ``"none"``
+    preprocess_forward: float = 0.0  #: the preprocess's forward
+    preprocess_backward: float = 0.0  #: its backward from the tape (trainable only)
+    preprocess_output_bytes: int = 0  #: its output, shipped to rank 0
+    preprocess_tape_bytes: int = 0  #: what its forward keeps for a taped backward
+    preprocess_param_bytes: int = 0  #: its parameters (held on every rank that runs it)
+    #: Optimizer state per trained parameter byte (Adam: its two moments, 2.0).
+    optimizer_bytes_per_param_byte: float = 2.0
+    latency: float = 0.0  #: per transfer
+    bandwidth: float = math.inf  #: bytes per time unit
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name == "preprocess":
+                if value not in ("frozen", "trainable", "none"):
+                    raise CostFileError(f"preprocess must be 'frozen', 'trainable' or 'none', got {value!r}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+                raise CostFileError(f"cost entry {field.name!r} must be a number, got {value!r}")
+            least = 1 if field.name in ("layers", "micro_batch_size") else 0
+            if value < least or (math.isinf(value) and field.name != "bandwidth"):
+                raise CostFileError(
+                    f"cost entry {field.name!r} must be a finite number >= {least}, got {value!r}"
+                )
+        if not self.bandwidth > 0:
+            raise CostFileError(f"cost entry 'bandwidth' must be > 0, got {self.bandwidth!r}")
+
+    @classmethod
+    def from_mapping(cls, entries: Mapping[str, Any]) -> ModelCosts:
+        """From a cost file's JSON object: every required entry present, none unknown."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(entries) - known)
+        if unknown:
+            raise CostFileError(f"unknown cost entries {unknown}; the entries are {sorted(known)}")
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        missing = [name for name in required if name not in entries]
+        if missing:
+            raise CostFileError(f"the cost file lacks {missing} (required: {required})")
+        return cls(**entries)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelCosts:
+        """A cost file: one JSON object of this class's fields."""
+        try:
+            entries = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CostFileError(f"cannot read the cost file {path}: {exc}") from exc
+        if not isinstance(entries, dict):
+            raise CostFileError(
+                f"the cost file {path} must hold one JSON object, got {type(entries).__name__}"
+            )
+        return cls.from_mapping(entries)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan: the schedule, the split and the schedule's options."""
+
+    schedule: str  #: ``"mpipe"`` (ScheduleMPipeTranspose) or ``"baseline"`` (ScheduleInterleaved1F1B)
+    split: str  #: ``"even"`` or ``"rebalanced"`` (fewer layers where the preprocess runs)
+    vpp: int
+    micro: int
+    run_ahead: str = "full"  #: MPipe's ``overflow``: ``"full"`` or ``"min"``
+    backward: str = "central"  #: MPipe, trainable preprocess: ``"central"`` or ``"owner"``
+    recompute: bool = False
+
+    def describe(self) -> str:
+        parts = [self.schedule, f"split={self.split}", f"V={self.vpp}", f"M={self.micro}"]
+        if self.schedule == "mpipe":
+            parts.append(f"overflow={self.run_ahead}")
+            if self.backward != "central":
+                parts.append(f"backward={self.backward}")
+        return " ".join([*parts, f"recompute={'on' if self.recompute else 'off'}"])
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A candidate's predicted step time and per-rank peak bytes."""
+
+    candidate: Candidate
+    step_time: float
+    peak_bytes: tuple[int, ...]  #: per pipeline rank: parameters, gradients, optimizer, held items
+    layers: tuple[int, ...]  #: decoder layers per stage
+
+    @property
+    def max_peak(self) -> int:
+        return max(self.peak_bytes)
+
+
+def candidates(
+    costs: ModelCosts,
+    pp: int,
+    batch: int,
+    vpps: Sequence[int] = (1, 2, 4),
+    micros: Sequence[int] | None = None,
+) -> list[Candidate]:
+    """Every combination that applies: MPipe options only with a preprocess, ``backward`` only
+    with a trainable one, the rebalanced split only where the preprocess runs on rank 0, a ``V``
+    only where ``P·V`` stages have a layer each, an ``M`` only where it divides the batch."""
+    micros = [m for m in (micros or range(pp, batch + 1)) if batch % m == 0 and m >= 1]
+    vpps = [v for v in vpps if pp * v <= costs.layers]
+    has_pre, trainable = costs.preprocess != "none", costs.preprocess == "trainable"
+    out = []
+    for vpp, micro, recompute in itertools.product(vpps, micros, (False, True)):
+        out.append(Candidate("baseline", "even", vpp, micro, recompute=recompute))
+        if has_pre:
+            out.append(Candidate("baseline", "rebalanced", vpp, micro, recompute=recompute))
+            for run_ahead, backward in itertools.product(
+                ("full", "min"), ("central", "owner") if trainable else ("central",)
+            ):
+                out.append(Candidate("mpipe", "even", vpp, micro, run_ahead, backward, recompute))
+    return out
+
+
+def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Predicted:
+    """The candidate's step time and per-rank peak memory under ``costs``."""
+    rows = batch / candidate.micro / costs.micro_batch_size  # scale of a micro-batch's costs
+    layers = _layers(costs, pp, candidate, rows)
+    config = PlanConfig(
+        pp=pp,
+        vpp=candidate.vpp,
+        micro=candidate.micro,
+        preprocess=costs.preprocess,
+        num_preprocess_layers=0 if costs.preprocess == "none" else 1,
+        overflow=candidate.run_ahead,
+        backward=candidate.backward,
+        transpose=candidate.schedule == "mpipe",
+    )
+    plan = build_plan(config)
+    again = 1.0 if candidate.recompute else 0.0  # recompute: the backward runs the forward first
+    op_costs = OpCosts(
+        forward=0.0,
+        backward=0.0,
+        stage_forward=tuple(n * costs.layer_forward * rows for n in layers),
+        stage_backward=tuple(n * (costs.layer_backward + again * costs.layer_forward) * rows for n in layers),
+        preprocess_forward=costs.preprocess_forward * rows,
+        preprocess_backward=costs.preprocess_backward * rows,
+        recompute=(costs.preprocess_forward + costs.preprocess_backward) * rows,
+        latency=costs.latency,
+        bandwidth=costs.bandwidth,
+        activation_bytes=costs.hidden_bytes * rows,
+        preprocess_bytes=costs.preprocess_output_bytes * rows,
+        fused_last_stage=True,
+    )
+    step_time = simulate(plan, op_costs).step_time
+    sizes = ItemSizes(
+        # recompute keeps a stage's input alone; otherwise every layer's tape
+        activations={
+            s: round((costs.hidden_bytes if candidate.recompute else n * costs.layer_activation_bytes) * rows)
+            for s, n in enumerate(layers)
+        },
+        stage_inputs={s: round(costs.hidden_bytes * rows) for s in range(len(layers))},
+        preprocess_output=round(costs.preprocess_output_bytes * rows),
+        preprocess_tape=round(costs.preprocess_tape_bytes * rows),
+    )
+    peaks = tuple(
+        _state_bytes(costs, pp, candidate, layers, r) + peak_bytes(plan, r, sizes) for r in range(pp)
+    )
+    return Predicted(candidate, step_time, peaks, layers)
+
+
+def tune(
+    costs: ModelCosts,
+    pp: int,
+    batch: int,
+    memory_budget: int | None = None,
+    vpps: Sequence[int] = (1, 2, 4),
+    micros: Sequence[int] | None = None,
+) -> list[Predicted]:
+    """Every candidate that fits ``memory_budget`` bytes per rank (``None``: any), fastest
+    first (ties: the smaller peak). Raises :class:`NoPlanFitsError` naming the smallest peak."""
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise ValueError(f"pp must be an integer >= 1, got {pp!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    if memory_budget is not None and not memory_budget > 0:
+        raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget!r}")
+    every = [predict(costs, pp, batch, c) for c in candidates(costs, pp, batch, vpps, micros)]
+    if not every:
+        raise ValueError(
+            f"no candidate plan: {costs.layers} layers over {pp} ranks with V in {list(vpps)} and a "
+            f"batch of {batch} (M must divide it)"
+        )
+    fitting = [p for p in every if memory_budget is None or p.max_peak <= memory_budget]
+    if not fitting:
+        smallest = min(every, key=lambda p: p.max_peak)
+        raise NoPlanFitsError(
+            f"no plan fits {memory_budget} bytes ({memory_budget / 2**20:.1f} MiB) per rank: the smallest "
+            f"predicted peak is {smallest.max_peak} bytes ({smallest.max_peak / 2**20:.1f} MiB), with "
+            f"{smallest.candidate.describe()}"
+        )
+    return sorted(fitting, key=lambda p: (p.step_time, p.max_peak))
+
+
+def _layers(costs: ModelCosts, pp: int, candidate: Candidate, rows: float) -> tuple[int, ...]:
+    stages = pp * candidate.vpp
+    if candidate.split == "even":
+        base, extra = divmod(costs.layers, stages)
+        return tuple(base + (1 if s < extra else 0) for s in range(stages))
+    layer = costs.layer_forward + costs.layer_backward
+    tower = costs.preprocess_forward + (costs.preprocess_backward if costs.preprocess == "trainable" else 0)
+    return rebalanced_layers(costs.layers, pp, candidate.vpp, layer * rows, [tower * rows])
+
+
+def _state_bytes(costs: ModelCosts, pp: int, candidate: Candidate, layers: Sequence[int], rank: int) -> int:
+    """Parameters, gradient accumulators and optimizer state of ``rank``."""
+    own = sum(n for s, n in enumerate(layers) if s % pp == rank) * costs.layer_param_bytes
+    trained = own
+    runs_preprocess = costs.preprocess != "none" and (candidate.schedule == "mpipe" or rank == 0)
+    held = own + (costs.preprocess_param_bytes if runs_preprocess else 0)
+    if costs.preprocess == "trainable" and (rank == 0 or candidate.backward == "owner"):
+        trained += costs.preprocess_param_bytes
+    return round(held + trained * (1 + costs.optimizer_bytes_per_param_byte))
+
+
+def table(results: Iterable[Predicted], top: int = 10) -> str:
+    """The best ``top`` candidates, one line each: predicted step and every rank's peak."""
+    lines = []
+    for k, p in enumerate(itertools.islice(results, top), 1):
+        peaks = " ".join(f"{b / 2**20:.1f}" for b in p.peak_bytes)
+        lines.append(f"{k:2d}. {p.candidate.describe():<62} step {p.step_time:.6g}  peak MiB/rank {peaks}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,117 @@
+"""``graph_exec.tune`` and ``graph-exec tune``: candidates, predictions checked by hand, the
+budget, and bad cost files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from graph_exec.cli import main
+from graph_exec.tune import Candidate, CostFileError, ModelCosts, NoPlanFitsError, predict, tune
+
+MIB = 2**20
+COSTS = ModelCosts(
+    layers=8,
+    micro_batch_size=1,
+    layer_forward=1.0,
+    layer_backward=2.0,
+    layer_activation_bytes=4 * MIB,
+    layer_param_bytes=16 * MIB,
+    hidden_bytes=1 * MIB,
+    preprocess="frozen",
+    preprocess_forward=4.0,
+    preprocess_output_bytes=1 * MIB,
+    preprocess_param_bytes=64 * MIB,
+)
+
+
+def test_a_plain_pipeline_is_predicted_as_counted_by_hand() -> None:
+    """No preprocess, P = 2, V = 1, M = 4, one row per micro-batch: interleaved at V = 1 holds
+    2(P-1-r)+1 micro-batches on rank r (3 and 1); rank 0 holds 4 layers' parameters, their
+    gradients and Adam's two moments (4 × 16 MiB × 4); at its peak, before its first backward,
+    3 tapes of 4 layers (3 × 16 MiB) and the one gradient received for that backward (1 MiB)."""
+    costs = replace(COSTS, preprocess="none", preprocess_forward=0.0, preprocess_param_bytes=0)
+    got = predict(costs, 2, 4, Candidate("baseline", "even", 1, 4))
+    assert got.layers == (4, 4)
+    assert got.peak_bytes[0] == 4 * 16 * MIB * 4 + 3 * 16 * MIB + 1 * MIB
+    assert got.step_time >= 4 * 4 * 3  # at least rank 0's own work: M × 4 layers × (F + B)
+
+
+def test_recompute_holds_inputs_and_costs_a_forward() -> None:
+    costs = replace(COSTS, preprocess="none", preprocess_forward=0.0, preprocess_param_bytes=0)
+    taped = predict(costs, 2, 4, Candidate("baseline", "even", 1, 4))
+    again = predict(costs, 2, 4, Candidate("baseline", "even", 1, 4, recompute=True))
+    assert again.peak_bytes[0] == taped.peak_bytes[0] - 3 * 16 * MIB + 3 * 1 * MIB
+    assert again.step_time > taped.step_time
+
+
+def test_a_heavy_frozen_tower_picks_mpipe_and_a_free_one_does_not() -> None:
+    heavy = tune(COSTS, 2, 8)[0]
+    assert heavy.candidate.schedule == "mpipe"
+    free = tune(replace(COSTS, preprocess_forward=0.01, latency=0.5), 2, 8)[0]
+    assert free.candidate.schedule == "baseline"
+
+
+def test_every_returned_plan_fits_the_budget_and_a_tight_one_changes_the_choice() -> None:
+    best = tune(COSTS, 2, 8)[0]
+    budget = best.max_peak - 1
+    fitting = tune(COSTS, 2, 8, memory_budget=budget)
+    assert fitting and all(p.max_peak <= budget for p in fitting)
+    assert fitting[0].candidate != best.candidate
+    assert [p.step_time for p in fitting] == sorted(p.step_time for p in fitting)
+
+
+def test_a_budget_no_plan_fits_names_the_smallest_peak_and_its_plan() -> None:
+    every = tune(COSTS, 2, 8)
+    smallest = min(every, key=lambda p: p.max_peak)
+    with pytest.raises(
+        NoPlanFitsError, match=rf"smallest predicted peak is {smallest.max_peak} bytes"
+    ) as err:
+        tune(COSTS, 2, 8, memory_budget=1000)
+    assert smallest.candidate.describe() in str(err.value)
+
+
+def test_rebalanced_candidates_take_layers_off_rank_0() -> None:
+    got = predict(COSTS, 2, 8, Candidate("baseline", "rebalanced", 1, 8))
+    assert got.layers[0] < got.layers[1] and sum(got.layers) == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"layer_forward": -1.0}, "'layer_forward' must be a finite number >= 0"),
+        ({"layers": 0}, "'layers' must be a finite number >= 1"),
+        ({"hidden_bytes": "many"}, "'hidden_bytes' must be a number"),
+        ({"preprocess": "maybe"}, "preprocess must be 'frozen', 'trainable' or 'none'"),
+        ({"speed": 3}, r"unknown cost entries \['speed'\]"),
+    ],
+)
+def test_bad_cost_entries_are_named(change: dict, message: str) -> None:
+    with pytest.raises(CostFileError, match=message):
+        ModelCosts.from_mapping({**asdict(COSTS), **change})
+
+
+def test_a_missing_entry_is_named() -> None:
+    entries = asdict(COSTS)
+    del entries["layer_backward"]
+    with pytest.raises(CostFileError, match=r"lacks \['layer_backward'\]"):
+        ModelCosts.from_mapping(entries)
+
+
+def test_the_command_prints_the_best_plans_and_exits_2_when_none_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(asdict(COSTS)), encoding="utf-8")
+    assert main(["tune", "--costs", str(costs), "--batch", "8", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith(" 1. mpipe") and len(out.splitlines()) == 4
+    assert main(["tune", "--costs", str(costs), "--batch", "8", "--memory-budget", "1MiB"]) == 2
+    assert "no plan fits" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**asdict(COSTS), "layer_forward": -2}), encoding="utf-8")
+    assert main(["tune", "--costs", str(bad), "--batch", "8"]) == 2
+    assert "'layer_forward'" in capsys.readouterr().err
