@@ -16,7 +16,7 @@ PREPROCESS = ("trainable", "frozen", "none")
 OVERFLOW = ("full", "min")
 BACKWARD = ("central", "owner")
 INPUT = ("replicated", "owned")
-BODY = ("interleaved", "1f1b", "gpipe")
+BODY = ("interleaved", "1f1b", "gpipe", "zb")
 
 
 #: Largest number of stages or micro-batches a plan can index (the step code fields are 28 bits).
@@ -187,6 +187,12 @@ class PlanConfig:
     def mpipe(self) -> bool:
         """Whether any MPipe step is layered on the body (a preprocess, or inputs to ship)."""
         return self.preprocess != "none" or self.input == "owned"
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether the backward is split into ``I`` (input gradient) and ``W`` (weight gradients):
+        the ``zb`` body of a training plan."""
+        return self.body == "zb" and not self.forward_only
 
     @property
     def trainable(self) -> bool:

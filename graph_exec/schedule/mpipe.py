@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from graph_exec.schedule import codes
-from graph_exec.schedule.codes import is_stage0_backward, is_stage0_forward, micro_of
+from graph_exec.schedule.codes import is_stage0_forward, micro_of
 from graph_exec.schedule.config import PlanConfig
 
 
@@ -74,18 +74,21 @@ def suffix(config: PlanConfig, rank: int) -> list[int]:
 
 
 def patch_rank0(config: PlanConfig, row: Sequence[int]) -> Sequence[int]:
-    """Rank 0's body with ``TFWD m`` before ``F 0.m`` (inline micros) and ``TBWD m`` after ``B 0.m``."""
+    """Rank 0's body with ``TFWD m`` before ``F 0.m`` (inline micros) and ``TBWD m`` after ``B 0.m``
+    (``I 0.m`` with the split backward: the preprocess backward needs stage 0's input gradient only,
+    not its weight gradients)."""
     inline = inline_micros(config)
     tbwd = tbwd_micros(config)
     if not inline and not tbwd:
         return row
+    gradient = codes.I if config.split_backward else codes.B  # what leaves dL/d(output of m)
     out: list[int] = []
     append = out.append
     for code in row:
         if is_stage0_forward(code) and micro_of(code) in inline:
             append(codes.TFWD | micro_of(code))
         append(code)
-        if is_stage0_backward(code) and micro_of(code) in tbwd:
+        if gradient <= code < gradient + codes.STAGE_UNIT and micro_of(code) in tbwd:
             append(codes.TBWD | micro_of(code))
     return out
 

@@ -69,7 +69,7 @@ def test_plan_formats(capsys: pytest.CaptureFixture[str]) -> None:
             "argument --overflow: invalid choice: 'half'",
         ),
         ([*PLAN, "--preprocess", "none", "--backward", "x"], "argument --backward: invalid choice: 'x'"),
-        ([*PLAN, "--preprocess", "none", "--body", "zb"], "argument --body: invalid choice: 'zb'"),
+        ([*PLAN, "--preprocess", "none", "--body", "zbv"], "argument --body: invalid choice: 'zbv'"),
         (
             [*PLAN, "--preprocess", "frozen", "--backward", "owner"],
             "backward 'owner' needs preprocess 'trainable'",
