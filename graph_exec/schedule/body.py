@@ -223,7 +223,9 @@ def _producer(code: int, last_stage: int) -> int | None:
     stage = codes.stage_of(code)
     if codes.is_forward(code):
         return code - codes.STAGE_UNIT if stage > 0 else None
-    return code + codes.STAGE_UNIT if stage < last_stage else None
+    if codes.is_weight_backward(code):
+        return None  # W reads what its own rank's I kept
+    return code + codes.STAGE_UNIT if stage < last_stage else None  # B or I: the next stage's
 
 
 def unit_time_slots(pp: int, vpp: int, orders: list[list[int]]) -> list[list[int]]:
