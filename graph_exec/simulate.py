@@ -78,7 +78,9 @@ class OpCosts:
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
-            if field.name == "fused_last_stage" or value is None and field.name.endswith("_backward"):
+            if field.name == "fused_last_stage" or (
+                field.name in ("input_backward", "weight_backward") and value is None
+            ):
                 continue
             if field.name in ("stage_forward", "stage_backward"):
                 if any(
@@ -238,7 +240,9 @@ def _rank(
             fused_here = fused and stage == last_stage
             if kind == codes.F:
                 cost = costs.forward_at(stage) + (
-                    (costs.input_backward_at(stage) if split else costs.backward_at(stage)) if fused_here else 0.0
+                    (costs.input_backward_at(stage) if split else costs.backward_at(stage))
+                    if fused_here
+                    else 0.0
                 )
             elif kind == codes.B:
                 cost = 0.0 if fused_here else costs.backward_at(stage)

@@ -12,6 +12,9 @@ the receiver's list before the slot that consumes it.
   define each rank's compute *order*; their slots come from :func:`unit_time_slots`, a
   unit-cost replay of that order, which is causal by construction. So do :func:`forwards`,
   the forward-only order of an evaluation plan (``docs/schedule.md``, "Forward-only plans").
+- :func:`zero_bubble` (``docs/schedule.md``, "Zero bubble") splits each backward into ``I`` and
+  ``W`` and places them itself, with a unit-time list schedule of all ranks: its slots are causal
+  by construction too.
 """
 
 from __future__ import annotations
@@ -134,7 +137,10 @@ def zero_bubble(pp: int, vpp: int, micro: int) -> list[list[int]]:
         for rank in range(pp)
     ]
     inp = [
-        [codes.I | ((vpp - 1 - c) * pp + rank) << STAGE_SHIFT | m for c, m in zip(chunk_of, micro_of, strict=True)]
+        [
+            codes.I | ((vpp - 1 - c) * pp + rank) << STAGE_SHIFT | m
+            for c, m in zip(chunk_of, micro_of, strict=True)
+        ]
         for rank in range(pp)
     ]
     done: dict[int, int] = {}  # F and I codes -> the slot they ran in

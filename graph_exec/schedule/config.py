@@ -53,7 +53,9 @@ class PlanConfig:
       input lives on its owner, so central backward ships it to rank 0 with ``IN*``).
     - ``body``: ``"interleaved"`` (interleaved 1F1B, any ``V``), ``"1f1b"``
       (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
-      backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
+      backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk) or ``"zb"``
+      (any ``V``: ZB-H1-style zero bubble, each backward split into ``I``, the input gradient,
+      and ``W``, the weight gradients, placed in the bubbles; ``docs/schedule.md``, "Zero bubble").
     - ``transpose``: ``True`` (MPipe Transpose: owners run the preprocess of their micros in
       their warm-up, rank 0 receives the outputs). ``False`` is the *fair baseline*, MPipe
       without transposition: rank 0 runs ``TFWD m`` right before every ``F 0.m`` and, with a

@@ -18,7 +18,8 @@ compared line by line with ``docs/schedule.md``, "Worked examples".
          "tokens": ["BCAST", "TFWD0", ...],         # the executable order (no idle slots)
          "held": {"activations": 3, "receives": 3,  # the most items of each kind held at
                   "preprocess outputs": 2,          # once (schedule.memory.peak_counts)
-                  "preprocess tapes": 0},
+                  "preprocess tapes": 0,
+                  "output gradients": 0},           # kept from I to W (body "zb" only)
          "steps": [{"kind": "BCAST", "stage": null, "micro": null, "peer": null},
                    {"kind": "OUTrecv", "stage": null, "micro": 1, "peer": 1}, ...]},
         ...

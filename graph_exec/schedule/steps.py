@@ -28,7 +28,7 @@ class StepKind(StrEnum):
     B = "B"
     #: Input half of a split backward (``body="zb"``): stage ``s``'s input gradient, which ``Bsend s.m``
     #: ships to stage ``s-1``; keeps the activations and output gradients ``W s.m`` needs.
-    I = "I"
+    I = "I"  # noqa: E741 - the token's own spelling
     #: Weight half of a split backward (``body="zb"``): stage ``s``'s weight gradients, accumulated from
     #: the activations and output gradients ``I s.m`` kept; nobody waits for it.
     W = "W"

@@ -60,7 +60,9 @@ _OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("options", _OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "body")
+@pytest.mark.parametrize(
+    "options", _OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "body"
+)
 def test_zb_plans_build_and_validate_under_every_mpipe_option(options: dict) -> None:
     """Every P, V and M builds (no configuration is refused), and the MPipe layering sits on
     stage 0's input gradient: ``TBWD m`` right after ``I 0.m``, ``GRADsend m`` after it."""
@@ -145,7 +147,8 @@ def test_validator_wants_tbwd_right_after_the_input_gradient() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pp", "vpp", "micro"), [(2, 1, 4), (4, 1, 8), (4, 2, 8), (4, 2, 4), (8, 1, 16), (4, 3, 12), (4, 2, 6), (3, 2, 2)]
+    ("pp", "vpp", "micro"),
+    [(2, 1, 4), (4, 1, 8), (4, 2, 8), (4, 2, 4), (8, 1, 16), (4, 3, 12), (4, 2, 6), (3, 2, 2)],
 )
 def test_zb_holds_at_most_the_interleaved_peak(pp: int, vpp: int, micro: int) -> None:
     """Activations live from ``F`` to ``W`` with the split backward. Every rank holds exactly
@@ -210,7 +213,9 @@ def _torch_style_validate(rows: list[list[str]], pp: int, num_stages: int, micro
             assert match, f"not an action: {action}"
             stage, kind, m = int(match[1]), match[2], int(match[3])
             assert 0 <= stage < num_stages and 0 <= m < micro
-            assert rank_of.setdefault(stage, rank) == rank, f"stage {stage} on ranks {rank_of[stage]} and {rank}"
+            assert rank_of.setdefault(stage, rank) == rank, (
+                f"stage {stage} on ranks {rank_of[stage]} and {rank}"
+            )
             if kind in "IB":
                 assert m in seen[stage]["F"], f"{action} before its forward"
             if kind == "W":
@@ -224,7 +229,9 @@ def _torch_style_validate(rows: list[list[str]], pp: int, num_stages: int, micro
         assert len(done["B"]) + (len(done["I"]) + len(done["W"])) // 2 == micro
 
 
-@pytest.mark.parametrize(("pp", "vpp", "micro"), [(2, 1, 4), (4, 1, 8), (4, 2, 8), (3, 2, 5), (4, 1, 2), (1, 2, 3)])
+@pytest.mark.parametrize(
+    ("pp", "vpp", "micro"), [(2, 1, 4), (4, 1, 8), (4, 2, 8), (3, 2, 5), (4, 1, 2), (1, 2, 3)]
+)
 def test_the_csv_passes_torch_style_checks(pp: int, vpp: int, micro: int) -> None:
     plan = build_plan(PlanConfig(pp=pp, vpp=vpp, micro=micro, body="zb"))
     rows = list(csv.reader(io.StringIO(to_csv(plan))))
@@ -232,7 +239,9 @@ def test_the_csv_passes_torch_style_checks(pp: int, vpp: int, micro: int) -> Non
     _torch_style_validate(rows, pp, pp * vpp, micro)
     compute = [[a for a in row if _ACTION.fullmatch(a)[2] in "FIW"] for row in rows]
     for rank, row in enumerate(plan.body):  # the CSV is the body in torch's spelling
-        assert compute[rank] == [f"{s.stage}{s.kind.value}{s.micro}" for s in row if codes.is_compute(codes.encode_step(s))]
+        assert compute[rank] == [
+            f"{s.stage}{s.kind.value}{s.micro}" for s in row if codes.is_compute(codes.encode_step(s))
+        ]
 
 
 def _torch_zb1p(pp: int, vpp: int, micro: int) -> list[list[str]]:
@@ -287,7 +296,9 @@ def _plan_of(config: PlanConfig, rows: list[list[str]]) -> Plan:
     return Plan(config, body, body)
 
 
-@pytest.mark.parametrize(("pp", "vpp", "micro"), [(2, 1, 4), (4, 1, 8), (4, 2, 8), (2, 2, 4), (8, 1, 16), (4, 2, 16)])
+@pytest.mark.parametrize(
+    ("pp", "vpp", "micro"), [(2, 1, 4), (4, 1, 8), (4, 2, 8), (2, 2, 4), (8, 1, 16), (4, 2, 16)]
+)
 def test_against_torchs_zero_bubble_order(pp: int, vpp: int, micro: int) -> None:
     """Where both are defined (``M`` a multiple of torch's rounds): torch's order passes the same
     checks and our validator; both hold the same activations on every rank; under
@@ -308,6 +319,8 @@ def test_against_torchs_zero_bubble_order(pp: int, vpp: int, micro: int) -> None
     costs = OpCosts(forward=1, backward=2, input_backward=1, weight_backward=1)
     slower = simulate(ours, costs).step_time - simulate(theirs, costs).step_time
     assert slower == (1 if (pp, vpp, micro) == (4, 2, 16) else 0)
-    ours_compute = [[a for a in row if _ACTION.fullmatch(a)[2] in "FIW"] for row in csv.reader(io.StringIO(to_csv(ours)))]
+    ours_compute = [
+        [a for a in row if _ACTION.fullmatch(a)[2] in "FIW"] for row in csv.reader(io.StringIO(to_csv(ours)))
+    ]
     if vpp == 1:
         assert ours_compute[0] == reference[0] and ours_compute[-1] == reference[-1]

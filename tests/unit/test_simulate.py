@@ -221,7 +221,9 @@ def test_zb_fused_last_stage_computes_its_input_gradient_in_f() -> None:
     """Fused: the last stage's F is forward + loss + I, its I only ships, its W still runs."""
     plan = build_plan(PlanConfig(pp=2, micro=2, body="zb"))
     costs = OpCosts(forward=1.0, input_backward=2.0, weight_backward=3.0, fused_last_stage=True)
-    spans = {token: end - start for rank in (1,) for token, start, end in _entries(simulate(plan, costs), rank)}
+    spans = {
+        token: end - start for rank in (1,) for token, start, end in _entries(simulate(plan, costs), rank)
+    }
     assert (spans["F1.0"], spans["I1.0"], spans["W1.0"]) == (3.0, 0.0, 3.0)
 
 
@@ -252,7 +254,9 @@ def test_zb_target_under_mpipe_with_a_frozen_tower(vpp: int, expected: tuple[flo
     """MPipe (full overflow) with a frozen tower of 2F, P = 4, M = 8: zb <= 0.92x MPipe with the
     interleaved body (0.84x at V = 1, 0.90x at V = 2). With ``min`` overflow rank 0 runs the
     towers of micro-batches 4..7 inline and zb reaches only 0.93x / 0.95x (docs/schedule.md)."""
-    costs = OpCosts(forward=1.0, backward=2.0, input_backward=1.0, weight_backward=1.0, preprocess_forward=2.0)
+    costs = OpCosts(
+        forward=1.0, backward=2.0, input_backward=1.0, weight_backward=1.0, preprocess_forward=2.0
+    )
     config = {"pp": 4, "vpp": vpp, "micro": 8, "preprocess": "frozen"}
     interleaved = simulate(build_plan(PlanConfig(**config)), costs).step_time
     zb = simulate(build_plan(PlanConfig(**config, body="zb")), costs).step_time
