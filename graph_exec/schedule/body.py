@@ -143,37 +143,45 @@ def zero_bubble(pp: int, vpp: int, micro: int) -> list[list[int]]:
         ]
         for rank in range(pp)
     ]
+    # What each F / I waits for: the step on the neighbouring stage (None: stage 0's F reads the
+    # batch); the last stage's I waits for its own F, which its rank ran earlier.
+    f_need = [[code - unit if code >= unit else None for code in row] for row in fwd]
+    i_need = [
+        [
+            code - f_to_i if code >> STAGE_SHIFT & codes.FIELD_MASK == last_stage else code + unit
+            for code in row
+        ]
+        for row in inp
+    ]
+    w_of = codes.W - codes.I
     done: dict[int, int] = {}  # F and I codes -> the slot they ran in
     n_f, n_i, n_w = [0] * pp, [0] * pp, [0] * pp
     rows: list[list[int]] = [[] for _ in range(pp)]
-    slot = 0
     after_forward = [True] * pp  # whether the rank's last F or I was an F (the warm-up's are)
-    while any(n < total for n in n_w):
+    slot = 0
+    busy = list(range(pp))  # ranks with steps left
+    while busy:
         ran = False
-        for rank in range(pp):
-            i_ready = f_ready = False
-            if n_i[rank] < total:
-                code = inp[rank][n_i[rank]]
-                stage = code >> STAGE_SHIFT & codes.FIELD_MASK
-                need = code - f_to_i if stage == last_stage else code + unit
-                i_ready = done.get(need, slot) < slot
-            if n_f[rank] < total:
-                code = fwd[rank][n_f[rank]]
-                f_ready = code < unit or done.get(code - unit, slot) < slot
-            f_ready = f_ready and n_f[rank] - n_w[rank] < limit  # room for one more micro's activations
+        for rank in busy:
+            fi, ii, wi = n_f[rank], n_i[rank], n_w[rank]
+            i_ready = ii < total and done.get(i_need[rank][ii], slot) < slot
+            f_ready = False
+            if fi < total and fi - wi < limit:  # room for one more micro-batch's activations
+                need = f_need[rank][fi]
+                f_ready = need is None or done.get(need, slot) < slot
             if i_ready and (not f_ready or after_forward[rank]):
-                code = inp[rank][n_i[rank]]
+                code = inp[rank][ii]
                 done[code] = slot
-                n_i[rank] += 1
+                n_i[rank] = ii + 1
                 after_forward[rank] = False
             elif f_ready:
-                code = fwd[rank][n_f[rank]]
+                code = fwd[rank][fi]
                 done[code] = slot
-                n_f[rank] += 1
+                n_f[rank] = fi + 1
                 after_forward[rank] = True
-            elif n_w[rank] < n_i[rank]:
-                code = inp[rank][n_w[rank]] - codes.I + codes.W
-                n_w[rank] += 1
+            elif wi < ii:
+                code = inp[rank][wi] + w_of
+                n_w[rank] = wi + 1
             else:
                 rows[rank].append(IDLE)
                 continue
@@ -181,10 +189,8 @@ def zero_bubble(pp: int, vpp: int, micro: int) -> list[list[int]]:
             ran = True
         if not ran:
             raise ScheduleError(f"zb body cannot be slotted for P={pp}, V={vpp}, M={micro}: every rank waits")
+        busy = [rank for rank in busy if n_w[rank] < total]
         slot += 1
-    for row in rows:  # a rank that finished early idles to the end: drop the trailing idle slots
-        while row and row[-1] == IDLE:
-            row.pop()
     return rows
 
 

@@ -324,3 +324,11 @@ def test_against_torchs_zero_bubble_order(pp: int, vpp: int, micro: int) -> None
     ]
     if vpp == 1:
         assert ours_compute[0] == reference[0] and ours_compute[-1] == reference[-1]
+
+
+def test_no_configuration_is_refused() -> None:
+    """The construction serves every M, M < P included (docs/schedule.md, "Zero bubble"): all of
+    P <= 8, V <= 4, M <= 20 build and validate, with the F/I/W counts of every stage."""
+    for pp, vpp, micro in itertools.product(range(1, 9), range(1, 5), range(1, 21)):
+        plan = build_plan(PlanConfig(pp=pp, vpp=vpp, micro=micro, body="zb"))
+        assert sum(len(row) for row in plan.body_codes) >= 3 * pp * vpp * micro
