@@ -123,11 +123,6 @@ def is_weight_backward(code: int) -> bool:
     return W <= code < FSEND
 
 
-def is_gradient_source(code: int) -> bool:
-    """``B s.m`` or ``I s.m``: the step that makes stage ``s``'s input gradient (``Bsend`` follows it)."""
-    return B <= code < W
-
-
 def is_compute(code: int) -> bool:
     """``F``, ``B``, ``I`` or ``W``: the body's compute steps."""
     return code < FSEND

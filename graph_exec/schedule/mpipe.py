@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from graph_exec.schedule import codes
-from graph_exec.schedule.codes import is_stage0_forward, micro_of
+from graph_exec.schedule.codes import is_stage0_forward, is_stage0_gradient_source, micro_of
 from graph_exec.schedule.config import PlanConfig
 
 
@@ -81,14 +81,13 @@ def patch_rank0(config: PlanConfig, row: Sequence[int]) -> Sequence[int]:
     tbwd = tbwd_micros(config)
     if not inline and not tbwd:
         return row
-    gradient = codes.I if config.split_backward else codes.B  # what leaves dL/d(output of m)
     out: list[int] = []
     append = out.append
     for code in row:
         if is_stage0_forward(code) and micro_of(code) in inline:
             append(codes.TFWD | micro_of(code))
         append(code)
-        if gradient <= code < gradient + codes.STAGE_UNIT and micro_of(code) in tbwd:
+        if is_stage0_gradient_source(code) and micro_of(code) in tbwd:  # B 0.m, or I 0.m (zb)
             append(codes.TBWD | micro_of(code))
     return out
 
