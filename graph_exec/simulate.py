@@ -4,8 +4,9 @@ List scheduling: every rank runs its order sequentially, each step as soon as th
 one is done and its input is there.
 
 - Compute steps take their cost: ``F`` = ``forward``, ``B`` = ``backward`` (per chunk, i.e.
-  per step), ``TFWD`` = ``preprocess_forward`` (Pf), ``TBWD`` = ``recompute`` (R),
-  ``GRADrecv+bwd`` = R once its gradient has arrived.
+  per step), the split backward's ``I`` = ``input_backward`` and ``W`` = ``weight_backward``
+  (each half of ``backward`` unless given), ``TFWD`` = ``preprocess_forward`` (Pf), ``TBWD`` =
+  ``recompute`` (R), ``GRADrecv+bwd`` = R once its gradient has arrived.
 - Sends are non-blocking (the transport buffers them) and take no time on the sender; the
   message is at the receiver ``latency + bytes / bandwidth`` after the send. A receive
   ends when its message is there (its wait is idle time).
@@ -20,7 +21,9 @@ communication and balanced stages the simulator reproduces the closed forms exac
 (also for looped GPipe with ``M >= P``). By default the last stage's ``F`` and ``B`` cost
 ``forward`` and ``backward`` like any stage (the textbook model); ``fused_last_stage=True``
 models the runtime's fused forward+loss+backward instead: ``F`` of the last stage costs
-``forward + backward`` and its ``B`` (which only ships the gradient) costs nothing.
+``forward + backward`` and its ``B`` (which only ships the gradient) costs nothing; with the split
+backward, the fused ``F`` costs ``forward + input_backward``, its ``I`` nothing, and its ``W``
+``weight_backward`` (the weight gradients still wait for their step).
 
 MPipe saving: for a plan that transposes, the *fair baseline* — the same configuration
 without transposition (``transpose=False``: rank 0 runs ``TFWD m`` right before ``F 0.m`` and,
@@ -52,6 +55,10 @@ class OpCosts:
 
     forward: float = 1.0  #: one ``F`` step: one chunk, one micro-batch
     backward: float = 2.0  #: one ``B`` step
+    #: One ``I`` step (input gradient of a split backward); ``None``: half of the stage's ``backward``.
+    input_backward: float | None = None
+    #: One ``W`` step (weight gradients of a split backward); ``None``: half of the stage's ``backward``.
+    weight_backward: float | None = None
     preprocess_forward: float = 0.0  #: Pf: one ``TFWD``
     recompute: float = 0.0  #: R: one ``TBWD`` that recomputes, or the compute of one ``GRADrecv+bwd``
     #: One ``TBWD`` of a plan without transposition: the preprocess backward from the tape.
@@ -71,7 +78,9 @@ class OpCosts:
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
-            if field.name == "fused_last_stage":
+            if field.name == "fused_last_stage" or (
+                field.name in ("input_backward", "weight_backward") and value is None
+            ):
                 continue
             if field.name in ("stage_forward", "stage_backward"):
                 if any(
@@ -95,6 +104,14 @@ class OpCosts:
     def backward_at(self, stage: int) -> float:
         """One ``B`` step of ``stage``."""
         return self.stage_backward[stage] if stage < len(self.stage_backward) else self.backward
+
+    def input_backward_at(self, stage: int) -> float:
+        """One ``I`` step of ``stage``: ``input_backward``, or half of the stage's ``B``."""
+        return self.backward_at(stage) / 2 if self.input_backward is None else self.input_backward
+
+    def weight_backward_at(self, stage: int) -> float:
+        """One ``W`` step of ``stage``: ``weight_backward``, or half of the stage's ``B``."""
+        return self.backward_at(stage) / 2 if self.weight_backward is None else self.weight_backward
 
 
 @dataclass(frozen=True)
@@ -212,19 +229,27 @@ def _rank(
     """One rank's list scheduling; yields while it waits for a message or a collective."""
     last_stage = plan.last_stage
     fused = costs.fused_last_stage
+    split = plan.config.split_backward
     tbwd = costs.recompute if plan.config.transpose else costs.preprocess_backward
     clock = 0.0
     for code in row:
         kind = kind_base(code)
         start = clock
-        if kind == codes.F or kind == codes.B:
+        if code < codes.FSEND:  # F, B, I or W
             stage = code >> STAGE_SHIFT & FIELD_MASK
+            fused_here = fused and stage == last_stage
             if kind == codes.F:
                 cost = costs.forward_at(stage) + (
-                    costs.backward_at(stage) if fused and stage == last_stage else 0.0
+                    (costs.input_backward_at(stage) if split else costs.backward_at(stage))
+                    if fused_here
+                    else 0.0
                 )
+            elif kind == codes.B:
+                cost = 0.0 if fused_here else costs.backward_at(stage)
+            elif kind == codes.I:
+                cost = 0.0 if fused_here else costs.input_backward_at(stage)
             else:
-                cost = 0.0 if fused and stage == last_stage else costs.backward_at(stage)
+                cost = costs.weight_backward_at(stage)
             clock += cost
             busy[rank] += cost
         elif kind in (codes.TFWD, codes.TBWD):
@@ -290,7 +315,7 @@ def to_chrome_trace(result: SimResult) -> dict:
 
 def _category(code: int) -> str:
     kind = kind_base(code)
-    if kind in (codes.F, codes.B):
+    if code < codes.FSEND:
         return "compute"
     if code < BODY_LIMIT:
         return "p2p"

@@ -14,6 +14,16 @@ from graph_exec.simulate import OpCosts, SimResult, simulate, to_chrome_trace
 _COST_FLAGS = {
     "--fwd-time": ("forward", finite_non_negative, "one F step (one chunk, one micro-batch)"),
     "--bwd-time": ("backward", finite_non_negative, "one B step"),
+    "--i-time": (
+        "input_backward",
+        finite_non_negative,
+        "one I step of --body zb (input gradient; default: half of --bwd-time)",
+    ),
+    "--w-time": (
+        "weight_backward",
+        finite_non_negative,
+        "one W step of --body zb (weight gradients; default: half of --bwd-time)",
+    ),
     "--pre-fwd-time": ("preprocess_forward", finite_non_negative, "Pf: one preprocess forward (TFWD)"),
     "--recompute-time": ("recompute", finite_non_negative, "R: one TBWD (or the compute of GRADrecv+bwd)"),
     "--pre-bwd-time": (
@@ -51,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             metavar="X",
             type=kind,
             default=default,
-            help=f"{text} (default {default:g})",
+            help=text if default is None else f"{text} (default {default:g})",
         )
     group.add_argument(
         "--fused-last-stage",

@@ -29,7 +29,9 @@ from graph_exec.report.records import RankRecord, StepRecord
 from graph_exec.schedule import Step, StepKind
 from graph_exec.schedule.steps import SEND_KINDS
 
-COMPUTE_KINDS = frozenset({StepKind.F, StepKind.B, StepKind.TFWD, StepKind.TBWD, StepKind.GRADRECV_BWD})
+COMPUTE_KINDS = frozenset(
+    {StepKind.F, StepKind.B, StepKind.I, StepKind.W, StepKind.TFWD, StepKind.TBWD, StepKind.GRADRECV_BWD}
+)
 
 
 def kind_of(token: str) -> StepKind:
@@ -37,10 +39,11 @@ def kind_of(token: str) -> StepKind:
 
 
 def calls_hook(token: str, last_stage: int) -> bool:
-    """Whether the step calls an executor hook (the last stage's ``B`` only forwards the
-    gradient its fused ``F`` computed)."""
+    """Whether the step calls an executor hook (the last stage's ``B``, or ``I`` with the split
+    backward, only forwards the gradient its fused ``F`` computed)."""
     step = Step.parse(token)
-    return step.kind in COMPUTE_KINDS and not (step.kind is StepKind.B and step.stage == last_stage)
+    gradient_only = step.kind in (StepKind.B, StepKind.I) and step.stage == last_stage
+    return step.kind in COMPUTE_KINDS and not gradient_only
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ PLOT_EXTRA_HINT = "pip install 'graph-exec[plot]'"
 
 
 def category(token: str) -> str:
-    """``compute`` (body F/B), ``preprocess`` (TFWD/TBWD/GRADrecv+bwd), ``p2p`` (body
+    """``compute`` (body F/B/I/W), ``preprocess`` (TFWD/TBWD/GRADrecv+bwd), ``p2p`` (body
     transfers), ``collective`` (BCAST/GRADreduce) or ``mpipe`` (preprocess transfers)."""
     kind = kind_of(token)
-    if kind in (StepKind.F, StepKind.B):
+    if kind in (StepKind.F, StepKind.B, StepKind.I, StepKind.W):
         return "compute"
     if kind in COMPUTE_KINDS:
         return "preprocess"

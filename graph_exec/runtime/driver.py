@@ -58,6 +58,13 @@ class RankRuntime:
         sync_steps: bool = False,
         keep_preprocess_tape: bool = False,
     ) -> None:
+        if plan.config.split_backward:
+            # Checked before anything runs: a rank would otherwise fail at its first I step while
+            # its peers wait for it. The public schedules never build such a plan (no body option).
+            raise GraphExecError(
+                f"rank {rank}: the runtime does not run the split backward of body 'zb' (I and W steps) "
+                "yet; use body 'interleaved', '1f1b' or 'gpipe'"
+            )
         self.plan = plan
         self.rank = rank
         self.order = plan.orders[rank]

@@ -1,7 +1,7 @@
 """The schedule layer: what every pipeline rank runs, and in which order.
 
 Pure Python, never imports MindSpore. ``build_plan(PlanConfig(...))`` builds the body
-(interleaved 1F1B, plain 1F1B or GPipe: :mod:`.body`), inserts its P2P transfers (:mod:`.p2p`),
+(interleaved 1F1B, plain 1F1B, GPipe or the zero-bubble split backward: :mod:`.body`), inserts its P2P transfers (:mod:`.p2p`),
 layers the MPipe Transpose steps on top (:mod:`.mpipe`) and checks the result
 (:mod:`.validate`). The rules are written down in ``docs/schedule.md``; each module cites
 its section. This layer has its own short names (``micro``, ``num_preprocess_layers``); how

@@ -13,8 +13,10 @@ two 30-bit digits: hashing and comparing them is measurably cheaper than three-d
 (:class:`PlanConfig` therefore caps stages and micro-batches at 2**28). Two properties are
 relied on elsewhere (and named by the ``is_*`` predicates below):
 
-- body kinds have the smallest indices, in the order ``F, B, Fsend, Frecv, Bsend, Brecv``, so
-  "body step", "compute step", "forward of stage 0" are each one comparison;
+- body kinds have the smallest indices, in the order ``F, B, I, W, Fsend, Frecv, Bsend, Brecv``
+  (compute kinds first, the split backward's ``I`` and ``W`` right after ``B``), so "body step",
+  "compute step", "forward of stage 0" are each one comparison, and each compute kind is one
+  range;
 - a send and the receive it pairs with differ by a constant per kind (:data:`PAIR_DELTA`),
   so pairing is one addition.
 
@@ -42,6 +44,8 @@ def base(kind: StepKind) -> int:
 
 F = base(StepKind.F)
 B = base(StepKind.B)
+I = base(StepKind.I)  # noqa: E741 - the step kind's own name
+W = base(StepKind.W)
 FSEND = base(StepKind.FSEND)
 FRECV = base(StepKind.FRECV)
 BSEND = base(StepKind.BSEND)
@@ -60,7 +64,16 @@ IDLE = base(StepKind.IDLE)
 
 #: Every body code is below this, every MPipe code and IDLE at or above it.
 BODY_LIMIT = (max(_INDEX[k] for k in BODY_KINDS) + 1) << KIND_SHIFT
-_BODY_ORDER = (StepKind.F, StepKind.B, StepKind.FSEND, StepKind.FRECV, StepKind.BSEND, StepKind.BRECV)
+_BODY_ORDER = (
+    StepKind.F,
+    StepKind.B,
+    StepKind.I,
+    StepKind.W,
+    StepKind.FSEND,
+    StepKind.FRECV,
+    StepKind.BSEND,
+    StepKind.BRECV,
+)
 if KINDS[: len(_BODY_ORDER)] != _BODY_ORDER or KINDS[-1] is not StepKind.IDLE:
     raise ImportError("StepKind must list the body kinds first, in codes._BODY_ORDER, and IDLE last")
 
@@ -85,7 +98,7 @@ SEND_OF_RECV: dict[int, int] = {recv: send for send, recv in RECV_OF_SEND.items(
 
 
 # Predicates: what a code is, by name. They are plain range tests on the kind order checked
-# above (F < B < Fsend < … < MPipe kinds < IDLE). The loops that visit every step of a large
+# above (F < B < I < W < Fsend < … < MPipe kinds < IDLE). The loops that visit every step of a large
 # plan (p2p.insert_p2p, validate._rank_runner) inline the same comparisons instead, because a
 # function call per step there costs a measurable share of build_plan's time.
 
@@ -96,12 +109,22 @@ def is_forward(code: int) -> bool:
 
 
 def is_backward(code: int) -> bool:
-    """``B s.m`` on any stage."""
-    return B <= code < FSEND
+    """``B s.m`` (the whole backward) on any stage."""
+    return B <= code < I
+
+
+def is_input_backward(code: int) -> bool:
+    """``I s.m`` on any stage: the input half of a split backward."""
+    return I <= code < W
+
+
+def is_weight_backward(code: int) -> bool:
+    """``W s.m`` on any stage: the weight half of a split backward."""
+    return W <= code < FSEND
 
 
 def is_compute(code: int) -> bool:
-    """``F`` or ``B``: the body's compute steps."""
+    """``F``, ``B``, ``I`` or ``W``: the body's compute steps."""
     return code < FSEND
 
 
@@ -115,8 +138,13 @@ def is_stage0_backward(code: int) -> bool:
     return B <= code < B + STAGE_UNIT
 
 
+def is_stage0_gradient_source(code: int) -> bool:
+    """``B 0.m`` or ``I 0.m``: the step that leaves the gradient of the preprocess output."""
+    return B <= code < B + STAGE_UNIT or I <= code < I + STAGE_UNIT
+
+
 def is_body(code: int) -> bool:
-    """A body step: compute or neighbour P2P (``F``, ``B``, ``Fsend``, ``Frecv``, ``Bsend``, ``Brecv``)."""
+    """A body step: compute (``F``, ``B``, ``I``, ``W``) or neighbour P2P (``Fsend`` … ``Brecv``)."""
     return code < BODY_LIMIT
 
 

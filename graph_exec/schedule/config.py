@@ -16,7 +16,7 @@ PREPROCESS = ("trainable", "frozen", "none")
 OVERFLOW = ("full", "min")
 BACKWARD = ("central", "owner")
 INPUT = ("replicated", "owned")
-BODY = ("interleaved", "1f1b", "gpipe")
+BODY = ("interleaved", "1f1b", "gpipe", "zb")
 
 
 #: Largest number of stages or micro-batches a plan can index (the step code fields are 28 bits).
@@ -53,7 +53,9 @@ class PlanConfig:
       input lives on its owner, so central backward ships it to rank 0 with ``IN*``).
     - ``body``: ``"interleaved"`` (interleaved 1F1B, any ``V``), ``"1f1b"``
       (plain non-interleaved 1F1B, needs ``V = 1``) or ``"gpipe"`` (all forwards then all
-      backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk).
+      backwards; with ``V > 1`` it is looped breadth-first: chunk after chunk) or ``"zb"``
+      (any ``V``: ZB-H1-style zero bubble, each backward split into ``I``, the input gradient,
+      and ``W``, the weight gradients, placed in the bubbles; ``docs/schedule.md``, "Zero bubble").
     - ``transpose``: ``True`` (MPipe Transpose: owners run the preprocess of their micros in
       their warm-up, rank 0 receives the outputs). ``False`` is the *fair baseline*, MPipe
       without transposition: rank 0 runs ``TFWD m`` right before every ``F 0.m`` and, with a
@@ -187,6 +189,12 @@ class PlanConfig:
     def mpipe(self) -> bool:
         """Whether any MPipe step is layered on the body (a preprocess, or inputs to ship)."""
         return self.preprocess != "none" or self.input == "owned"
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether the backward is split into ``I`` (input gradient) and ``W`` (weight gradients):
+        the ``zb`` body of a training plan."""
+        return self.body == "zb" and not self.forward_only
 
     @property
     def trainable(self) -> bool:

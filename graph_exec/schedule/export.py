@@ -18,7 +18,8 @@ compared line by line with ``docs/schedule.md``, "Worked examples".
          "tokens": ["BCAST", "TFWD0", ...],         # the executable order (no idle slots)
          "held": {"activations": 3, "receives": 3,  # the most items of each kind held at
                   "preprocess outputs": 2,          # once (schedule.memory.peak_counts)
-                  "preprocess tapes": 0},
+                  "preprocess tapes": 0,
+                  "output gradients": 0},           # kept from I to W (body "zb" only)
          "steps": [{"kind": "BCAST", "stage": null, "micro": null, "peer": null},
                    {"kind": "OUTrecv", "stage": null, "micro": 1, "peer": 1}, ...]},
         ...
@@ -32,7 +33,8 @@ when asked for (``steps=True``; ``graph-exec plan --format json --json-steps``):
 carry the same information in a fifth of the space.
 
 **CSV** — the body in torch.distributed.pipelining's action grammar, one row per rank, one
-action per cell: ``<stage><action><micro>`` with ``F``, ``B`` (full backward), ``SEND_F``,
+action per cell: ``<stage><action><micro>`` with ``F``, ``B`` (full backward), ``I`` and ``W``
+(torch's ``BACKWARD_INPUT`` and ``BACKWARD_WEIGHT``: the split backward of ``body="zb"``), ``SEND_F``,
 ``RECV_F``, ``SEND_B``, ``RECV_B`` (``Fsend s.m`` → ``sSEND_Fm``, ``Frecv s.m`` →
 ``sRECV_Fm``, ``Brecv s.m`` → ``sRECV_Bm``). That grammar has no preprocess actions, so MPipe
 steps are left out: the rows are exactly :attr:`Plan.body`, which lets torch's schedule
@@ -55,6 +57,8 @@ from graph_exec.schedule.steps import GLOBAL_KINDS, STAGED_KINDS, StepKind
 _TORCH_ACTION = {
     StepKind.F: "F",
     StepKind.B: "B",
+    StepKind.I: "I",
+    StepKind.W: "W",
     StepKind.FSEND: "SEND_F",
     StepKind.FRECV: "RECV_F",
     StepKind.BSEND: "SEND_B",

@@ -13,7 +13,12 @@ one rule set:
 - ``INrecv m`` (the raw input kept for recomputation) is read by ``TBWD m``;
 - ``GRADrecv+bwd m`` consumes its gradient in the same step;
 - in a forward-only plan there is no backward: ``Frecv s.m`` and ``OUTrecv m`` are read by
-  the forward ``F s.m`` / ``F 0.m`` alone.
+  the forward ``F s.m`` / ``F 0.m`` alone;
+- with the split backward (``body="zb"``) a stage input is also the input of the stage's first
+  layer, which ``W s.m`` reads to form that layer's weight gradient: ``Frecv s.m`` and
+  ``OUTrecv m`` live until ``W s.m`` / ``W 0.m`` (the last stage too: its fused ``F`` leaves the
+  weight gradients to ``W``), and ``Brecv s.m`` is read by ``I s.m`` (what ``W`` needs of the
+  output gradients ``I`` keeps itself: ``schedule.memory``'s "output gradients").
 """
 
 from __future__ import annotations
@@ -38,16 +43,21 @@ class BufferLifetime:
     last_index: int
 
 
-def last_reader(code: int, last_stage: int, forward_only: bool) -> int:
-    """The code of the last step that reads what ``code`` receives."""
+def last_reader(code: int, last_stage: int, forward_only: bool, split_backward: bool = False) -> int:
+    """The code of the last step that reads what ``code`` receives (``split_backward``: the plan's
+    backward is ``I`` + ``W``, ``PlanConfig.split_backward``)."""
     kind = kind_base(code)
     if kind == codes.FRECV:
         fwd = code - codes.FRECV + codes.F
+        if split_backward:
+            return fwd - codes.F + codes.W
         return fwd if stage_of(code) == last_stage or forward_only else fwd - codes.F + codes.B
     if kind == codes.BRECV:
-        return code - codes.BRECV + codes.B
+        return code - codes.BRECV + (codes.I if split_backward else codes.B)
     m = micro_of(code)
     if kind == codes.OUTRECV:
+        if split_backward:
+            return codes.W | m
         return codes.F | m if last_stage == 0 or forward_only else codes.B | m
     if kind == codes.INRECV:
         return codes.TBWD | m
@@ -61,6 +71,6 @@ def buffer_lifetimes(plan: Plan, rank: int) -> list[BufferLifetime]:
     lifetimes = []
     for i, code in enumerate(row):
         if is_recv(code):
-            reader = last_reader(code, plan.last_stage, plan.config.forward_only)
+            reader = last_reader(code, plan.last_stage, plan.config.forward_only, plan.config.split_backward)
             lifetimes.append(BufferLifetime(codes.decode(code), i, index[reader]))
     return lifetimes

@@ -1,12 +1,17 @@
 """What each rank holds while it runs its plan: the schedule's half of the memory model.
 
 A pipeline schedule trades memory for bubbles, and the plan already says, step by step, which
-micro-batches each rank holds. This module walks a rank's order and tracks four kinds of held
+micro-batches each rank holds. This module walks a rank's order and tracks five kinds of held
 items, each from the step that makes it to the step after which nothing reads it:
 
 - ``activations`` of stage ``s``, micro ``m``: from ``F s.m`` to ``B s.m`` (what the executor
   keeps for the backward: the tape, or the stage input with ``recompute=True``). The last stage
-  fuses forward, loss and backward into ``F``: it holds its micro-batch during that step only;
+  fuses forward, loss and backward into ``F``: it holds its micro-batch during that step only.
+  With the split backward (``body="zb"``) from ``F s.m`` to ``W s.m``, the last stage included:
+  ``W`` forms the weight gradients from the saved layer inputs;
+- ``output gradients`` (split backward only): from ``I s.m`` to ``W s.m``, what ``I`` keeps for
+  ``W`` — the gradient at the output of each layer with weights, the other half of what a weight
+  gradient is made of;
 - ``receives``: every receive buffer, for the interval :func:`buffer_lifetimes` gives it;
 - ``preprocess outputs``: ``TFWD m``'s output, on an owner until ``OUTsend m``, on rank 0 (its
   own or inline micro-batches) until ``F 0.m`` reads it;
@@ -23,7 +28,7 @@ per stage by the runtime).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 from graph_exec.schedule import codes
@@ -32,7 +37,7 @@ from graph_exec.schedule.lifetimes import last_reader
 from graph_exec.schedule.plan import Plan
 
 #: The kinds of held items, in the order the reports print them.
-KINDS = ("activations", "receives", "preprocess outputs", "preprocess tapes")
+KINDS = ("activations", "receives", "preprocess outputs", "preprocess tapes", "output gradients")
 
 
 @dataclass(frozen=True)
@@ -54,15 +59,17 @@ class ItemSizes:
     input with recompute); ``stage_inputs[s]``: a received input of stage ``s`` (also the size
     of a received gradient of stage ``s - 1``'s output, the same tensor shape); missing stages
     count 0. ``preprocess_output`` and ``preprocess_tape``: per micro-batch.
+    ``output_gradients[s]``: what ``I s.m`` keeps for ``W s.m`` with the split backward.
     """
 
     activations: Mapping[int, int]
     stage_inputs: Mapping[int, int]
     preprocess_output: int = 0
     preprocess_tape: int = 0
+    output_gradients: Mapping[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("activations", "stage_inputs"):
+        for name in ("activations", "stage_inputs", "output_gradients"):
             for stage, size in getattr(self, name).items():
                 if size < 0:
                     raise ValueError(f"ItemSizes.{name}[{stage}] must be >= 0 bytes, got {size}")
@@ -75,6 +82,8 @@ class ItemSizes:
             return self.activations.get(item.stage, 0)
         if item.kind == "receives":
             return self.stage_inputs.get(item.stage, 0)
+        if item.kind == "output gradients":
+            return self.output_gradients.get(item.stage, 0)
         return self.preprocess_output if item.kind == "preprocess outputs" else self.preprocess_tape
 
 
@@ -118,18 +127,24 @@ def _intervals(plan: Plan, rank: int, keep_preprocess_tape: bool) -> list[tuple[
     index = {code: i for i, code in enumerate(row)}
     out: list[tuple[str, int, int, int]] = []
     training = not plan.config.forward_only
-    last, forward_only = plan.last_stage, plan.config.forward_only
+    last, forward_only, split = plan.last_stage, plan.config.forward_only, plan.config.split_backward
     shift, mask, limit, tfwd = codes.KIND_SHIFT, codes.FIELD_MASK, codes.B, codes.TFWD
+    f_to_w, i_to_w = codes.W - codes.F, codes.W - codes.I
     receives = set(codes.SEND_OF_RECV) - {codes.GRADRECV_BWD}  # that one is read by its own step
     for i, code in enumerate(row):
         kind = code >> shift << shift
         if code < limit:  # F s.m
             if training:
                 stage = code >> codes.STAGE_SHIFT & mask
-                end = i if stage == last else index[code - codes.F + codes.B]
+                if split:
+                    end = index[code + f_to_w]
+                else:
+                    end = i if stage == last else index[code - codes.F + codes.B]
                 out.append(("activations", stage, i, end))
+        elif kind == codes.I:
+            out.append(("output gradients", code >> codes.STAGE_SHIFT & mask, i, index[code + i_to_w]))
         elif kind in receives:
-            end = index[last_reader(code, last, forward_only)]  # as buffer_lifetimes says
+            end = index[last_reader(code, last, forward_only, split)]  # as buffer_lifetimes says
             out.append(("receives", _receive_stage(code), i, end))
         elif kind == tfwd:
             micro = code & mask

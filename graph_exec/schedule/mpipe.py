@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from graph_exec.schedule import codes
-from graph_exec.schedule.codes import is_stage0_backward, is_stage0_forward, micro_of
+from graph_exec.schedule.codes import is_stage0_forward, is_stage0_gradient_source, micro_of
 from graph_exec.schedule.config import PlanConfig
 
 
@@ -74,7 +74,9 @@ def suffix(config: PlanConfig, rank: int) -> list[int]:
 
 
 def patch_rank0(config: PlanConfig, row: Sequence[int]) -> Sequence[int]:
-    """Rank 0's body with ``TFWD m`` before ``F 0.m`` (inline micros) and ``TBWD m`` after ``B 0.m``."""
+    """Rank 0's body with ``TFWD m`` before ``F 0.m`` (inline micros) and ``TBWD m`` after ``B 0.m``
+    (``I 0.m`` with the split backward: the preprocess backward needs stage 0's input gradient only,
+    not its weight gradients)."""
     inline = inline_micros(config)
     tbwd = tbwd_micros(config)
     if not inline and not tbwd:
@@ -85,7 +87,7 @@ def patch_rank0(config: PlanConfig, row: Sequence[int]) -> Sequence[int]:
         if is_stage0_forward(code) and micro_of(code) in inline:
             append(codes.TFWD | micro_of(code))
         append(code)
-        if is_stage0_backward(code) and micro_of(code) in tbwd:
+        if is_stage0_gradient_source(code) and micro_of(code) in tbwd:  # B 0.m, or I 0.m (zb)
             append(codes.TBWD | micro_of(code))
     return out
 

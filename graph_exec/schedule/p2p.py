@@ -3,8 +3,8 @@
 The rule is ``docs/schedule.md``, "P2P insertion": a column scan walks the slots in time order. At slot ``t`` every rank first
 takes its own item; then, even ranks first and odd ranks second, each ``F s.m`` whose next
 stage lives on another rank appends ``Fsend s.m`` to its own list and ``Frecv (s+1).m`` to
-the receiver's, and each ``B s.m`` with ``s > 0`` appends ``Bsend s.m`` / ``Brecv (s-1).m``
-likewise.
+the receiver's, and each ``B s.m`` (or, split backward, ``I s.m``) with ``s > 0`` appends
+``Bsend s.m`` / ``Brecv (s-1).m`` likewise. ``W s.m`` sends nothing.
 
 Why this order: both halves of a message are appended at the same moment of one global
 sequence, so replaying that sequence pairs every send with its receive — the orders cannot
@@ -40,12 +40,15 @@ def insert_p2p(slots: list[list[int]], pp: int, vpp: int, keep_idle: bool) -> li
     if pp == 1:  # every stage on one rank: data stays local
         return [[code for code in row if code < keep_below] for row in slots]
     last_forward = (pp * vpp - 1) << codes.STAGE_SHIFT  # F codes below this have a next stage
-    first_backward = codes.B + STAGE_UNIT  # B codes from here up to FSEND have a previous stage
-    fsend = codes.FSEND
+    first_backward = codes.B + STAGE_UNIT  # B codes from here up to I have a previous stage
+    first_input = codes.I + STAGE_UNIT  # I codes from here up to W have a previous stage
+    i_base, w_base = codes.I, codes.W
     to_fsend = codes.FSEND - codes.F
     to_frecv = codes.FRECV - codes.F + STAGE_UNIT
     to_bsend = codes.BSEND - codes.B
     to_brecv = codes.BRECV - codes.B - STAGE_UNIT
+    i_to_bsend = codes.BSEND - codes.I
+    i_to_brecv = codes.BRECV - codes.I - STAGE_UNIT
     # The loop below visits every slot of every rank, so it tests kinds by raw comparison with
     # the locals above rather than with the codes.is_* predicates: a function call per slot
     # would add a measurable share of build_plan's time.
@@ -61,12 +64,19 @@ def insert_p2p(slots: list[list[int]], pp: int, vpp: int, keep_idle: bool) -> li
                 append(own)
             if own < last_forward:
                 mine = own + to_fsend
-            elif first_backward <= own < fsend:
+            elif first_backward <= own < i_base:
                 mine = own + to_bsend
+            elif first_input <= own < w_base:
+                mine = own + i_to_bsend
             else:
                 mine = 0  # no step code is 0 among sends and receives
             from_left = sent_f + to_frecv if sent_f < last_forward else 0
-            from_right = sent_b + to_brecv if first_backward <= sent_b < fsend else 0
+            if first_backward <= sent_b < i_base:
+                from_right = sent_b + to_brecv
+            elif first_input <= sent_b < w_base:
+                from_right = sent_b + i_to_brecv
+            else:
+                from_right = 0
             if mine or from_left or from_right:
                 found = (mine, from_left, from_right)
                 for k in order:

@@ -26,6 +26,12 @@ class StepKind(StrEnum):
     F = "F"
     #: Backward of stage ``s``, micro ``m``, on stage ``s``'s rank: input grads out, weight grads accumulated.
     B = "B"
+    #: Input half of a split backward (``body="zb"``): stage ``s``'s input gradient, which ``Bsend s.m``
+    #: ships to stage ``s-1``; keeps the activations and output gradients ``W s.m`` needs.
+    I = "I"  # noqa: E741 - the token's own spelling
+    #: Weight half of a split backward (``body="zb"``): stage ``s``'s weight gradients, accumulated from
+    #: the activations and output gradients ``I s.m`` kept; nobody waits for it.
+    W = "W"
     #: Send ``F s.m``'s output from stage ``s``'s rank to stage ``s+1``'s rank.
     FSEND = "Fsend"
     #: Receive stage ``s``'s input from stage ``s-1``'s rank, on stage ``s``'s rank.
@@ -58,9 +64,18 @@ class StepKind(StrEnum):
     IDLE = "·"
 
 
-#: Body step kinds: the unchanged interleaved-1F1B part of a plan.
+#: Body step kinds: the pipeline body (compute and neighbour P2P), without anything MPipe adds.
 BODY_KINDS = frozenset(
-    {StepKind.F, StepKind.B, StepKind.FSEND, StepKind.FRECV, StepKind.BSEND, StepKind.BRECV}
+    {
+        StepKind.F,
+        StepKind.B,
+        StepKind.I,
+        StepKind.W,
+        StepKind.FSEND,
+        StepKind.FRECV,
+        StepKind.BSEND,
+        StepKind.BRECV,
+    }
 )
 #: Step kinds that carry a virtual stage index.
 STAGED_KINDS = BODY_KINDS

@@ -4,14 +4,15 @@ What is checked (``docs/schedule.md``, "Invariants"):
 
 1. body: removing every MPipe step gives exactly the body; no step appears twice on a rank;
    every ``F`` and ``B`` of every (stage, micro) appears once, on the rank of its stage (only
-   the ``F`` in a forward-only plan);
+   the ``F`` in a forward-only plan; ``F``, ``I`` and ``W`` with the split backward of ``zb``);
 2. MPipe steps: each rank has exactly the MPipe steps its options call for (one ``BCAST``
    or none, one ``TFWD`` per micro on its owner, the transfers, ``TBWD`` / ``GRADrecv+bwd``
-   per the backward mode, ``GRADreduce`` last); ``TBWD m`` directly follows ``B 0.m``; in
+   per the backward mode, ``GRADreduce`` last); ``TBWD m`` directly follows ``B 0.m`` (``I 0.m``); in
    ``min`` mode ``TFWD m`` directly precedes ``F 0.m`` for ``m >= NT`` (for every ``m``
    without transposition);
 3. data dependencies: no step runs before the step that produces its input on its rank (a
-   forward before its receive, a send before the compute that fills it, …);
+   forward before its receive, a send before the compute that fills it, ``W s.m`` before
+   ``I s.m``, …);
 4. transfers: all ranks replayed with *blocking rendezvous* sends and receives (a transfer
    completes only when both ranks have reached it) and all-rank collectives must run to the
    end. When they do not, the cause is named as precisely as possible: a send or receive
@@ -117,16 +118,22 @@ class _Run:
 def _mpipe_needs(config: PlanConfig, code: int) -> tuple[int, ...]:
     """The steps that must run before an MPipe step on its rank."""
     kind, m = kind_base(code), micro_of(code)
+    gradient = _gradient_source(config)  # leaves dL/d(preprocess output) of m: B 0.m or I 0.m
     if kind == codes.TFWD:
         return (codes.BCAST,) if config.broadcasts else ()
     if kind in (codes.OUTSEND, codes.GRADRECV_BWD):
         return (codes.TFWD | m,)
     if kind == codes.GRADSEND:
-        return (codes.B | m,)
+        return (gradient | m,)
     if kind == codes.TBWD:
         shipped = config.ships_inputs and config.owner(m) != 0
-        return (codes.B | m, codes.INRECV | m) if shipped else (codes.B | m,)
+        return (gradient | m, codes.INRECV | m) if shipped else (gradient | m,)
     return ()
+
+
+def _gradient_source(config: PlanConfig) -> int:
+    """The kind of the step that makes a stage's input gradient: ``I`` (split backward) or ``B``."""
+    return codes.I if config.split_backward else codes.B
 
 
 class _Violation(Exception):
@@ -170,11 +177,15 @@ def _rank_runner(
     f_input = -STAGE_UNIT if pp == 1 else codes.FRECV - codes.F
     b_input = STAGE_UNIT if pp == 1 else codes.BRECV - codes.B
     b_has_next = codes.B | config.last_stage << STAGE_SHIFT  # B codes below have a next stage
+    # The split backward (zb): I s.m reads what B s.m read; W s.m reads what I s.m kept.
+    i_input = STAGE_UNIT if pp == 1 else codes.BRECV - codes.I
+    i_has_next = codes.I | config.last_stage << STAGE_SHIFT
+    i_code, w_code, f_to_i, i_to_w = codes.I, codes.W, codes.I - codes.F, codes.W - codes.I
     stage0_input: dict[int, int] = {}  # F 0.m (code m) -> what it reads under MPipe
     if config.mpipe:
         for m in range(config.micro):
             stage0_input[m] = (codes.TFWD if config.owner(m) == 0 else codes.OUTRECV) | m
-    fsend_to_f, bsend_to_b = codes.FSEND - codes.F, codes.BSEND - codes.B
+    fsend_to_f, bsend_to_b = codes.FSEND - codes.F, codes.BSEND - _gradient_source(config)
     d_f, d_b = PAIR_DELTA[codes.FSEND], PAIR_DELTA[codes.BSEND]
     fsend, frecv, bsend, brecv, b_code = codes.FSEND, codes.FRECV, codes.BSEND, codes.BRECV, codes.B
     after, before = (rank + 1) % pp, (rank - 1) % pp
@@ -187,15 +198,21 @@ def _rank_runner(
     # function call per step would add a measurable share of build_plan's time.
     for i, code in enumerate(row):
         add(code)
-        if code < fsend:  # F or B: check the input it reads
+        if code < fsend:  # F, B, I or W: check the input it reads
             n_compute += 1
             if code < b_code:  # F s.m
                 # Stage 0 reads the batch without MPipe: then "need" is the step itself (seen).
                 need = code + f_input if code >= STAGE_UNIT else stage0_input.get(code, code)
-            else:  # B s.m: its own forward, then the gradient from the next stage
+            elif code < i_code:  # B s.m: its own forward, then the gradient from the next stage
                 if code - b_code not in have:
                     _stop(run, rank, i, code, code - b_code)
                 need = code + b_input if code < b_has_next else code
+            elif code < w_code:  # I s.m: as B s.m
+                if code - f_to_i not in have:
+                    _stop(run, rank, i, code, code - f_to_i)
+                need = code + i_input if code < i_has_next else code
+            else:  # W s.m: what I s.m kept
+                need = code - i_to_w
             if need not in have:
                 _stop(run, rank, i, code, need)
             continue
@@ -252,18 +269,22 @@ def _stop(run: _Run, rank: int, index: int, code: int, need: int) -> None:
 
 
 def _compute_kinds(config: PlanConfig) -> tuple[int, ...]:
-    """The compute kinds every (stage, micro) runs: ``F`` and ``B``, or ``F`` alone (forward-only)."""
-    return (codes.F,) if config.forward_only else (codes.F, codes.B)
+    """The compute kinds every (stage, micro) runs: ``F`` and ``B``, ``F``, ``I`` and ``W`` (split
+    backward), or ``F`` alone (forward-only)."""
+    if config.forward_only:
+        return (codes.F,)
+    return (codes.F, codes.I, codes.W) if config.split_backward else (codes.F, codes.B)
 
 
 def _compute_bases(config: PlanConfig, rank: int) -> list[int]:
-    """The codes of ``F s.0`` (and ``B s.0``) for the stages of ``rank``: micros follow contiguously."""
+    """The codes of ``F s.0`` (and ``B s.0``, or ``I s.0`` and ``W s.0``) for the stages of ``rank``:
+    micros follow contiguously."""
     stages = range(rank, config.num_stages, config.pp)
     return [kind | s << STAGE_SHIFT for kind in _compute_kinds(config) for s in stages]
 
 
 def _expected_compute(config: PlanConfig, rank: int) -> list[int]:
-    """The F and B steps of ``rank``, sorted."""
+    """The compute steps of ``rank``, sorted."""
     return [first + m for first in _compute_bases(config, rank) for m in range(config.micro)]
 
 
@@ -361,7 +382,7 @@ def _check_structure(config: PlanConfig, orders: Rows, body: Rows) -> None:
         expected = _expected_compute(config, rank)
         compute = sorted(code for code in stripped if is_compute(code))
         if compute != expected:
-            what = "F" if config.forward_only else "F and B"
+            what = "F" if config.forward_only else "F, I and W" if config.split_backward else "F and B"
             raise CoverageError(
                 f"rank {rank} must run {what} of stages {list(range(rank, config.num_stages, config.pp))} "
                 f"for micros 0..{config.micro - 1} exactly once: {_difference(compute, expected)}"
@@ -377,17 +398,18 @@ def _check_structure(config: PlanConfig, orders: Rows, body: Rows) -> None:
 
 
 def _check_mpipe_order(config: PlanConfig, orders: Rows, mpipe_at0: list[int]) -> None:
-    """Where MPipe steps must sit: TBWD after B 0.m, inline TFWD before F 0.m, GRADreduce last."""
+    """Where MPipe steps must sit: TBWD after B 0.m (I 0.m), inline TFWD before F 0.m, GRADreduce last."""
     if config.backward == "owner" and not config.forward_only:
         for rank, row in enumerate(orders):
             if row[-1] != codes.GRADREDUCE:
                 raise InvariantError(f"rank {rank}: GRADreduce must be the last step, {token(row[-1])} is")
     row0 = orders[0]
     inline = inline_micros(config)
+    gradient = _gradient_source(config)
     for i in mpipe_at0:
         kind, m = kind_base(row0[i]), micro_of(row0[i])
-        if kind == codes.TBWD and (i == 0 or row0[i - 1] != codes.B | m):
-            raise InvariantError(f"rank 0: TBWD{m} must directly follow B0.{m}")
+        if kind == codes.TBWD and (i == 0 or row0[i - 1] != gradient | m):
+            raise InvariantError(f"rank 0: TBWD{m} must directly follow {token(gradient | m)}")
         if kind == codes.TFWD and m in inline and (i + 1 == len(row0) or row0[i + 1] != codes.F | m):
             why = "with overflow 'min'" if config.transpose else "without transposition"
             raise InvariantError(f"rank 0: {why}, TFWD{m} must directly precede F0.{m}")

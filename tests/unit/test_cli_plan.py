@@ -69,7 +69,7 @@ def test_plan_formats(capsys: pytest.CaptureFixture[str]) -> None:
             "argument --overflow: invalid choice: 'half'",
         ),
         ([*PLAN, "--preprocess", "none", "--backward", "x"], "argument --backward: invalid choice: 'x'"),
-        ([*PLAN, "--preprocess", "none", "--body", "zb"], "argument --body: invalid choice: 'zb'"),
+        ([*PLAN, "--preprocess", "none", "--body", "zbv"], "argument --body: invalid choice: 'zbv'"),
         (
             [*PLAN, "--preprocess", "frozen", "--backward", "owner"],
             "backward 'owner' needs preprocess 'trainable'",
@@ -160,3 +160,29 @@ def test_simulate_body_only_has_no_saving_line(capsys: pytest.CaptureFixture[str
     # 8*2*(1+2) + 3*(1+2) = 57 with the default costs (forward 1, backward 2 per chunk)
     assert out.splitlines()[0] == "step time: 57"
     assert "MPipe" not in out
+
+
+def test_plan_body_zb_in_every_format(capsys: pytest.CaptureFixture[str]) -> None:
+    base = [*PLAN, "--preprocess", "trainable", "--body", "zb"]
+    code, text, _ = _run(base, capsys)
+    assert code == 0
+    assert "I0.0 TBWD0 W0.0" in text.splitlines()[0]  # the preprocess backward follows stage 0's I
+    _, doc, _ = _run([*base, "--format", "json", "--json-steps"], capsys)
+    plan = json.loads(doc)
+    assert plan["config"]["body"] == "zb"
+    assert {"I", "W"} <= {step["kind"] for step in plan["ranks"][1]["steps"]}
+    assert plan["ranks"][1]["held"]["output gradients"] == 2
+    _, table, _ = _run([*base, "--format", "csv"], capsys)
+    assert "1I0" in table and "1W0" in table and "TBWD" not in table
+
+
+def test_simulate_body_zb_with_i_and_w_times(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--pp", "4", "--vpp", "1", "--micro", "8", "--preprocess", "none"]
+    _, one_f_one_b, _ = _run([*argv, "--body", "1f1b", "--bwd-time", "2"], capsys)
+    _, zb, _ = _run([*argv, "--body", "zb", "--bwd-time", "2", "--i-time", "1", "--w-time", "1"], capsys)
+    assert one_f_one_b.splitlines()[0] == "step time: 33"
+    assert zb.splitlines()[0] == "step time: 27"
+    _, halves, _ = _run([*argv, "--body", "zb", "--bwd-time", "2"], capsys)  # I = W = B/2 by default
+    assert halves.splitlines()[0] == "step time: 27"
+    code, _, err = _run([*argv, "--body", "zb", "--i-time", "-1"], capsys)
+    assert code == 2 and "--i-time" in err

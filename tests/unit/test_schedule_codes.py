@@ -32,9 +32,12 @@ def test_predicates_match_the_kind(kind: StepKind) -> None:
         assert step.kind is kind
         assert codes.is_forward(code) == (kind is K.F)
         assert codes.is_backward(code) == (kind is K.B)
-        assert codes.is_compute(code) == (kind in (K.F, K.B))
+        assert codes.is_input_backward(code) == (kind is K.I)
+        assert codes.is_weight_backward(code) == (kind is K.W)
+        assert codes.is_compute(code) == (kind in (K.F, K.B, K.I, K.W))
         assert codes.is_stage0_forward(code) == (kind is K.F and step.stage == 0)
         assert codes.is_stage0_backward(code) == (kind is K.B and step.stage == 0)
+        assert codes.is_stage0_gradient_source(code) == (kind in (K.B, K.I) and step.stage == 0)
         assert codes.is_body(code) == (kind in BODY_KINDS)
         assert codes.is_mpipe(code) == (kind in MPIPE_KINDS)
         assert codes.is_send(code) == (kind in SEND_KINDS)

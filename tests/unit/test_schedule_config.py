@@ -62,7 +62,7 @@ def test_t_rules() -> None:
         ("overflow", "'full', 'min'"),
         ("backward", "'central', 'owner'"),
         ("input", "'replicated', 'owned'"),
-        ("body", "'interleaved', '1f1b', 'gpipe'"),
+        ("body", "'interleaved', '1f1b', 'gpipe', 'zb'"),
     ],
 )
 def test_unknown_names_list_what_is_allowed(field: str, allowed: str) -> None:
