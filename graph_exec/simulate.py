@@ -234,7 +234,7 @@ class _State:
         self.work = list(range(pp))
 
 
-def _simulate(plan: Plan, costs: OpCosts, tower_order: str) -> SimResult:
+def _simulate(plan: Plan, costs: OpCosts, tower_order: str = "arrival") -> SimResult:
     pp = plan.config.pp
     rows = plan.order_codes
     state = _State(pp)
