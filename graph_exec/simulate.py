@@ -7,6 +7,9 @@ one is done and its input is there.
   per step), the split backward's ``I`` = ``input_backward`` and ``W`` = ``weight_backward``
   (each half of ``backward`` unless given), ``TFWD`` = ``preprocess_forward`` (Pf), ``TBWD`` =
   ``recompute`` (R), ``GRADrecv+bwd`` = R once its gradient has arrived.
+- Towers of different cost: ``tower_costs`` gives each user micro-batch a weight (its image
+  patches, say) that multiplies its Pf, R and ``preprocess_backward``; ``tower_order`` says
+  which user micro-batch runs as which plan micro (:mod:`graph_exec.schedule.placement`).
 - Sends are non-blocking (the transport buffers them) and take no time on the sender; the
   message is at the receiver ``latency + bytes / bandwidth`` after the send. A receive
   ends when its message is there (its wait is idle time).
@@ -45,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 
-from graph_exec.schedule import Plan, PlanConfig, ScheduleError, build_plan, codes
+from graph_exec.schedule import Plan, PlanConfig, ScheduleError, build_plan, codes, placement
 from graph_exec.schedule.codes import BODY_LIMIT, FIELD_MASK, PAIR_DELTA, SEND_OF_RECV, STAGE_SHIFT, kind_base
 
 
@@ -74,6 +77,9 @@ class OpCosts:
     #: for models whose stages are not balanced, e.g. a baseline stage 0 holding the preprocess.
     stage_forward: tuple[float, ...] = ()
     stage_backward: tuple[float, ...] = ()
+    #: Per user micro-batch: the weight of its tower (multiplies Pf, R and
+    #: ``preprocess_backward``); empty = every micro-batch weighs 1.
+    tower_costs: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -82,7 +88,7 @@ class OpCosts:
                 field.name in ("input_backward", "weight_backward") and value is None
             ):
                 continue
-            if field.name in ("stage_forward", "stage_backward"):
+            if field.name in ("stage_forward", "stage_backward", "tower_costs"):
                 if any(
                     isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf
                     for v in value
@@ -113,6 +119,16 @@ class OpCosts:
         """One ``W`` step of ``stage``: ``weight_backward``, or half of the stage's ``B``."""
         return self.backward_at(stage) / 2 if self.weight_backward is None else self.weight_backward
 
+    def tower_weights(self, micro: int) -> tuple[float, ...]:
+        """Every user micro-batch's tower weight (1 each without ``tower_costs``)."""
+        if not self.tower_costs:
+            return (1.0,) * micro
+        if len(self.tower_costs) != micro:
+            raise ValueError(
+                f"tower_costs has {len(self.tower_costs)} values but the plan has {micro} micro-batches"
+            )
+        return self.tower_costs
+
 
 @dataclass(frozen=True)
 class TimelineEntry:
@@ -133,6 +149,8 @@ class SimResult:
     busy: tuple[float, ...]  # per rank: time spent computing or in a collective
     steps: tuple[tuple[tuple[int, float, float], ...], ...]  # per rank: (code, start, end)
     baseline: SimResult | None = None
+    #: ``order[m]``: the user micro-batch that ran as plan micro ``m``.
+    order: tuple[int, ...] = ()
 
     @property
     def idle(self) -> tuple[float, ...]:
@@ -161,13 +179,45 @@ class SimResult:
         )
 
 
-def simulate(plan: Plan, costs: OpCosts) -> SimResult:
-    """Simulate ``plan`` under ``costs``; plans that transpose also get the fair baseline."""
+def simulate(plan: Plan, costs: OpCosts, tower_order: str = "arrival") -> SimResult:
+    """Simulate ``plan`` under ``costs``; plans that transpose also get the fair baseline.
+
+    ``tower_order`` (``"arrival"`` or ``"balanced"``) places the user micro-batches' towers as
+    the schedules' option of that name does, the fair baseline's by its own plan.
+    """
     baseline = None
     if plan.config.mpipe and plan.config.transpose:
-        baseline = _simulate(fair_baseline(plan), costs)
-    result = _simulate(plan, costs)
-    return SimResult(result.step_time, result.busy, result.steps, baseline)
+        baseline = _simulate(fair_baseline(plan), costs, tower_order)
+    result = _simulate(plan, costs, tower_order)
+    return SimResult(result.step_time, result.busy, result.steps, baseline, result.order)
+
+
+def placed_weights(
+    config: PlanConfig, costs: OpCosts, tower_order: str
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The decision for ``config`` and each plan micro's tower weight under it.
+
+    The decision takes its costs in units of one chunk forward: the towers' weights times Pf
+    over ``forward``, and this model's backward and transfers (per-stage overrides aside).
+    """
+    if tower_order not in placement.TOWER_ORDERS:
+        raise ValueError(f"tower_order must be one of {placement.TOWER_ORDERS}, got {tower_order!r}")
+    weights = costs.tower_weights(config.micro)
+    if tower_order == "arrival" or not config.mpipe:
+        return tuple(range(config.micro)), weights
+    if costs.forward == 0:  # nothing to measure the towers against: balance them as they are
+        unit, step_costs = 1.0, placement.StepCosts(backward=0.0, fused_last_stage=costs.fused_last_stage)
+    else:
+        unit = costs.preprocess_forward / costs.forward
+        step_costs = placement.StepCosts(
+            backward=costs.backward / costs.forward,
+            fused_last_stage=costs.fused_last_stage,
+            transfer=(costs.latency + costs.activation_bytes / costs.bandwidth) / costs.forward,
+            tower_transfer=(costs.latency + costs.preprocess_bytes / costs.bandwidth) / costs.forward,
+        )
+    positions = placement.tower_positions(config, step_costs)
+    order = placement.tower_order(positions, [w * unit for w in weights], tower_order)
+    return order, tuple(weights[u] for u in order)
 
 
 def fair_baseline(plan: Plan) -> Plan:
@@ -201,20 +251,21 @@ class _State:
         self.work = list(range(pp))
 
 
-def _simulate(plan: Plan, costs: OpCosts) -> SimResult:
+def _simulate(plan: Plan, costs: OpCosts, tower_order: str = "arrival") -> SimResult:
     pp = plan.config.pp
     rows = plan.order_codes
     state = _State(pp)
     busy = [0.0] * pp
     steps: list[list[tuple[int, float, float]]] = [[] for _ in range(pp)]
-    ranks = [_rank(plan, rows[r], r, costs, state, busy, steps[r]) for r in range(pp)]
+    order, weights = placed_weights(plan.config, costs, tower_order)
+    ranks = [_rank(plan, rows[r], r, costs, weights, state, busy, steps[r]) for r in range(pp)]
     while state.work:
         next(ranks[state.work.pop()], None)
     stuck = [r for r in range(pp) if len(steps[r]) < len(rows[r])]
     if stuck:
         raise ScheduleError(f"simulation cannot finish: ranks {stuck} wait forever (validate the plan)")
     step_time = max((row[-1][2] for row in steps if row), default=0.0)
-    return SimResult(step_time, tuple(busy), tuple(map(tuple, steps)))
+    return SimResult(step_time, tuple(busy), tuple(map(tuple, steps)), order=order)
 
 
 def _rank(
@@ -222,6 +273,7 @@ def _rank(
     row: Sequence[int],
     rank: int,
     costs: OpCosts,
+    weights: Sequence[float],
     state: _State,
     busy: list[float],
     out: list[tuple[int, float, float]],
@@ -253,7 +305,7 @@ def _rank(
             clock += cost
             busy[rank] += cost
         elif kind in (codes.TFWD, codes.TBWD):
-            cost = costs.preprocess_forward if kind == codes.TFWD else tbwd
+            cost = (costs.preprocess_forward if kind == codes.TFWD else tbwd) * weights[code & FIELD_MASK]
             clock += cost
             busy[rank] += cost
         elif kind in PAIR_DELTA:  # send: buffered, the message travels on its own
@@ -268,8 +320,9 @@ def _rank(
                 yield
             clock = max(clock, state.arrival.pop(message))
             if kind == codes.GRADRECV_BWD:
-                clock += costs.recompute
-                busy[rank] += costs.recompute
+                cost = costs.recompute * weights[code & FIELD_MASK]
+                clock += cost
+                busy[rank] += cost
         else:  # BCAST or GRADreduce: everybody's, starts when the last rank is there
             cost = costs.broadcast if kind == codes.BCAST else costs.allreduce
             clocks = state.arrived.setdefault(code, [])

@@ -60,6 +60,7 @@ def save_checkpoint(
     *,
     keep: int | None = 2,
     timeout_s: float | None = None,
+    data: Any = None,
 ) -> SavedCheckpoint:
     """Write what this rank owns to ``directory/step_<step>/rank_<rank>.ckpt``; call on every rank.
 
@@ -73,7 +74,9 @@ def save_checkpoint(
     Call it between steps (after the optimizer update and ``zero_grad()``): accumulated
     gradients are not saved. ``step`` is the number of training steps done. Returns on every
     rank once the checkpoint is complete; raises on every rank if any rank failed, and the
-    previous complete checkpoint stays the latest one.
+    previous complete checkpoint stays the latest one. ``data``: a
+    :class:`graph_exec.data.DataLoader` whose position (``state_dict()``) is recorded with this
+    rank's entry, so that ``load_checkpoint(..., data=loader)`` continues with the next batch.
     """
     began = time.perf_counter()
     folder = _directory(directory)
@@ -89,6 +92,7 @@ def save_checkpoint(
         outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra})
         outcome["optimizer"] = sorted(extra) if optimizer is not None else None
         outcome["facts"] = job_facts(schedule, world)  # per rank: ranks may legitimately differ
+        outcome["data"] = None if data is None else data.state_dict()
         error = None
     except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
         outcome, error = _failure(rank, step, exc), exc
@@ -133,6 +137,7 @@ def load_checkpoint(
     step: int | None = None,
     *,
     timeout_s: float | None = None,
+    data: Any = None,
 ) -> int:
     """Load this rank's file of a complete checkpoint into the schedule's parameters (and the
     optimizer's state, if given); call on every rank. Returns the step loaded.
@@ -143,6 +148,8 @@ def load_checkpoint(
     file has the recorded checksum and that it holds exactly this rank's tensors, with their
     shapes; any failure raises on every rank and leaves every parameter untouched. Works
     before the first ``run()``; values are copied in place, so compiled graphs stay valid.
+    ``data``: the job's :class:`graph_exec.data.DataLoader`, moved to the position saved with
+    ``save_checkpoint(..., data=)`` (checked with the rest before anything is loaded).
     """
     folder = _directory(directory)
     if step is not None:
@@ -155,13 +162,32 @@ def load_checkpoint(
     chosen = -1 if step is None else step
     try:
         chosen, targets, stored = _check_rank_file(schedule, folder, step, optimizer, rank, world)
+        position = None if data is None else _data_position(folder, chosen, rank, data)
         outcome, error = {"ok": True, "rank": rank, "step": chosen}, None
     except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
         outcome, error = _failure(rank, chosen, exc), exc
     outcomes = _exchange(outcome, world, timeout, what)
     _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
     state.assign(targets, stored)
+    if data is not None:
+        data.load_state_dict(position)
     return chosen
+
+
+def _data_position(folder: Path, step: int, rank: int, data: Any) -> dict[str, Any]:
+    """The loader position saved with ``rank``'s entry of ``step``, checked against ``data``."""
+    entry = next(e for e in _choose(folder, step)[1]["ranks"] if e["rank"] == rank)
+    saved = entry.get("data")
+    if saved is None:
+        raise CheckpointMismatchError(
+            f"checkpoint step {step} holds no data-loader position for rank {rank} (saved without data=): "
+            "load it without data= and position the loader yourself"
+        )
+    try:
+        data.check_state(saved)
+    except ValueError as exc:
+        raise CheckpointMismatchError(f"checkpoint step {step}, rank {rank}: {exc}") from exc
+    return saved
 
 
 # -- one rank's part -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 #: Options recorded for information but allowed to differ when loading.
 EXECUTION_ONLY = frozenset(
-    {"mode", "timeout_s", "sync_steps", "dp_bucket_bytes", "recompute", "keep_preprocess_tape"}
+    {"mode", "timeout_s", "sync_steps", "dp_bucket_bytes", "recompute", "keep_preprocess_tape", "tower_order"}
 )
 #: Attributes that hold the model or the mesh, not options (recorded through the other facts).
 MODEL_ATTRIBUTES = frozenset({"stages", "preprocess_module", "loss_fn", "mesh"})

@@ -59,3 +59,15 @@ bucket_sizes = number(
     lambda v: all(s >= 1 for s in v) and all(a < b for a, b in itertools.pairwise(v)),
     "strictly increasing positive ints, comma-separated (e.g. 64,128,192,256)",
 )
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(part) for part in text.split(","))
+
+
+#: ``--tower-costs W1,W2,...``: one finite weight >= 0 per micro-batch.
+tower_weights = number(
+    _floats,
+    lambda v: all(checks.finite_non_negative.accept(w) for w in v),
+    "finite numbers >= 0, comma-separated, one per micro-batch (e.g. 1,4,1,1)",
+)

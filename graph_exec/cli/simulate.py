@@ -6,9 +6,17 @@ import argparse
 import json
 import sys
 
-from graph_exec.cli.argtypes import finite_non_negative, positive_number
+from graph_exec.cli.argtypes import finite_non_negative, number, positive_number, tower_weights
 from graph_exec.cli.plan import add_plan_arguments, build_or_report, config_from_args
+from graph_exec.schedule.placement import TOWER_ORDERS
 from graph_exec.simulate import OpCosts, SimResult, simulate, to_chrome_trace
+
+#: ``--tower-order arrival,balanced``: one or more of the orders, each simulated.
+_tower_orders = number(
+    lambda text: tuple(text.split(",")),
+    lambda v: len(set(v)) == len(v) and all(o in TOWER_ORDERS for o in v),
+    f"one or more of {', '.join(TOWER_ORDERS)}, comma-separated, none twice",
+)
 
 #: flag -> (OpCosts field, argparse type, help)
 _COST_FLAGS = {
@@ -68,31 +76,81 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the last stage runs forward+loss+backward at F (as the runtime does) instead of F then B",
     )
-    parser.add_argument("--trace", metavar="FILE", help="write a chrome-trace JSON (one track per rank)")
+    group.add_argument(
+        "--tower-costs",
+        metavar="W,W,...",
+        type=tower_weights,
+        default=(),
+        help="each micro-batch's tower weight (e.g. its image patches), multiplying --pre-fwd-time, "
+        "--recompute-time and --pre-bwd-time; one per micro-batch (default: all 1)",
+    )
+    group.add_argument(
+        "--tower-order",
+        metavar="ORDER[,ORDER]",
+        type=_tower_orders,
+        default=("arrival",),
+        help="which user micro-batch runs as which plan micro: arrival (as given), balanced "
+        "(cost-aware placement of the towers); several are simulated and compared (default arrival)",
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="write a chrome-trace JSON (one track per rank; of the first --tower-order)",
+    )
     parser.set_defaults(func=lambda args: _run(args, parser))
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = config_from_args(args, parser)
+    if args.tower_costs and len(args.tower_costs) != config.micro:
+        parser.error(
+            f"--tower-costs has {len(args.tower_costs)} values but --micro is {config.micro}: give one per micro-batch"
+        )
+    if args.tower_costs and args.cost_preprocess_forward == 0:
+        parser.error(
+            "--tower-costs weighs --pre-fwd-time (a weight-1 tower's forward), which is 0: give --pre-fwd-time"
+        )
     costs = OpCosts(
         **{name: getattr(args, f"cost_{name}") for name, _, _ in _COST_FLAGS.values()},
         fused_last_stage=args.fused_last_stage,
+        tower_costs=args.tower_costs,
     )
     plan = build_or_report(config, parser.prog)
     if plan is None:
         return 1
-    result = simulate(plan, costs)
-    sys.stdout.write(report(result))
+    results = {order: simulate(plan, costs, order) for order in args.tower_order}
+    several = len(results) > 1
+    for order, result in results.items():
+        if several:
+            print(f"== tower order {order}")
+        sys.stdout.write(report(result))
+    if several:
+        sys.stdout.write(comparison(results))
     if args.trace:
         with open(args.trace, "w", encoding="utf-8") as out:
-            json.dump(to_chrome_trace(result), out)
+            json.dump(to_chrome_trace(next(iter(results.values()))), out)
         print(f"trace written to {args.trace}")
     return 0
+
+
+def comparison(results: dict[str, SimResult]) -> str:
+    """One line per order after the first: its step time against the first order's."""
+    (first, reference), *others = results.items()
+    lines = []
+    for order, result in others:
+        speedup = reference.step_time / result.step_time if result.step_time else 1.0
+        lines.append(
+            f"{order} vs {first}: step time {result.step_time:.6g} vs {reference.step_time:.6g} "
+            f"({speedup:.3f}x)"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def report(result: SimResult) -> str:
     """The printed summary."""
     lines = [f"step time: {result.step_time:.6g}", f"bubble fraction: {result.bubble_fraction:.4f}"]
+    if result.order and list(result.order) != sorted(result.order):
+        lines.append(f"tower placement (user micro-batch per plan micro): {','.join(map(str, result.order))}")
     for rank, (busy, idle) in enumerate(zip(result.busy, result.idle, strict=True)):
         lines.append(f"rank {rank}: busy {busy:.6g} idle {idle:.6g}")
     if result.baseline is not None:

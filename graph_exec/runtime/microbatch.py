@@ -95,3 +95,20 @@ def split_batch(
         else tuple(zip(*(_chunks(t, micro_batch_num) for t in label_list), strict=True))
     )
     return MicroBatches(tuple(cut_inputs), tuple(cut_kwargs), cut_labels)
+
+
+def permuted(batch: MicroBatches, order: Sequence[int]) -> MicroBatches:
+    """``batch`` with user micro-batch ``order[m]`` as micro-batch ``m`` (the tower placement's
+    decision, :mod:`graph_exec.schedule.placement`); the tensors are not copied."""
+    if list(order) == list(range(len(batch))):
+        return batch
+    labels = None if batch.labels is None else tuple(batch.labels[u] for u in order)
+    return MicroBatches(tuple(batch.inputs[u] for u in order), tuple(batch.kwargs[u] for u in order), labels)
+
+
+def in_user_order(results: Mapping[int, Any], order: Sequence[int]) -> list[Any]:
+    """Per-micro-batch ``results`` keyed by plan micro, listed in the user's micro-batch order."""
+    out: list[Any] = [None] * len(order)
+    for micro, user in enumerate(order):
+        out[user] = results[micro]
+    return out

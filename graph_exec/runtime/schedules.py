@@ -37,13 +37,13 @@ from graph_exec.runtime.handshake import (
     share_setup_outcome,
 )
 from graph_exec.runtime.loss_scaling import LossScale, check_loss_scaler, describe_loss_scaler
-from graph_exec.runtime.microbatch import MicroBatches, split_batch
+from graph_exec.runtime.microbatch import MicroBatches, in_user_order, permuted, split_batch
 from graph_exec.runtime.param_names import check_unique_parameter_names
 from graph_exec.runtime.shapes import check_shapes
 from graph_exec.runtime.stage import PipelineStage
 from graph_exec.runtime.step_end import StepEnd, per_token_losses
 from graph_exec.runtime.tied import check_local, check_pairs, set_up_ties
-from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan
+from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan, placement
 from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
 from graph_exec.transport.buckets import DEFAULT_BUCKET_BYTES
 
@@ -175,6 +175,11 @@ class ScheduleMPipeTranspose:
         shape_pad_value: what padded positions of inputs and labels hold (default 0).
         kernel_cache_size: how many compiled kernels the executor keeps (least recently used
             evicted first; :meth:`stats` counts the evictions).
+        tower_order: ``"arrival"`` (default: micro-batch ``m`` of the batch runs as plan micro
+            ``m``) or ``"balanced"``: each step places the micro-batches by their preprocess cost,
+            given as ``run(..., tower_costs=[...])`` (``docs/schedule.md``, "Tower placement");
+            the losses still come back in the batch's order. Needs a preprocess and replicated
+            input. The default stays ``"arrival"`` until balanced is measured no slower.
     """
 
     #: Whether the preprocess is transposed onto the owners (``False``: the fair baseline).
@@ -206,6 +211,7 @@ class ScheduleMPipeTranspose:
         shape_buckets: dict[int, Sequence[int]] | None = None,
         shape_pad_value: float = 0,
         kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
+        tower_order: str = "arrival",
     ) -> None:
         self.stages = _check_stages(stages)
         self.micro_batch_num = checks.positive_int("micro_batch_num", micro_batch_num)
@@ -238,6 +244,8 @@ class ScheduleMPipeTranspose:
         self.shape_buckets = check_shapes(shapes, shape_buckets, shape_pad_value)
         self.shapes = shapes
         self.kernel_cache_size = checks.positive_int("kernel_cache_size", kernel_cache_size)
+        self.tower_order = self._check_tower_order(tower_order)
+        self._tower_positions: dict[bool, placement.TowerPositions] = {}  # by forward_only
         self._setup: _Setup | None = None
         self._failed: str | None = None
         self._accumulated = False  # whether the accumulators hold gradients (since zero_grad())
@@ -263,9 +271,47 @@ class ScheduleMPipeTranspose:
             )
         return keep
 
+    def _check_tower_order(self, order: str) -> str:
+        order = checks.choice("tower_order", order, placement.TOWER_ORDERS)
+        if order == "balanced" and self.num_transpose_layers == 0:
+            raise ValueError(
+                "tower_order='balanced' places the preprocess of each micro-batch by its cost, but there "
+                "is no preprocess (num_transpose_layers=0); use tower_order='arrival'"
+            )
+        if order == "balanced" and self.input == "owned":
+            raise ValueError(
+                "tower_order='balanced' with input='owned': an owner holds the raw input of the plan "
+                "micro-batches it owns, so placing another micro-batch there would need its data; "
+                "use input='replicated' or tower_order='arrival'"
+            )
+        return order
+
+    def _check_tower_costs(self, tower_costs: Any) -> tuple[float, ...] | None:
+        """The per-micro-batch tower costs of a call, checked before any message."""
+        if tower_costs is None:
+            if self.tower_order == "balanced":
+                raise ValueError(
+                    f"tower_order='balanced' needs tower_costs=[...] in run()/evaluate(): one number per "
+                    f"micro-batch ({self.micro_batch_num}), its preprocess cost in units of one chunk forward"
+                )
+            return None
+        return placement.check_tower_costs(tower_costs, self.micro_batch_num, ValueError)
+
+    def _tower_placement(self, config: PlanConfig, costs: tuple[float, ...] | None) -> tuple[int, ...]:
+        """``order[m]``: the batch's micro-batch that runs as plan micro ``m`` (the same on every
+        rank given the same costs)."""
+        if costs is None or self.tower_order == "arrival":
+            return tuple(range(self.micro_batch_num))
+        positions = self._tower_positions.get(config.forward_only)
+        if positions is None:
+            positions = self._tower_positions[config.forward_only] = placement.tower_positions(config)
+        return placement.tower_order(positions, costs, self.tower_order)
+
     # -- public ----------------------------------------------------------------------------
 
-    def run(self, *inputs: Any, labels: Any = None, **kwargs: Any) -> list[Any] | None:
+    def run(
+        self, *inputs: Any, labels: Any = None, tower_costs: Any = None, **kwargs: Any
+    ) -> list[Any] | None:
         """One training step: forward and backward of every micro-batch, gradients accumulated.
 
         ``inputs`` (and ``labels``, ``kwargs`` for the preprocess) are this pipeline replica's
@@ -275,13 +321,17 @@ class ScheduleMPipeTranspose:
         averaged over the replicas after the step; with a loss scaler they are unscaled and
         :attr:`grads_finite` holds the mesh's verdict. Returns the per-micro-batch losses
         (``sum / count`` with ``loss_reduction="token"``) on the rank holding the last stage,
-        ``None`` elsewhere.
+        ``None`` elsewhere. ``tower_costs`` (with ``tower_order="balanced"``): each micro-batch's
+        preprocess cost, e.g. its image patches times a calibrated cost per patch, in units of one
+        chunk forward; the same on every rank of the replica.
         """
+        costs = self._check_tower_costs(tower_costs)
         batch = self._check_batch("run()", inputs, labels, kwargs, labels_required=True)
         setup = self._setup or self._set_up()
+        order = self._tower_placement(setup.plan.config, costs)
         try:
             setup.step_end.begin(self._accumulated)
-            results = setup.runtime.run(batch)
+            results = setup.runtime.run(permuted(batch, order))
             losses, finite = setup.step_end.finish(results)
         except BaseException as exc:
             setup.step_end.abandon()
@@ -290,10 +340,12 @@ class ScheduleMPipeTranspose:
         self._accumulated = self._ran = True
         self._grads_finite = finite
         if self.stages[-1].is_last:
-            return [losses[m] for m in range(self.micro_batch_num)]
+            return in_user_order(losses, order)
         return None
 
-    def evaluate(self, *inputs: Any, labels: Any = None, **kwargs: Any) -> list[Any] | None:
+    def evaluate(
+        self, *inputs: Any, labels: Any = None, tower_costs: Any = None, **kwargs: Any
+    ) -> list[Any] | None:
         """Forward only, through the same plan's forward half (``docs/schedule.md``,
         "Forward-only plans"): MPipe still runs the preprocess of the micro-batches a rank owns
         on that rank and ships it to rank 0. Nothing is taped, no gradient and no optimizer
@@ -303,8 +355,9 @@ class ScheduleMPipeTranspose:
         ``labels`` are given (``sum / count`` with ``loss_reduction="token"``), else the last
         stage's per-micro-batch outputs (a tensor each, or a tuple for several outputs);
         ``None`` elsewhere. Cells run as they are: call ``set_train(False)`` on them first for
-        layers that behave differently in evaluation (dropout).
+        layers that behave differently in evaluation (dropout). ``tower_costs``: as for :meth:`run`.
         """
+        costs = self._check_tower_costs(tower_costs)
         batch = self._check_batch("evaluate()", inputs, labels, kwargs, labels_required=False)
         setup = self._setup or self._set_up()
         try:
@@ -313,19 +366,18 @@ class ScheduleMPipeTranspose:
                 setup.evaluation = self._runtime(
                     plan, setup.rank, setup.executor, setup.transport, setup.slots
                 )
-            results = setup.evaluation.run(batch)
+            order = self._tower_placement(setup.evaluation.plan.config, costs)
+            results = setup.evaluation.run(permuted(batch, order))
         except BaseException as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
             raise
         if not self.stages[-1].is_last:
             return None
         if labels is None:
-            return [
-                results[m][0] if len(results[m]) == 1 else results[m] for m in range(self.micro_batch_num)
-            ]
+            return [r[0] if len(r) == 1 else r for r in in_user_order(results, order)]
         if self.loss_reduction == "token":
             results = per_token_losses(results)[0]
-        return [results[m] for m in range(self.micro_batch_num)]
+        return in_user_order(results, order)
 
     @property
     def grads_finite(self) -> bool:
@@ -704,6 +756,7 @@ class ScheduleMPipeTranspose:
             "loss_scaler": describe_loss_scaler(self.loss_scaler),
             "tied_parameters": repr(self.tied_parameters),
             "shapes": self.shapes if self.shape_buckets is None else self.shape_buckets.describe(),
+            "tower_order": self.tower_order,
         }
 
     def _replica_facts(self, config: PlanConfig) -> dict[str, str]:
@@ -741,7 +794,7 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         num_transpose_layers: layers in ``preprocess_module`` (the same on every rank).
         mode, loss_fn, scale_grads, timeout_s, sync_steps, mesh, dp_bucket_bytes, recompute,
             loss_reduction, loss_scaler, tied_parameters, shapes, shape_buckets, shape_pad_value,
-            kernel_cache_size: as for :class:`ScheduleMPipeTranspose`
+            kernel_cache_size, tower_order: as for :class:`ScheduleMPipeTranspose`
             (``overflow``, ``backward``, ``input`` do not apply).
     """
 
@@ -769,6 +822,7 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         shape_buckets: dict[int, Sequence[int]] | None = None,
         shape_pad_value: float = 0,
         kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
+        tower_order: str = "arrival",
     ) -> None:
         layers = num_transpose_layers
         # A rank other than 0 may pass None with the real layer count; the base class's rule
@@ -794,5 +848,7 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
             shape_buckets=shape_buckets,
             shape_pad_value=shape_pad_value,
             kernel_cache_size=kernel_cache_size,
+            tower_order="arrival",  # checked below, once the real layer count is set
         )
         self.num_transpose_layers = layers
+        self.tower_order = self._check_tower_order(tower_order)
