@@ -103,6 +103,7 @@ from graph_exec.msenv import prepare_mindspore
 
 from .base import Executor, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
+from .jit_options import check_jit_options
 from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE, KernelCache
 from .signature import TensorSpec, kwargs_key, shape_free, split_kwargs, tensor_specs
 from .tape import A_TUPLE, NOT_A_TUPLE, Tape, free_tapes
@@ -154,8 +155,11 @@ class KernelExecutor(Executor):
         token_loss: bool = False,
         kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
         dynamic_shapes: bool = False,
+        jit_options: Mapping[str, Any] | None = None,
     ) -> None:
         checks.boolean("recompute", recompute, ExecutorConfigError)
+        #: What every ``mindspore.jit`` of the graph executor is given (checked in both modes).
+        self.jit_options = check_jit_options(jit_options, ExecutorConfigError)
         checks.boolean("token_loss", token_loss, ExecutorConfigError)
         #: One kernel per rank and dtype of its tensors, whatever their sizes (cache keys without
         #: sizes; the graph executor compiles them as ``GeneralisingKernel``s; see ``docs/shapes.md``).
