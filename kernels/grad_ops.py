@@ -55,14 +55,14 @@ def accumulator_dtype(dtype: ms.dtype) -> ms.dtype:
     return ms.float32 if dtype in LOW_PRECISION else dtype
 
 
-def make_scale_grads(buffers: ParameterTuple) -> Callable[[Tensor], None]:
-    """``scale(factor)``: every accumulator multiplied in place by the scalar ``factor``."""
+def make_multiply_grads(buffers: ParameterTuple) -> Callable[[Tensor], None]:
+    """``multiply_grads(factor)``: every accumulator multiplied in place by the scalar ``factor``."""
 
-    def scale_grads(factor: Tensor) -> None:
+    def multiply_grads(factor: Tensor) -> None:
         for index in range(len(buffers)):
             ops.assign(buffers[index], buffers[index] * factor.astype(buffers[index].dtype))
 
-    return scale_grads
+    return multiply_grads
 
 
 def _norm_share(values: Sequence[Tensor], norm_type: float) -> Tensor:
@@ -138,7 +138,7 @@ def make_add_back(buffers: ParameterTuple, kept: ParameterTuple) -> Callable[[],
 
 
 class HostGradients:
-    """The end-of-step arithmetic of :func:`make_scale_grads`, :func:`make_norm_part`,
+    """The end-of-step arithmetic of :func:`make_multiply_grads`, :func:`make_norm_part`,
     :func:`make_unscale_and_check`, :func:`make_set_aside`/:func:`make_add_back` and
     :func:`~kernels.grad_buffers.make_zero_grads`, on the host memory of ``buffers`` (the CPU
     fast path; float32 and float64 only, :data:`HOST_DTYPES`).
@@ -209,7 +209,7 @@ class HostGradients:
             return self._scale_and_measure(factor, (), 2.0)[0], 0.0
         return self._scale_and_measure(factor, counted, norm_type)
 
-    def scale(self, factor: float) -> None:
+    def multiply(self, factor: float) -> None:
         """Every accumulator multiplied in place by ``factor`` (rounded to its dtype first)."""
         self._scale_and_measure(factor, (), 2.0)
 

@@ -46,7 +46,7 @@ def _candidates(buffers) -> dict[str, dict[str, Callable[[], object]]]:
     from graph_exec.device import wait_until_run
     from graph_exec.kernels import (
         HostGradients,
-        make_scale_grads,
+        make_multiply_grads,
         make_unscale_and_check,
         make_zero_grads,
     )
@@ -55,7 +55,7 @@ def _candidates(buffers) -> dict[str, dict[str, Callable[[], object]]]:
     everyone = tuple(range(len(buffers)))
     factor = Tensor(FACTOR, ms.float32)
     check = ms.jit(make_unscale_and_check(tuple_, everyone, 2.0))
-    scale = ms.jit(make_scale_grads(tuple_))
+    scale = ms.jit(make_multiply_grads(tuple_))
     zero = ms.jit(make_zero_grads(tuple_))
     host = HostGradients(buffers)
 
@@ -87,7 +87,7 @@ def _candidates(buffers) -> dict[str, dict[str, Callable[[], object]]]:
         "scale": {
             "compiled": lambda: (scale(factor), wait_until_run()),
             "numpy views": numpy_scale,
-            "host C++": lambda: host.scale(FACTOR),
+            "host C++": lambda: host.multiply(FACTOR),
         },
         "zero": {
             "compiled": lambda: (zero(), wait_until_run()),

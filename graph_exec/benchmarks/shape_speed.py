@@ -4,7 +4,9 @@
 whose sequence lengths are drawn uniformly from ``--lengths MIN,MAX`` (the same draw for both
 variants). ``static`` runs every batch as it comes (a new length compiles new kernels);
 ``buckets`` pads each batch up to the next of ``--buckets`` and trains with the masked loss;
-``dynamic`` compiles MindSpore dynamic-shape graphs (``jit(dynamic=1)``), nothing padded.
+``dynamic`` pads nothing: each kernel compiles a static graph for its first shape and one
+MindSpore dynamic-shape graph for every other (two compilations per kernel, plus a static graph
+for a length that keeps coming back; ``graph_exec/executors/dynamic_kernel.py``).
 Each variant runs in a fresh process (MindSpore's compile cache and allocator then start
 empty) and reports: the wall time of all steps, compilation included; the library's
 compilations and MindSpore's own count of compiled ``jit`` graphs; the kernel cache's

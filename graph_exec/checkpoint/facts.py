@@ -1,22 +1,39 @@
 """What a checkpoint records about the job that wrote it, and what must match to load it.
 
 The schedule's options are read off the schedule object by one function,
-:func:`schedule_options`: every public attribute whose value is plain data (numbers, strings,
-booleans, ``None`` and lists/dicts of them). An option added to a schedule class later is
-thereby recorded and compared without touching this module. Attributes that change *how*
+:func:`schedule_options`: every field of its ``options``
+(:class:`~graph_exec.runtime.options.ScheduleOptions`) and every public attribute whose value is
+plain data (numbers, strings, booleans, ``None`` and lists/dicts of them). An option added to a
+schedule class later is thereby recorded and compared without touching this module; one that
+was renamed is compared under its new name (:data:`RENAMED`). Attributes that change *how*
 the same numbers are computed, not *what* is computed, are recorded but not compared
 (:data:`EXECUTION_ONLY`): a job saved in graph mode may resume in pynative mode to debug.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
-#: Options recorded for information but allowed to differ when loading.
+#: Options recorded for information but allowed to differ when loading (the compiler options, and
+#: the bucket sizes of ``shapes="buckets"``: a masked loss gives the unpadded batch's numbers).
 EXECUTION_ONLY = frozenset(
-    {"mode", "timeout_s", "sync_steps", "dp_bucket_bytes", "recompute", "keep_preprocess_tape", "tower_order"}
+    {
+        "mode",
+        "timeout_s",
+        "sync_steps",
+        "dp_bucket_bytes",
+        "recompute",
+        "keep_preprocess_tape",
+        "jit_options",
+        "shape_buckets",
+        "shape_pad_value",
+        "tower_order",
+    }
 )
+#: Options a checkpoint may record under an older name: old name -> name now.
+RENAMED = {"overflow": "run_ahead"}
 #: Attributes that hold the model or the mesh, not options (recorded through the other facts).
 MODEL_ATTRIBUTES = frozenset({"stages", "preprocess_module", "loss_fn", "mesh"})
 
@@ -27,9 +44,14 @@ def _plain(value: Any) -> Any:
 
 
 def schedule_options(schedule: Any) -> dict[str, Any]:
-    """Every public plain-data attribute of ``schedule`` (see module docstring), by name."""
+    """Every option and public plain-data attribute of ``schedule`` (module docstring), by name."""
+    values = dict(vars(schedule))
+    declared = getattr(schedule, "options", None)
+    if dataclasses.is_dataclass(declared):
+        values.pop("options")
+        values.update({f.name: getattr(declared, f.name) for f in dataclasses.fields(declared) if f.init})
     options = {}
-    for name, value in sorted(vars(schedule).items()):
+    for name, value in sorted(values.items()):
         if name.startswith("_") or name in MODEL_ATTRIBUTES:
             continue
         try:
@@ -99,7 +121,7 @@ def differences(manifest: dict[str, Any], now: dict[str, Any], rank: int, stages
         for key, label in _LABELS.items()
         if saved.get(key) != now[key]
     ]
-    saved_options = saved.get("options", {})
+    saved_options = {RENAMED.get(name, name): value for name, value in saved.get("options", {}).items()}
     for name in sorted(set(saved_options) | set(now["options"])):
         if name in EXECUTION_ONLY:
             continue

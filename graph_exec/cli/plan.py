@@ -45,10 +45,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="leading layers of stage 0 in the preprocess (default: 1, or 0 for --preprocess none)",
     )
     group.add_argument(
+        "--run-ahead",
         "--overflow",
+        dest="overflow",
         choices=OVERFLOW,
         default="full",
-        help="micros beyond NT=min(P,M): spread over the owners (full) or inline on rank 0 (min)",
+        help="how far the transposed preprocess runs ahead: micros beyond NT=min(P,M) spread over the "
+        "owners (full) or inline on rank 0 (min); --overflow is its old name",
     )
     group.add_argument(
         "--backward",

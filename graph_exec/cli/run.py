@@ -107,7 +107,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument(
         "--steps", metavar="K", type=positive_int, default=8, help="training steps (default 8)"
     )
-    group.add_argument("--overflow", choices=OVERFLOW, help="micro-batches beyond NT (default full)")
+    group.add_argument(
+        "--run-ahead",
+        "--overflow",
+        dest="overflow",
+        choices=OVERFLOW,
+        help="how far the transposed preprocess runs ahead: micro-batches beyond NT spread over the "
+        "owners (full, the default) or inline on rank 0 (min); --overflow is its old name",
+    )
     group.add_argument("--backward", choices=BACKWARD, help="preprocess backward (default central)")
     group.add_argument(
         "--keep-preprocess-tape",
@@ -247,7 +254,8 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     micro, batch = workload(args, parser)
     if args.baseline and (args.overflow or args.backward or args.keep_preprocess_tape):
         parser.error(
-            "--baseline runs without MPipe: --overflow, --backward and --keep-preprocess-tape do not apply"
+            "--baseline runs without MPipe: --run-ahead (--overflow), --backward and --keep-preprocess-tape "
+            "do not apply"
         )
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}")
@@ -298,7 +306,7 @@ def describe(job: JobSpec) -> str:
     schedule = (
         "fair baseline (interleaved 1F1B, preprocess on rank 0, not transposed)"
         if spec.baseline
-        else f"MPipe overflow={spec.overflow} backward={spec.backward}"
+        else f"MPipe run_ahead={spec.overflow} backward={spec.backward}"
         + (" keep_preprocess_tape" if spec.keep_preprocess_tape else "")
     )
     return (

@@ -42,6 +42,7 @@ def create_executor(
     token_loss: bool = False,
     kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
     dynamic_shapes: bool = False,
+    jit_options: Mapping[str, Any] | None = None,
 ) -> Executor:
     """The executor for one rank.
 
@@ -61,7 +62,10 @@ def create_executor(
     recompilation (:meth:`Executor.set_loss_scale`). ``kernel_cache_size``: how many made
     kernels the executor keeps (least recently used evicted first, counted in
     :attr:`Executor.compile_stats`). ``dynamic_shapes=True``: one kernel per tensor rank and dtype
-    whatever the sizes (``jit(dynamic=1)`` in graph mode).
+    whatever the sizes (graph mode: a static graph for the first shape and one dynamic-shape
+    graph for every other, :mod:`~graph_exec.executors.dynamic_kernel`, ``docs/shapes.md``).
+    ``jit_options``: what every ``mindspore.jit`` of the graph executor is given
+    (:mod:`~graph_exec.executors.jit_options`; checked in both modes, unused in pynative).
 
     Shape bucketing is not done here but on the batch, by the schedules (``shapes="buckets"``,
     :mod:`graph_exec.runtime.shapes`): the executor compiles whatever shapes it is given.
@@ -84,6 +88,7 @@ def create_executor(
         token_loss=token_loss,
         kernel_cache_size=kernel_cache_size,
         dynamic_shapes=dynamic_shapes,
+        jit_options=jit_options,
     )
 
 

@@ -120,7 +120,7 @@ class Executor(ABC):
         (a ``(sum, count)`` pair for a per-token loss) with ``labels``, else its outputs."""
 
     @abstractmethod
-    def scale_grads(self, factor: Any) -> None:
+    def multiply_grads(self, factor: Any) -> None:
         """Multiply every gradient accumulator in place by ``factor`` (float or scalar tensor)."""
 
     @abstractmethod

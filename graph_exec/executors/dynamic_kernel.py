@@ -2,7 +2,7 @@
 
 ``mindspore.jit(dynamic=1)`` compiles a static graph for each of the first two distinct shapes
 and a dynamic-shape graph at the third: three compilations per kernel (measured with MindSpore
-2.10, ``docs/shapes.md``). :class:`GeneralisingKernel` compiles its first shape as a static graph
+2.10, ``docs/shapes.md``), so it is not used. :class:`GeneralisingKernel` compiles its first shape as a static graph
 (the fastest to run: a length seen first keeps the static speed) and, at the first call with
 other sizes, one graph in which every dim that differed is dynamic: ``mindspore.enable_dynamic``
 declares the dims of one argument, so the arguments travel as one ``mindspore.mutable`` tuple
@@ -15,20 +15,31 @@ that calls the kernel with it (steps, not calls: every micro-batch of a step has
 shapes), at most :data:`MAX_HOT_SHAPES` shapes per kernel. Lengths drawn anew every step never
 get there (two compilations per kernel); a job that settles on a few lengths runs them at
 static speed after a third compilation each.
+
+How often each shape without a static graph came back is counted for at most
+:data:`MAX_COUNTED_SHAPES` shapes, the one seen longest ago forgotten first: lengths drawn anew
+every step would otherwise grow the count by one entry per distinct shape for the whole job. A
+shape that keeps coming back is seen again before that many other shapes, so it still becomes
+hot; once the kernel has all its hot graphs nothing is counted any more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import mindspore as ms
 from mindspore import Tensor
 
+from .jit_options import compile_function
+
 #: In how many steps a shape is seen before it gets a static graph (the first shape: at once).
 HOT_AFTER = 3
 #: Static graphs per kernel besides the first shape's.
 MAX_HOT_SHAPES = 8
+#: Shapes without a static graph whose steps are counted at once (least recently seen dropped).
+MAX_COUNTED_SHAPES = 64
 
 #: Per argument: its shape with ``None`` for a dynamic dim, or ``None`` for a dynamic rank.
 Pattern = tuple[tuple[int | None, ...] | None, ...]
@@ -61,15 +72,23 @@ def fits(pattern: Pattern, shapes: Sequence[tuple[int, ...]]) -> bool:
 class GeneralisingKernel:
     """``kernel`` compiled as a static graph for its first shapes (and hot ones) and one
     dynamic-shape graph for every other size (see the module docstring). ``clock()``: the
-    number of steps begun. Arguments must be tensors."""
+    number of steps begun; ``jit_options``: what every ``mindspore.jit`` of it is given.
+    Arguments must be tensors."""
 
-    def __init__(self, kernel: Callable[..., Any], clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        kernel: Callable[..., Any],
+        clock: Callable[[], int],
+        jit_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self._kernel = kernel
         self._clock = clock  # the executor's step count
-        self._static = ms.jit(kernel)  # one static graph per shape it is called with
+        self._jit_options = dict(jit_options or {})
+        self._static = compile_function(kernel, self._jit_options)  # a static graph per shape called with
         self._static_shapes: set[tuple[tuple[int, ...], ...]] = set()
-        #: Shapes without a static graph: (steps that called with them, the last such step).
-        self._seen: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}
+        #: Shapes without a static graph: (steps that called with them, the last such step), the
+        #: least recently seen first, at most MAX_COUNTED_SHAPES (module docstring).
+        self._seen: OrderedDict[tuple[tuple[int, ...], ...], tuple[int, int]] = OrderedDict()
         self._pattern: Pattern | None = None
         self._dynamic: Callable[..., Any] | None = None
 
@@ -86,17 +105,31 @@ class GeneralisingKernel:
             if not self._static_shapes:  # the first shape
                 self._pattern = shapes
                 self._static_shapes.add(shapes)
-            elif steps >= HOT_AFTER and len(self._static_shapes) <= MAX_HOT_SHAPES:
+            elif steps >= HOT_AFTER and self._hot_left():
                 self._static_shapes.add(shapes)
                 self._seen.pop(shapes, None)
-            else:
-                self._seen[shapes] = (steps, now)
+                if not self._hot_left():
+                    self._seen.clear()  # no static graph left to give: stop counting
+            elif self._hot_left():
+                self._count(shapes, steps, now)
         if shapes in self._static_shapes:
             return self._static(*args)
         if not fits(self._pattern, shapes):
             self._pattern = generalised(self._pattern, shapes)
             self._dynamic = self._compile(self._pattern, args)
         return self._dynamic(ms.mutable(tuple(args)))
+
+    def _hot_left(self) -> bool:
+        """Whether a hot shape may still get a static graph of its own."""
+        return len(self._static_shapes) <= MAX_HOT_SHAPES
+
+    def _count(self, shapes: tuple[tuple[int, ...], ...], steps: int, now: int) -> None:
+        """Record ``shapes`` as seen in ``steps`` steps, the latest ``now``; forget the shape
+        seen longest ago beyond :data:`MAX_COUNTED_SHAPES`."""
+        self._seen[shapes] = (steps, now)
+        self._seen.move_to_end(shapes)
+        while len(self._seen) > MAX_COUNTED_SHAPES:
+            self._seen.popitem(last=False)
 
     def _compile(self, pattern: Pattern, args: Sequence[Tensor]) -> Callable[..., Any]:
         kernel = self._kernel
@@ -109,4 +142,4 @@ class GeneralisingKernel:
             Tensor(shape=None if dims is None else list(dims), dtype=a.dtype)
             for dims, a in zip(pattern, args, strict=True)
         )
-        return ms.enable_dynamic(args=declared)(ms.jit(packed))
+        return ms.enable_dynamic(args=declared)(compile_function(packed, self._jit_options))

@@ -29,12 +29,11 @@ import itertools
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import mindspore as ms
-
 from graph_exec.device import policy
 
 from .base import CompileStats
 from .dynamic_kernel import GeneralisingKernel
+from .jit_options import compile_function
 from .kernel_executor import KernelExecutor
 from .storage import storage_token
 
@@ -91,7 +90,9 @@ class GraphExecutor(KernelExecutor):
         kernel.__name__ = kernel.__qualname__ = f"{kernel.__name__}_{next(_kernel_numbers)}"
         # The default "ast" capture: "trace" replays stale gradients (see shared design notes).
         # Dynamic shapes: a static graph for the first shape, one dynamic graph for the rest.
-        return GeneralisingKernel(kernel, lambda: self.steps_begun) if self.dynamic_shapes else ms.jit(kernel)
+        if self.dynamic_shapes:
+            return GeneralisingKernel(kernel, lambda: self.steps_begun, self.jit_options)
+        return compile_function(kernel, self.jit_options)
 
     def _on_new_kernel(self, first_call_seconds: float) -> None:
         # The first call compiles and then runs once; the run is small next to the compile.

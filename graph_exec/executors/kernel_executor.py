@@ -17,56 +17,13 @@ taped preprocess hooks.
 Weight gradients come back from the tape as tensors and are added into the accumulators by
 ``GradBuffers.add``, in both modes: on CPU by address in C++ (``graph_exec._hostmath``, float32
 and float64 accumulators; a gradient that is not contiguous goes through numpy), elsewhere eager
-``ops.assign_add``, one per parameter. Candidates, measured side by side with
-``python -m graph_exec.benchmarks.executor_speed --only accumulation`` (4 taped forwards then 4
-backwards, ms for the whole round, p10 / p50; this 2-core machine, otherwise idle, one run, with
-``MS_DEV_HOST_BLOCKING_RUN`` as ``prepare_mindspore`` sets it):
-
-    candidate                                dense32, 16   dense256, 16   LM block, 12
-    eager assign_add per parameter            4.58 / 4.80   10.52 / 11.19   9.54 / 9.84
-    numpy add through asnumpy() views         3.87 / 3.99    9.29 / 9.97    8.80 / 9.09
-    C++ add by address (the executors, CPU)   3.30 / 3.42    8.75 / 9.58    8.39 / 8.57
-    one jitted add, buffers closed over       4.46 / 4.83   10.68 / 11.59   9.58 / 10.02
-    one jitted add, buffers as arguments      5.01 / 5.38   11.24 / 12.53   9.98 / 10.24
-    one jitted add per 4 micro-batches        4.32 / 4.62   10.62 / 11.60   9.32 / 9.76
-    no accumulation (floor)                   3.17 / 3.28    8.54 / 9.32    8.33 / 8.45
-
-(chunk, number of gradient tensors).
-
-All candidates are exact (the same float32 additions, each buffer in micro-batch order). The
-host adds win on every chunk: they save the dispatch of one eager MindSpore op per parameter,
-and adding by address also saves the two ``asnumpy()`` views per parameter that numpy needs
-(about 4.6 us each, mostly numpy parsing the buffer's format string): 16 parameters take about
-28 us instead of 125 us, which brings accumulation to within noise of the floor. They rely on
-CPU facts (a tensor's ``data_ptr()`` is its host memory, waits for the op that makes it, and
-writes there are seen by later ops and graphs; measured and tested) and wait for MindSpore's
-queued work first, so they are used on CPU only. Among the others none beats the eager
-``assign_add`` by more than noise: on its own a jitted add of 4 micro-batches' dense32 gradients
-takes 0.66 ms against 1.10 ms for the 64 eager adds, but while taped forwards are in flight
-MindSpore runs every jitted call through its grad-recording path (``grad_jit``), which eats the
-saving; an executor that held gradients for it (tried) was no faster on any chunk and held their
-memory, so it was not kept. A flat buffer per chunk was not tried: the accumulators must stay
-one live Parameter per parameter (optimizers, the broadcast and the gradient all-reduce read
-them by name).
-
-The last stage runs its loss and gradient in one call, one compiled graph in graph mode
+``ops.assign_add``, one per parameter: the fastest exact candidate of the ones measured. The last
+stage runs its loss and gradient in one call, one compiled graph in graph mode
 (:meth:`~graph_exec.executors.tape.Tape.value_and_gradient`), which returns the weight gradients
-for the same host adds; nothing is recorded. Same script (``--only last``), one micro-batch, ms,
-p10 / p50 / p90 of the first of three runs on 2026-12-01, then the p50 of the other two:
-
-    last stage     fused jit,               taped loss + bprop,    one graph, host adds
-                   in-graph assign_add      host adds (before)     (this executor)
-    LM, 3 blocks   13.3 / 17.0 / 21.0       20.3 / 27.9 / 33.4     13.6 / 18.6 / 23.4
-                   16.4, 22.8               29.1, 40.9             19.9, 27.9
-    dense32         3.6 /  4.3 /  5.3        5.6 /  9.2 / 10.2      3.4 /  5.6 /  6.3
-                    5.9,  6.6               12.6, 13.6              7.2,  7.7
-
-Before ``MS_DEV_HOST_BLOCKING_RUN`` (see the README's executor section) a compiled graph that
-wrote or returned weight gradients fell into a slow mode at random (the fused graph's p90 was
-about 75 ms on the LM stage, p50 14-140 ms when it returned the gradients), so the last stage
-used the tape. With it, the one graph is 1.46-1.50x (LM) and 1.66-1.78x (dense32) faster than
-the tape here; writing the accumulators inside the graph would save another 9-23 % of its
-time, but the executors keep one way of accumulating (host adds) for every hook and both modes.
+for the same host adds; nothing is recorded. Both choices were measured against their
+alternatives; the tables, their commands and machines are in ``docs/performance.md``
+("Executors": "Gradient accumulation candidates" and "The last stage in one graph"). The
+arithmetic on all accumulators at once (end of step) is :mod:`~graph_exec.executors.whole_grads`.
 """
 
 from __future__ import annotations
@@ -78,34 +35,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from graph_exec import checks
 from graph_exec.device import policy
 from graph_exec.kernels import (
-    HOST_DTYPES,
     GradBuffers,
-    HostGradients,
     is_float,
-    make_add_back,
     make_buffer,
-    make_norm_part,
     make_preprocess_forward,
-    make_scale_grads,
-    make_set_aside,
     make_stage_forward,
     make_stage_loss,
-    make_unscale_and_check,
-    make_zero_grads,
 )
 from graph_exec.msenv import prepare_mindspore
 
 from .base import Executor, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
+from .jit_options import check_jit_options
 from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE, KernelCache
 from .signature import TensorSpec, kwargs_key, shape_free, split_kwargs, tensor_specs
 from .tape import A_TUPLE, NOT_A_TUPLE, Tape, free_tapes
+from .whole_grads import scale_tensor, whole_gradients
 
 
 @dataclass(frozen=True)
@@ -154,8 +104,11 @@ class KernelExecutor(Executor):
         token_loss: bool = False,
         kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
         dynamic_shapes: bool = False,
+        jit_options: Mapping[str, Any] | None = None,
     ) -> None:
         checks.boolean("recompute", recompute, ExecutorConfigError)
+        #: What every ``mindspore.jit`` of the graph executor is given (checked in both modes).
+        self.jit_options = check_jit_options(jit_options, ExecutorConfigError)
         checks.boolean("token_loss", token_loss, ExecutorConfigError)
         #: One kernel per rank and dtype of its tensors, whatever their sizes (cache keys without
         #: sizes; the graph executor compiles them as ``GeneralisingKernel``s; see ``docs/shapes.md``).
@@ -168,7 +121,7 @@ class KernelExecutor(Executor):
         self._preprocess = preprocess
         self._loss_fn = loss_fn
         self._token_loss = token_loss
-        self._loss_scale = _scale_tensor(loss_scale)
+        self._loss_scale = scale_tensor(loss_scale)
         self._first_stage_input_grads = first_stage_input_grads
         self._last_stage = max(self._stages) if last_stage is None and self._stages else last_stage
         owners = [(f"stage {k}", cell) for k, cell in self._stages.items()]
@@ -187,13 +140,10 @@ class KernelExecutor(Executor):
             )
             for g in grads.values()
         }
-        self._kept_grads: ParameterTuple | None = None  # made by the first set_aside_grads()
-        # The whole-gradient arithmetic on host memory (CPU fast path, float32/float64
-        # accumulators), else compiled (None).
-        self._host = (
-            HostGradients(self._all_buffers)
-            if policy().host_gradient_math and all(b.dtype in HOST_DTYPES for b in self._all_buffers)
-            else None
+        # The whole-gradient arithmetic: on host memory (CPU fast path, float32/float64
+        # accumulators), else by compiled kernels; chosen once.
+        self._whole = whole_gradients(
+            policy().host_gradient_math, self._all_buffers, self._buffers, self._call, self._prepare
         )
         self._kept: dict[tuple[int, int], KeptForward] = {}
         self._backward_done: set[tuple[int, int]] = set()
@@ -500,7 +450,7 @@ class KernelExecutor(Executor):
     def set_loss_scale(self, scale: Any) -> None:
         """The upstream gradient of the last stage's loss from the next :meth:`last_stage_step`
         on (a float, or a scalar tensor): a graph input, so changing it compiles nothing."""
-        self._loss_scale = _scale_tensor(scale)
+        self._loss_scale = scale_tensor(scale)
 
     # ------------------------------------------------------------------ forward only
 
@@ -534,15 +484,10 @@ class KernelExecutor(Executor):
 
     # ------------------------------------------------------------------ gradients as a whole
 
-    def scale_grads(self, factor: Any) -> None:
+    def multiply_grads(self, factor: Any) -> None:
         """Multiply every accumulator in place by ``factor`` (a float or a scalar tensor)."""
-        if not self._buffers:
-            return
-        if self._host is not None:
-            self._host.scale(float(factor.asnumpy() if isinstance(factor, Tensor) else factor))
-            return
-        buffers = self._all_buffers
-        self._call(("grad_scale",), lambda: self._prepare(make_scale_grads(buffers)), _scale_tensor(factor))
+        if self._buffers:
+            self._whole.multiply(factor)
 
     def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Tensor:
         """This rank's share of the ``norm_type``-norm of the accumulators of ``names``: the
@@ -550,13 +495,7 @@ class KernelExecutor(Executor):
         names = tuple(name for name in names if self._buffers[name].size)  # an empty one adds nothing
         if not names:
             return ops.zeros((), ms.float32)
-        if self._host is not None:
-            counted = [self._buffer_index[name] for name in names]
-            return Tensor(np.float32(self._host.norm_part(counted, norm_type)))
-        buffers = ParameterTuple([self._buffers[name] for name in names])
-        return self._call(
-            ("grad_norm", names, norm_type), lambda: self._prepare(make_norm_part(buffers, norm_type))
-        )
+        return self._whole.norm_part(names, norm_type)
 
     def unscale_and_check(
         self, factor: float, names: Sequence[str], norm_type: float | None
@@ -566,42 +505,18 @@ class KernelExecutor(Executor):
         if not self._buffers:
             return True, 0.0
         counted = tuple(self._buffer_index[name] for name in names if self._buffers[name].size)
-        if self._host is not None:
-            return self._host.unscale_and_check(factor, counted, norm_type)
-        buffers = self._all_buffers
-        pair = self._call(
-            ("grad_unscale_check", counted, norm_type),
-            lambda: self._prepare(make_unscale_and_check(buffers, counted, norm_type)),
-            _scale_tensor(factor),
-        ).asnumpy()  # read through the tensor
-        return bool(pair[0] == 1.0), float(pair[1])
+        return self._whole.unscale_and_check(factor, counted, norm_type)
 
     def set_aside_grads(self) -> None:
         """Keep a copy of every accumulator and zero them: what follows accumulates this step's
         gradients alone, until :meth:`add_back_grads` adds the copy back."""
-        if not self._buffers:
-            return
-        if self._host is not None:
-            self._host.set_aside()
-            return
-        if self._kept_grads is None:
-            self._kept_grads = ParameterTuple(
-                [
-                    Parameter(ops.zeros_like(b), name=f"kept.{b.name}", requires_grad=False)
-                    for b in self._all_buffers
-                ]
-            )
-        kept = self._kept_grads
-        self._call(("grad_set_aside",), lambda: self._prepare(make_set_aside(self._all_buffers, kept)))
+        if self._buffers:
+            self._whole.set_aside()
 
     def add_back_grads(self) -> None:
         """Add what :meth:`set_aside_grads` kept to every accumulator."""
-        if self._host is not None:
-            self._host.add_back()
-            return
-        if self._kept_grads is not None:
-            kept = self._kept_grads
-            self._call(("grad_add_back",), lambda: self._prepare(make_add_back(self._all_buffers, kept)))
+        if self._buffers:
+            self._whole.add_back()
 
     # ------------------------------------------------------------------ gradients and state
 
@@ -610,12 +525,8 @@ class KernelExecutor(Executor):
         return {name: buffer for name, buffer in self._buffers.items()}
 
     def zero_grad(self) -> None:
-        if not self._buffers:
-            return
-        if self._host is not None:
-            self._host.zero()
-            return
-        self._call(("zero_grad",), lambda: self._prepare(make_zero_grads(self._all_buffers)))
+        if self._buffers:
+            self._whole.zero()
 
     def kept(self) -> Sequence[Hashable]:
         """Stage keys ``(stage, micro)``, then the key of each taped preprocess forward whose
@@ -693,13 +604,6 @@ _TOKEN_LOSS_NEEDED = (
     "loss_reduction='token' needs the loss (loss_fn, or the last chunk without one) to return "
     "(sum_of_token_losses, token_count)"
 )
-
-
-def _scale_tensor(scale: Any) -> Tensor:
-    """A loss scale or factor as the float32 scalar tensor the kernels take."""
-    if isinstance(scale, Tensor):
-        return scale.astype(ms.float32).reshape(())
-    return Tensor(float(scale), ms.float32)
 
 
 #: What a per-micro-batch loss function must return.

@@ -76,13 +76,15 @@ class Tape:
     record. ``differentiated_output``: for :meth:`value_and_gradient` of a kernel that returns
     a tuple, the position of the one element that is differentiated (the sum of a per-token
     loss beside its token count); ``None``: the kernel's output is the scalar itself.
-    ``dynamic_shapes``: ``prepare`` compiles for dynamic shapes (``jit(dynamic=1)``), so
+    ``dynamic_shapes``: ``prepare`` compiles for dynamic shapes (a static graph for the first
+    shape, one dynamic-shape graph for every other size: ``executors/dynamic_kernel.py``), so
     :meth:`recompute` differentiates ``Σ sum(output * cotangent)`` with the cotangents as
     ordinary inputs instead of passing them as ``GradOperation``'s sens (same gradients):
     MindSpore refuses a sens of dynamic shape ("The shape of sense must not be dynamic shape",
-    measured at the third distinct shape); and :meth:`value_and_gradient` takes its scale as a
-    ``[1]`` tensor: MindSpore's automatic dynamic shape gives up on a function with a 0-d tensor
-    argument (``_is_invalid_shape`` in MindSpore 2.10) and compiled it for every length.
+    measured with the ``jit(dynamic=1)`` used before, at its first dynamic-shape graph); and
+    :meth:`value_and_gradient` takes its scale as a ``[1]`` tensor: that automatic dynamic shape
+    gave up on a function with a 0-d tensor argument (``_is_invalid_shape`` in MindSpore 2.10)
+    and compiled it for every length (``docs/shapes.md``).
     """
 
     def __init__(

@@ -89,7 +89,7 @@ class Trainer:
                 job.micro,
                 self.model.preprocess,
                 self.model.num_transpose_layers,
-                overflow=spec.overflow,
+                run_ahead=spec.overflow,
                 backward=spec.backward,
                 keep_preprocess_tape=spec.keep_preprocess_tape,
                 **common,

@@ -1,9 +1,11 @@
 """The runtime: the public schedules and the per-rank driver that carries out a plan.
 
 - :mod:`.stage` (``PipelineStage``) and :mod:`.schedules` (``ScheduleMPipeTranspose``,
-  ``ScheduleInterleaved1F1B``) are the training API: they check their arguments before any
-  rank communicates, and on the first ``run()`` build the plan, the executor, the transport
-  and the receive buffers, and check that every rank was set up alike (:mod:`.handshake`).
+  ``ScheduleInterleaved1F1B``, one base for both, their options declared once in
+  :mod:`.options`) are the training API: they check their arguments before any rank
+  communicates, and on the first ``run()`` build the plan, the executor, the transport and the
+  receive buffers, and check that every rank was set up alike (:mod:`.handshake`, comparing the
+  facts of :mod:`.setup_facts`).
 - :mod:`.driver` (``RankRuntime``) walks this rank's order one step at a time: compute through
   the executor hooks, messages through the transport, tensors handed between steps through
   the per-step caches of :mod:`.state`; receive buffers (:mod:`.buffers`) go back to the pool

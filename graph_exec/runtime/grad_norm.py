@@ -159,5 +159,5 @@ class GlobalGradNorm:
         self._riding = norm_type
         coefficient = clip_coefficient(norm, max_norm)
         if coefficient < 1.0:
-            self.executor.scale_grads(coefficient)
+            self.executor.multiply_grads(coefficient)
         return norm

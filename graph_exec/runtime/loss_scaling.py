@@ -12,6 +12,7 @@ scale is applied inside the last stage's graph and removed from the accumulators
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 #: What ``loss_scaler=`` accepts, for error messages.
@@ -57,20 +58,23 @@ class LossScale:
     the scaler's current value (1 without a scaler).
 
     ``compiled``: call the scaler's ``adjust`` as one compiled graph (graph mode: 0.4 against
-    3.0 ms for the ten-odd eager ops of ``DynamicLossScaler.adjust``, measured here), else eagerly.
+    3.0 ms for the ten-odd eager ops of ``DynamicLossScaler.adjust``, measured here), else eagerly;
+    ``jit_options``: what that compile is given (the schedule's).
     """
 
-    def __init__(self, scaler: Any, base: float, compiled: bool = False) -> None:
+    def __init__(
+        self, scaler: Any, base: float, compiled: bool = False, jit_options: Mapping[str, Any] | None = None
+    ) -> None:
         self.scaler = scaler
         self.base = float(base)
         self._adjust = None if scaler is None else scaler.adjust
         if scaler is not None and compiled:
-            import mindspore as ms
+            from graph_exec.executors.jit_options import compile_function
 
             def adjust(finite: Any) -> Any:
                 return scaler.adjust(finite)
 
-            self._adjust = ms.jit(adjust)
+            self._adjust = compile_function(adjust, jit_options or {})
 
     def value(self) -> float | None:
         """The scaler's current value (read back), ``None`` without a scaler."""

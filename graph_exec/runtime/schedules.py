@@ -1,10 +1,14 @@
 """The public training API: ``ScheduleMPipeTranspose`` and ``ScheduleInterleaved1F1B``.
 
-Names mirror HyperParallel's pipeline API so its users can switch. A schedule is built on
-every rank from that rank's stages; everything that can be checked locally is checked in the
-constructor and in ``run()`` before any message is sent, so bad input fails the same way on
-every rank instead of hanging the others. The first ``run()`` then sets up the transport,
-builds and validates the plan, and checks that all ranks were set up alike.
+Names mirror HyperParallel's pipeline API so its users can switch. Both schedules share one
+base, :class:`PipelineSchedule`, and one set of keyword options, declared and checked once in
+:class:`~graph_exec.runtime.options.ScheduleOptions`; they differ only in whether the
+preprocess is transposed onto idle warm-up ranks. A schedule is built on every rank from that
+rank's stages; everything that can be checked locally is checked in the constructor and in
+``run()`` before any message is sent, so bad input fails the same way on every rank instead of
+hanging the others. The first ``run()`` then sets up the transport, builds and validates the
+plan, and checks that all ranks were set up alike (:mod:`graph_exec.runtime.handshake`, with
+the facts of :mod:`graph_exec.runtime.setup_facts`).
 
 On a :class:`~graph_exec.transport.mesh.DeviceMesh` with ``dp > 1`` each pipeline replica runs
 the schedule on its own batch inside its pipeline group, and after every step the gradients
@@ -18,34 +22,33 @@ scalers and one overflow verdict for the mesh, per-token loss and tied parameter
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from graph_exec import checks
 from graph_exec.errors import CommunicationNotInitializedError, GraphExecError
-from graph_exec.executors import DEFAULT_KERNEL_CACHE_SIZE, MODES, Executor, create_executor
-from graph_exec.executors.jit_callable import jit_parseable
+from graph_exec.executors import Executor, create_executor
 from graph_exec.runtime.buffers import ReceiveBuffers, Slots, receive_slots
 from graph_exec.runtime.data_parallel import DataParallelGrads
 from graph_exec.runtime.driver import RankRuntime, TimelineEvent
 from graph_exec.runtime.grad_norm import GlobalGradNorm, check_max_norm, check_norm_type, counted_names
-from graph_exec.runtime.handshake import (
-    check_ranks_agree,
-    describe_parameters,
-    parameter_values_digest,
-    share_setup_outcome,
-)
-from graph_exec.runtime.loss_scaling import LossScale, check_loss_scaler, describe_loss_scaler
+from graph_exec.runtime.handshake import check_ranks_agree, share_setup_outcome
+from graph_exec.runtime.loss_scaling import LossScale
 from graph_exec.runtime.microbatch import MicroBatches, in_user_order, permuted, split_batch
+from graph_exec.runtime.options import (
+    ScheduleOptions,
+    option_names,
+    options_doc,
+    options_from_keywords,
+    schedule_signature,
+)
 from graph_exec.runtime.param_names import check_unique_parameter_names
-from graph_exec.runtime.shapes import check_shapes
+from graph_exec.runtime.setup_facts import pipeline_facts, replica_facts
 from graph_exec.runtime.stage import PipelineStage
 from graph_exec.runtime.step_end import StepEnd, per_token_losses
-from graph_exec.runtime.tied import check_local, check_pairs, set_up_ties
+from graph_exec.runtime.tied import check_local, set_up_ties
 from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan, placement
-from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
-from graph_exec.transport.buckets import DEFAULT_BUCKET_BYTES
 
 
 def _check_stages(stages: PipelineStage | Sequence[PipelineStage]) -> tuple[PipelineStage, ...]:
@@ -77,28 +80,6 @@ def _check_preprocess(module: Any, layers: int) -> Any:
     return module
 
 
-def _check_loss_fn(loss_fn: Callable[..., Any] | None, mode: str) -> Callable[..., Any] | None:
-    """``loss_fn``, rewritten in graph mode into a function ``mindspore.jit`` can parse."""
-    if loss_fn is None:
-        return None
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable or None, got {type(loss_fn).__name__}")
-    return jit_parseable(loss_fn) if mode == "graph" else loss_fn
-
-
-#: The accepted ``loss_reduction`` values.
-LOSS_REDUCTIONS = ("mean", "token")
-
-
-def _check_mesh(mesh: Any) -> Any:
-    if mesh is not None:
-        from graph_exec.transport.mesh import DeviceMesh
-
-        if not isinstance(mesh, DeviceMesh):
-            raise TypeError(f"mesh must be a graph_exec.DeviceMesh or None, got {type(mesh).__name__}")
-    return mesh
-
-
 @dataclass
 class _Setup:
     """Everything the first ``run()`` builds, once."""
@@ -115,75 +96,30 @@ class _Setup:
     evaluation: RankRuntime | None = None  #: made by the first evaluate()
 
 
-class ScheduleMPipeTranspose:
-    """Interleaved 1F1B with the preprocess transposed onto idle warm-up ranks.
+class PipelineSchedule:
+    """What both schedules share: the constructor and its checks, ``run()``, ``evaluate()``, the
+    gradient and training-loop methods, and the set-up at the first ``run()``.
 
-    Build it on every rank with the same arguments (its own stages aside); everything that can
-    be checked locally is checked here, the rest at the first :meth:`run`.
-
-    Args:
-        stages: this rank's :class:`PipelineStage` chunks (stage ``s`` on pipeline rank ``s mod P``).
-        micro_batch_num: micro-batches per step; the batch is cut into this many on dim 0.
-        preprocess_module: the first ``num_transpose_layers`` layers of stage 0, built identically
-            on every rank (trainable weights are broadcast from rank 0 each step, frozen ones never).
-        num_transpose_layers: layers in ``preprocess_module``; ``0`` with no module is dataload only.
-        mode: ``"graph"`` (compiled) or ``"pynative"`` (eager, for debugging).
-        overflow: ``"full"`` or ``"min"``: how far the transposed preprocess may run ahead.
-        backward: ``"central"`` (preprocess backward on rank 0) or ``"owner"`` (on its owner).
-        input: ``"replicated"`` (every rank passes the whole batch) or ``"owned"`` (a rank's batch
-            is read only for the micro-batches it owns; the rest reach rank 0 by transfer).
-        loss_fn: ``loss_fn(output, *labels)``; ``None``: the last chunk returns the loss. In graph
-            mode an inline lambda is rewritten for ``mindspore.jit``; one without source is refused.
-        scale_grads: divide the gradients by ``micro_batch_num`` (``loss_reduction="mean"``).
-        loss_reduction: ``"mean"``: ``loss_fn`` returns a scalar per micro-batch, the gradients
-            are summed over micro-batches (their mean with ``scale_grads``); ``"token"``:
-            ``loss_fn`` returns ``(sum_of_token_losses, token_count)`` and the gradients are
-            those of ``Σ sums / Σ counts`` over every micro-batch of every replica.
-        loss_scaler: ``mindspore.amp.DynamicLossScaler`` or ``StaticLossScaler``: the last stage
-            scales the loss (a graph input), the gradients are unscaled after the step, every
-            rank of the mesh gets one overflow verdict (:attr:`grads_finite`) and the scaler is
-            adjusted with it after every ``run()``.
-        tied_parameters: pairs of parameter names (as on their ranks) that are one weight, e.g.
-            ``[("embed.table.embedding_table", "head.weight")]``: checked equal at the first
-            step, their gradients summed between the ranks holding them after every step,
-            counted once by :meth:`clip_grad_norm`.
-        timeout_s: bound, in seconds, on every wait for a peer.
-        sync_steps: wait for each compute step's results before the next, so :attr:`timeline`
-            shows each step's own time; ``None``: the device policy's default (on for CPU, where it
-            was measured 2-3x faster; off on devices and with the CPU fast paths off).
-        mesh: a :class:`~graph_exec.DeviceMesh` (this rank is pipeline rank ``mesh.pp_rank`` of
-            replica ``mesh.dp_rank``); ``None``: one pipeline over the whole world.
-        dp_bucket_bytes: size of the flat buckets in which gradients are averaged over ``mesh.dp``.
-        recompute: ``False``: a stage's backward runs the bprop of its taped forward; ``True``:
-            keep only its inputs and record the forward again (less activation memory).
-        keep_preprocess_tape: opt-in, for a trainable preprocess: record each ``TFWD`` whose
-            backward runs on the same rank (owner backward: every owner's micro-batches;
-            central: rank 0's own) under the tape, so that backward runs the recorded bprop
-            instead of recomputing the preprocess. Costs the preprocess activations of those
-            micro-batches, held from ``TFWD`` to their backward; cannot be combined with
-            ``recompute=True``.
-        shapes: ``"static"`` (default: every new shape compiles its kernels) or ``"buckets"``:
-            every positional input and label is padded along each dim of ``shape_buckets`` up
-            to the smallest bucket that holds it, and the loss gets one float32 mask per dim
-            after the labels, ``loss_fn(output, *labels, *masks)`` (1 on real positions); at most
-            one compilation per bucket (:mod:`graph_exec.runtime.shapes`). ``"dynamic"``: nothing
-            padded, kernels compiled for dynamic shapes (``jit(dynamic=1)``: MindSpore compiles
-            again up to the third distinct shape, then never; ``docs/shapes.md``).
-        shape_buckets: ``{dim: sizes}`` with ``shapes="buckets"``, e.g. ``{1: (64, 128, 256)}``
-            for the sequence dim: a dim >= 1, sizes strictly increasing; a length above the
-            largest bucket is an error.
-        shape_pad_value: what padded positions of inputs and labels hold (default 0).
-        kernel_cache_size: how many compiled kernels the executor keeps (least recently used
-            evicted first; :meth:`stats` counts the evictions).
-        tower_order: ``"arrival"`` (default: micro-batch ``m`` of the batch runs as plan micro
-            ``m``) or ``"balanced"``: each step places the micro-batches by their preprocess cost,
-            given as ``run(..., tower_costs=[...])`` (``docs/schedule.md``, "Tower placement");
-            the losses still come back in the batch's order. Needs a preprocess and replicated
-            input. The default stays ``"arrival"`` until balanced is measured no slower.
+    Build a schedule on every rank with the same arguments (its own stages aside): positional
+    ``stages`` (this rank's :class:`PipelineStage` chunks, stage ``s`` on pipeline rank
+    ``s mod P``), ``micro_batch_num`` (micro-batches per step; the batch is cut into this many on
+    dim 0), ``preprocess_module`` and ``num_transpose_layers``, then keyword options, each a
+    field of :class:`~graph_exec.runtime.options.ScheduleOptions` (listed in each schedule's
+    ``help()``) and readable back as an attribute (``sched.mode``). Everything that can be
+    checked locally is checked here, the rest at the first :meth:`run`.
     """
 
     #: Whether the preprocess is transposed onto the owners (``False``: the fair baseline).
     _transposes = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # help() shows every option of this schedule, from their one declaration.
+        cls.__signature__ = schedule_signature(cls._transposes)
+        cls.__doc__ = (
+            f"{(cls.__doc__ or '').rstrip()}\n\n    Options (keyword arguments, each a field of "
+            f":class:`~graph_exec.runtime.options.ScheduleOptions`):\n{options_doc(cls._transposes)}\n"
+        )
 
     def __init__(
         self,
@@ -191,100 +127,51 @@ class ScheduleMPipeTranspose:
         micro_batch_num: int,
         preprocess_module: Any = None,
         num_transpose_layers: int = 0,
-        *,
-        mode: str = "graph",
-        overflow: str = "full",
-        backward: str = "central",
-        input: str = "replicated",
-        loss_fn: Callable[..., Any] | None = None,
-        scale_grads: bool = False,
-        timeout_s: float = 300.0,
-        sync_steps: bool | None = None,
-        mesh: Any = None,
-        dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        recompute: bool = False,
-        keep_preprocess_tape: bool = False,
-        loss_reduction: str = "mean",
-        loss_scaler: Any = None,
-        tied_parameters: Sequence[tuple[str, str]] | None = None,
-        shapes: str = "static",
-        shape_buckets: dict[int, Sequence[int]] | None = None,
-        shape_pad_value: float = 0,
-        kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
-        tower_order: str = "arrival",
+        **options: Any,
     ) -> None:
         self.stages = _check_stages(stages)
         self.micro_batch_num = checks.positive_int("micro_batch_num", micro_batch_num)
         self.num_transpose_layers = checks.non_negative_int("num_transpose_layers", num_transpose_layers)
-        self.preprocess_module = _check_preprocess(preprocess_module, self.num_transpose_layers)
+        # Without transposition a rank other than 0 may pass None with the real layer count: the
+        # rule "a module iff layers >= 1" then holds for rank 0 only, checked once the rank is known.
+        left_out = not self._transposes and preprocess_module is None
+        self.preprocess_module = _check_preprocess(
+            preprocess_module, 0 if left_out else self.num_transpose_layers
+        )
         check_unique_parameter_names(self.stages, preprocess_module)
-        self.mode = checks.choice("mode", mode, MODES)
-        self.overflow = checks.choice("overflow", overflow, OVERFLOW)
-        self.backward = checks.choice("backward", backward, BACKWARD)
-        self.input = checks.choice("input", input, INPUT)
-        self.loss_fn = _check_loss_fn(loss_fn, self.mode)
-        self.scale_grads = bool(scale_grads)
-        self.timeout_s = checks.positive_seconds("timeout_s", timeout_s)
-        self.sync_steps = sync_steps
-        self.mesh = _check_mesh(mesh)
-        self.dp_bucket_bytes = checks.positive_int("dp_bucket_bytes", dp_bucket_bytes)
-        self.recompute = checks.boolean("recompute", recompute)
-        self.keep_preprocess_tape = self._check_keep_tape(keep_preprocess_tape)
-        self.loss_reduction = checks.choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
-        if self.loss_reduction == "token" and self.scale_grads:
+        #: The checked keyword options (each also readable as an attribute of the schedule).
+        self.options: ScheduleOptions = options_from_keywords(options, type(self).__name__, self._transposes)
+        if self.keep_preprocess_tape and self._preprocess_kind() != "trainable":
             raise ValueError(
-                "scale_grads=True divides by the micro-batch count and loss_reduction='token' by the "
-                "global token count: pass one of them"
+                f"keep_preprocess_tape=True needs a trainable preprocess_module, but the preprocess here "
+                f"is {self._preprocess_kind()}: there is no preprocess backward to take from a tape"
             )
-        self.loss_scaler = check_loss_scaler(loss_scaler)
-        self.tied_parameters = check_pairs(tied_parameters)
         local = {p.name: p for cell in self._cells() for p in cell.get_parameters()}
         everything_local = [s.stage_index for s in self.stages] == list(range(self.stages[0].num_stages))
         check_local(self.tied_parameters, local, everything_local)
-        self.shape_buckets = check_shapes(shapes, shape_buckets, shape_pad_value)
-        self.shapes = shapes
-        self.kernel_cache_size = checks.positive_int("kernel_cache_size", kernel_cache_size)
-        self.tower_order = self._check_tower_order(tower_order)
+        if self.tower_order == "balanced" and self.num_transpose_layers == 0:
+            raise ValueError(
+                "tower_order='balanced' places the preprocess of each micro-batch by its cost, but there "
+                "is no preprocess (num_transpose_layers=0); use tower_order='arrival'"
+            )
         self._tower_positions: dict[bool, placement.TowerPositions] = {}  # by forward_only
+        self._mesh: Any = None  # the mesh the first run() set up on
         self._setup: _Setup | None = None
         self._failed: str | None = None
         self._accumulated = False  # whether the accumulators hold gradients (since zero_grad())
         self._ran = False  # whether a training step ran: the gradient methods need one
         self._grads_finite: bool | None = None
 
+    @property
+    def mesh(self) -> Any:
+        """The ``mesh`` option; after the first ``run()`` the mesh set up on (a one-pipeline mesh
+        over the whole world when the option is ``None``)."""
+        return self._mesh if self._mesh is not None else self.options.mesh
+
     def _cells(self) -> list[Any]:
         """This rank's stage chunks and its preprocess (if it passed one)."""
         cells = [s.submodule for s in self.stages]
         return cells if self.preprocess_module is None else [*cells, self.preprocess_module]
-
-    def _check_keep_tape(self, keep: bool) -> bool:
-        keep = checks.boolean("keep_preprocess_tape", keep)
-        if keep and self._preprocess_kind() != "trainable":
-            raise ValueError(
-                f"keep_preprocess_tape=True needs a trainable preprocess_module, but the preprocess here "
-                f"is {self._preprocess_kind()}: there is no preprocess backward to take from a tape"
-            )
-        if keep and self.recompute:
-            raise ValueError(
-                "keep_preprocess_tape=True and recompute=True contradict each other: the first keeps "
-                "the preprocess activations to skip a recompute, the second recomputes to save them"
-            )
-        return keep
-
-    def _check_tower_order(self, order: str) -> str:
-        order = checks.choice("tower_order", order, placement.TOWER_ORDERS)
-        if order == "balanced" and self.num_transpose_layers == 0:
-            raise ValueError(
-                "tower_order='balanced' places the preprocess of each micro-batch by its cost, but there "
-                "is no preprocess (num_transpose_layers=0); use tower_order='arrival'"
-            )
-        if order == "balanced" and self.input == "owned":
-            raise ValueError(
-                "tower_order='balanced' with input='owned': an owner holds the raw input of the plan "
-                "micro-batches it owns, so placing another micro-batch there would need its data; "
-                "use input='replicated' or tower_order='arrival'"
-            )
-        return order
 
     def _check_tower_costs(self, tower_costs: Any) -> tuple[float, ...] | None:
         """The per-micro-batch tower costs of a call, checked before any message."""
@@ -545,8 +432,8 @@ class ScheduleMPipeTranspose:
             raise ValueError(
                 f"keyword inputs {sorted(kwargs)} go to the preprocess module, but there is none"
             )
-        if self.shape_buckets is not None:
-            padded, with_masks = self.shape_buckets.pad(inputs, labels)
+        if self.options.bucketing is not None:
+            padded, with_masks = self.options.bucketing.pad(inputs, labels)
             # The masks go to the loss; a forward-only call without labels has none to take them.
             inputs, labels = padded, (with_masks if labels is not None or labels_required else None)
         return split_batch(inputs, kwargs, labels, self.micro_batch_num)
@@ -593,7 +480,7 @@ class ScheduleMPipeTranspose:
         if is_initialized():  # before the first message (the mesh check); a lone process sends none
             bound_backend_waits(self.timeout_s)
         mesh = self.mesh if self.mesh is not None else DeviceMesh()
-        self.mesh = mesh
+        self._mesh = mesh
         pp, rank = mesh.pp_size, mesh.pp_rank
         transport = Transport(timeout_s=self.timeout_s, group=mesh.pp) if pp > 1 else None
         dp_transport = Transport(timeout_s=self.timeout_s, group=mesh.dp) if mesh.dp_size > 1 else None
@@ -605,10 +492,10 @@ class ScheduleMPipeTranspose:
         groups = [t for t in (transport, dp_transport) if t is not None]
         if groups:
             share_setup_outcome(groups, error)
-            checks = [(transport, self._facts(plan.config))] if transport is not None else []
+            agree = [(transport, pipeline_facts(self, plan.config))] if transport is not None else []
             if dp_transport is not None:
-                checks.append((dp_transport, self._replica_facts(plan.config)))
-            check_ranks_agree(checks)
+                agree.append((dp_transport, replica_facts(self, plan.config)))
+            check_ranks_agree(agree)
         elif error is not None:
             raise error
         data_parallel = None
@@ -632,7 +519,12 @@ class ScheduleMPipeTranspose:
             executor,
             (transport, dp_transport),
             mesh.dp_size,
-            LossScale(self.loss_scaler, self._loss_scale_base(), compiled=self.mode == "graph"),
+            LossScale(
+                self.loss_scaler,
+                self._loss_scale_base(),
+                compiled=self.mode == "graph",
+                jit_options=self.jit_options,
+            ),
             self.loss_reduction == "token",
             data_parallel,
             tied,
@@ -700,7 +592,7 @@ class ScheduleMPipeTranspose:
             micro=self.micro_batch_num,
             preprocess=preprocess,
             num_preprocess_layers=layers,
-            overflow=self.overflow,
+            overflow=self.run_ahead,
             backward=self.backward,
             input=self.input,
             transpose=self._transposes,
@@ -718,60 +610,36 @@ class ScheduleMPipeTranspose:
             token_loss=self.loss_reduction == "token",
             kernel_cache_size=self.kernel_cache_size,
             dynamic_shapes=self.shapes == "dynamic",
+            jit_options=self.jit_options,
         )
         return build_plan(config), executor
 
-    def _facts(self, config: PlanConfig) -> dict[str, str]:
-        """What must be identical on every rank (compared by :func:`check_ranks_agree`)."""
-        if not self._transposes:
-            # Only rank 0 runs the preprocess (the others may pass None): compare the body.
-            body = f"{replace(config, preprocess='none', num_preprocess_layers=0)}"
-            alone = "not compared: only rank 0 runs the preprocess"
-            return {
-                "plan": body,
-                "loss_fn": "given" if self.loss_fn is not None else "none",
-                "scale_grads": str(self.scale_grads),
-                **self._training_loop_facts(),
-                "preprocess trainable parameters": alone,
-                "preprocess frozen parameters": alone,
-                "preprocess frozen values": alone,
-            }
-        params = [] if self.preprocess_module is None else list(self.preprocess_module.get_parameters())
-        trainable = [p for p in params if p.requires_grad]
-        frozen = [p for p in params if not p.requires_grad]
-        return {
-            "plan": f"{config}",
-            "loss_fn": "given" if self.loss_fn is not None else "none",
-            "scale_grads": str(self.scale_grads),
-            **self._training_loop_facts(),
-            "preprocess trainable parameters": describe_parameters(trainable),
-            "preprocess frozen parameters": describe_parameters(frozen),
-            "preprocess frozen values": parameter_values_digest(frozen),
-        }
 
-    def _training_loop_facts(self) -> dict[str, str]:
-        """The options every rank's end of step must share (the collectives there are mesh-wide)."""
-        return {
-            "loss_reduction": self.loss_reduction,
-            "loss_scaler": describe_loss_scaler(self.loss_scaler),
-            "tied_parameters": repr(self.tied_parameters),
-            "shapes": self.shapes if self.shape_buckets is None else self.shape_buckets.describe(),
-            "tower_order": self.tower_order,
-        }
-
-    def _replica_facts(self, config: PlanConfig) -> dict[str, str]:
-        """What the same pipeline rank of every replica must share (compared in its dp group)."""
-        stage_params = [p for s in self.stages for p in s.submodule.get_parameters()]
-        return {
-            **self._facts(config),
-            "mesh": self.mesh.describe(),
-            "stage parameters": describe_parameters(stage_params),
-            "trainable parameters": describe_parameters(self.trainable_params()),
-            "dp_bucket_bytes": str(self.dp_bucket_bytes),
-        }
+def _option_property(name: str) -> property:
+    return property(lambda self: getattr(self.options, name), doc=f"The ``{name}`` option (read-only).")
 
 
-class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
+for _name in option_names():
+    if _name != "mesh":  # mesh: its own property above
+        setattr(PipelineSchedule, _name, _option_property(_name))
+
+
+class ScheduleMPipeTranspose(PipelineSchedule):
+    """Interleaved 1F1B with the preprocess transposed onto idle warm-up ranks.
+
+    Build it on every rank with the same arguments (its own stages aside); everything that can
+    be checked locally is checked here, the rest at the first :meth:`run`.
+
+    Args:
+        stages: this rank's :class:`PipelineStage` chunks (stage ``s`` on pipeline rank ``s mod P``).
+        micro_batch_num: micro-batches per step; the batch is cut into this many on dim 0.
+        preprocess_module: the first ``num_transpose_layers`` layers of stage 0, built identically
+            on every rank (trainable weights are broadcast from rank 0 each step, frozen ones never).
+        num_transpose_layers: layers in ``preprocess_module``; ``0`` with no module is dataload only.
+    """
+
+
+class ScheduleInterleaved1F1B(PipelineSchedule):
     """The fair baseline: MPipe without transposition, the same API and executor otherwise.
 
     Interleaved 1F1B whose rank 0 runs the preprocess of micro ``m`` right before ``F 0.m``.
@@ -792,63 +660,9 @@ class ScheduleInterleaved1F1B(ScheduleMPipeTranspose):
         stages, micro_batch_num: as for :class:`ScheduleMPipeTranspose`.
         preprocess_module: the preprocess, run by rank 0 only; other ranks may pass ``None``.
         num_transpose_layers: layers in ``preprocess_module`` (the same on every rank).
-        mode, loss_fn, scale_grads, timeout_s, sync_steps, mesh, dp_bucket_bytes, recompute,
-            loss_reduction, loss_scaler, tied_parameters, shapes, shape_buckets, shape_pad_value,
-            kernel_cache_size, tower_order: as for :class:`ScheduleMPipeTranspose`
-            (``overflow``, ``backward``, ``input`` do not apply).
+
+    The options ``run_ahead`` (``overflow``), ``backward``, ``input`` and
+    ``keep_preprocess_tape`` need transposition and are refused with a ``TypeError``.
     """
 
     _transposes = False
-
-    def __init__(
-        self,
-        stages: PipelineStage | Sequence[PipelineStage],
-        micro_batch_num: int,
-        preprocess_module: Any = None,
-        num_transpose_layers: int = 0,
-        *,
-        mode: str = "graph",
-        loss_fn: Callable[..., Any] | None = None,
-        scale_grads: bool = False,
-        timeout_s: float = 300.0,
-        sync_steps: bool | None = None,
-        mesh: Any = None,
-        dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        recompute: bool = False,
-        loss_reduction: str = "mean",
-        loss_scaler: Any = None,
-        tied_parameters: Sequence[tuple[str, str]] | None = None,
-        shapes: str = "static",
-        shape_buckets: dict[int, Sequence[int]] | None = None,
-        shape_pad_value: float = 0,
-        kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
-        tower_order: str = "arrival",
-    ) -> None:
-        layers = num_transpose_layers
-        # A rank other than 0 may pass None with the real layer count; the base class's rule
-        # "a module iff layers >= 1" then holds for rank 0 only, checked once the rank is known.
-        module_left_out = preprocess_module is None and type(layers) is int and layers > 0
-        super().__init__(
-            stages,
-            micro_batch_num,
-            preprocess_module,
-            0 if module_left_out else layers,
-            mode=mode,
-            loss_fn=loss_fn,
-            scale_grads=scale_grads,
-            timeout_s=timeout_s,
-            sync_steps=sync_steps,
-            mesh=mesh,
-            dp_bucket_bytes=dp_bucket_bytes,
-            recompute=recompute,
-            loss_reduction=loss_reduction,
-            loss_scaler=loss_scaler,
-            tied_parameters=tied_parameters,
-            shapes=shapes,
-            shape_buckets=shape_buckets,
-            shape_pad_value=shape_pad_value,
-            kernel_cache_size=kernel_cache_size,
-            tower_order="arrival",  # checked below, once the real layer count is set
-        )
-        self.num_transpose_layers = layers
-        self.tower_order = self._check_tower_order(tower_order)

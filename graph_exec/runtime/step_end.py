@@ -106,7 +106,7 @@ class StepEnd:
             finite, total_tokens, norm = self._agree(tokens, norm_type)
             if self._token_loss:
                 factor = self._dp_size / max(total_tokens, 1.0)
-                self.executor.scale_grads(factor)
+                self.executor.multiply_grads(factor)
                 norm = None if norm is None else norm * factor
             if norm is not None:
                 self._grad_norm.learn(norm_type, norm)

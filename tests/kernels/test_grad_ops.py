@@ -14,8 +14,8 @@ from graph_exec.kernels import (
     HostGradients,
     accumulator_dtype,
     make_add_back,
+    make_multiply_grads,
     make_norm_part,
-    make_scale_grads,
     make_set_aside,
     make_unscale_and_check,
     make_zero_grads,
@@ -83,12 +83,12 @@ def test_scaling_zeroing_and_setting_aside_are_the_same_on_the_host(mode: str, d
     name = f"{mode}_{dtype.__name__}"
     device, host = buffers(f"scale_d_{name}.", dtype=dtype), buffers(f"scale_h_{name}.", dtype=dtype)
     on_host = HostGradients(host)
-    PREPARE[mode](make_scale_grads(device))(Tensor(0.375, ms.float32))
-    on_host.scale(0.375)
+    PREPARE[mode](make_multiply_grads(device))(Tensor(0.375, ms.float32))
+    on_host.multiply(0.375)
     for a, b in zip(values(device), values(host), strict=True):
         assert a.tobytes() == b.tobytes()
     scaled = values(host)
-    on_host.scale(1.0)  # writes nothing, changes nothing
+    on_host.multiply(1.0)  # writes nothing, changes nothing
     assert all(a.tobytes() == b.tobytes() for a, b in zip(scaled, values(host), strict=True))
     before = values(host)
     kept_device = ParameterTuple([Parameter(ops.zeros_like(p), name=f"kept.{p.name}") for p in device])
@@ -122,7 +122,7 @@ def test_unscaling_checks_and_measures_what_the_separate_kernels_do(
     counted = (0, 2)  # a share of some accumulators only, as on a rank that skips tied seconds
     pair = PREPARE[mode](make_unscale_and_check(fused, counted, norm_type))(Tensor(0.375, ms.float32))
     host_finite, host_share = HostGradients(host).unscale_and_check(0.375, counted, norm_type)
-    PREPARE[mode](make_scale_grads(apart))(Tensor(0.375, ms.float32))
+    PREPARE[mode](make_multiply_grads(apart))(Tensor(0.375, ms.float32))
     for a, b, c in zip(values(fused), values(host), values(apart), strict=True):
         assert a.tobytes() == b.tobytes() == c.tobytes()
     finite = bool(amp.all_finite(list(apart)).asnumpy())

@@ -69,7 +69,7 @@ def test_timeout_must_be_positive_seconds(model, timeout) -> None:
     ("option", "value", "allowed"),
     [
         ("mode", "eager", "'graph', 'pynative'"),
-        ("overflow", "max", "'full', 'min'"),
+        ("run_ahead", "max", "'full', 'min'"),
         ("backward", "local", "'central', 'owner'"),
         ("input", "sharded", "'replicated', 'owned'"),
     ],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from dataclasses import replace
 
 import mindspore as ms
 import numpy as np
@@ -135,7 +136,7 @@ def test_checkpoint_contents_and_manifest(tmp_path):
     assert manifest["world_size"] == 1 and manifest["mesh"] == {"dp": 1, "pp": 1}
     assert manifest["num_stages"] == 3 and manifest["vpp"] == 3 and manifest["preprocess"] == "frozen"
     assert manifest["stage_ranks"] == {"0": [0], "1": [0], "2": [0]}
-    assert manifest["options"]["overflow"] == "full" and manifest["options"]["micro_batch_num"] == 2
+    assert manifest["options"]["run_ahead"] == "full" and manifest["options"]["micro_batch_num"] == 2
     (entry,) = manifest["ranks"]
     assert entry["file"] == "rank_0.ckpt" and entry["stages"] == [0, 1, 2]
     assert entry["facts"]["preprocess"] == "frozen" and entry["sha256"] == layout.sha256_of(
@@ -241,7 +242,7 @@ def test_damaged_rank_file_names_file_and_rank_and_loads_nothing(tmp_path, damag
 
 def test_other_setup_lists_every_difference_before_loading(tmp_path):
     Job("trainable", stages=3).save(tmp_path, 1)
-    other = Job("frozen", stages=2, overflow="min")
+    other = Job("frozen", stages=2, run_ahead="min")
     before = other.values()
     with pytest.raises(CheckpointMismatchError) as info:
         other.load(tmp_path)
@@ -250,7 +251,7 @@ def test_other_setup_lists_every_difference_before_loading(tmp_path):
         "stage count: checkpoint 3, this job 2",
         "V (stages per rank): checkpoint 3, this job 2",
         "preprocess: checkpoint 'trainable', this job 'frozen'",
-        "option overflow: checkpoint 'full', this job 'min'",
+        "option run_ahead: checkpoint 'full', this job 'min'",
         "stages of rank 0: checkpoint [0, 1, 2], this job [0, 1]",
     ):
         assert phrase in text, text
@@ -272,9 +273,19 @@ def test_new_schedule_options_are_recorded_and_compared(tmp_path):
     with pytest.raises(CheckpointMismatchError, match="option stage_split: checkpoint 'even', this job None"):
         job.load(tmp_path)
     job.sched.stage_split = "even"
-    for name, value in (("mode", "pynative"), ("recompute", True), ("keep_preprocess_tape", True)):
-        setattr(job.sched, name, value)  # execution-only: recorded, not compared
-    assert job.load(tmp_path) == 1
+    saved = job.sched.options
+    execution_only = (
+        {"mode": "pynative", "recompute": True, "jit_options": {"jit_level": "O1"}},
+        {"keep_preprocess_tape": True},
+    )
+    for changes in execution_only:  # recorded, not compared
+        job.sched.options = replace(saved, **changes)
+        assert job.load(tmp_path) == 1
+    job.sched.options = replace(saved, shapes="dynamic")
+    with pytest.raises(
+        CheckpointMismatchError, match="option shapes: checkpoint 'static', this job 'dynamic'"
+    ):
+        job.load(tmp_path)
 
 
 def test_optimizer_state_must_be_in_the_checkpoint_when_asked_for(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -89,7 +90,7 @@ class FakeSchedule:
         self.stages = tuple(SimpleNamespace(stage_index=s, num_stages=num_stages) for s in stages)
         self.preprocess_module = None
         self.micro_batch_num = 4
-        self.overflow = "full"
+        self.run_ahead = "full"
         self.mode = "graph"
         self.loss_fn = print  # not plain data: not an option
         self._private = 1
@@ -98,7 +99,18 @@ class FakeSchedule:
 
 def test_options_are_every_public_plain_attribute():
     options = schedule_options(FakeSchedule(recompute=["stage", 1]))
-    assert options == {"micro_batch_num": 4, "mode": "graph", "overflow": "full", "recompute": ["stage", 1]}
+    assert options == {"micro_batch_num": 4, "mode": "graph", "run_ahead": "full", "recompute": ["stage", 1]}
+
+
+def test_options_come_from_the_schedules_options_dataclass_too():
+    @dataclass(frozen=True)
+    class Options:
+        jit_options: dict = field(default_factory=dict)
+        derived: object = field(default=None, init=False)  # made from the others: not an option
+
+    options = schedule_options(FakeSchedule(options=Options({"jit_level": "O1"})))
+    assert options["jit_options"] == {"jit_level": "O1"} and "options" not in options
+    assert "derived" not in options and options["run_ahead"] == "full"
 
 
 def test_mesh_comes_from_the_schedule_when_it_has_one():
@@ -112,19 +124,29 @@ def test_differences_list_everything_that_differs_but_execution_only_options():
         **job_facts(FakeSchedule(), 2),
         "ranks": [{"rank": 0, "stages": [0, 2]}, {"rank": 1, "stages": [1, 3]}],
     }
-    now = job_facts(FakeSchedule(stages=(0, 1, 2), num_stages=6, overflow="min", mode="pynative"), 3)
+    now = job_facts(FakeSchedule(stages=(0, 1, 2), num_stages=6, run_ahead="min", mode="pynative"), 3)
     found = differences(saved, now, 0, [0, 1, 2])
     assert found == [
         "world size: checkpoint 2, this job 3",
         "device mesh: checkpoint {'dp': 1, 'pp': 2}, this job {'dp': 1, 'pp': 3}",
         "stage count: checkpoint 4, this job 6",
         "V (stages per rank): checkpoint 2, this job 3",
-        "option overflow: checkpoint 'full', this job 'min'",
+        "option run_ahead: checkpoint 'full', this job 'min'",
         "stages of rank 0: checkpoint [0, 2], this job [0, 1, 2]",
     ]
     assert differences(saved, job_facts(FakeSchedule(mode="pynative"), 2), 0, [0, 2]) == []
     assert differences(saved, job_facts(FakeSchedule(), 2), 2, [0, 2]) == [
         "rank 2: the checkpoint has no file for it"
+    ]
+
+
+def test_a_checkpoint_that_records_the_old_name_overflow_compares_it_as_run_ahead():
+    old = job_facts(FakeSchedule(), 2)
+    old["options"]["overflow"] = old["options"].pop("run_ahead")  # written before the rename
+    old["ranks"] = [{"rank": 0, "stages": [0, 2]}]
+    assert differences(old, job_facts(FakeSchedule(), 2), 0, [0, 2]) == []
+    assert differences(old, job_facts(FakeSchedule(run_ahead="min"), 2), 0, [0, 2]) == [
+        "option run_ahead: checkpoint 'full', this job 'min'"
     ]
 
 

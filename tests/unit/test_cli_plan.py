@@ -31,6 +31,15 @@ def test_plan_text_is_the_contract_example(capsys: pytest.CaptureFixture[str]) -
     )
 
 
+def test_run_ahead_is_the_new_name_of_overflow(capsys: pytest.CaptureFixture[str]) -> None:
+    plans = [
+        _run([*PLAN, "--preprocess", "trainable", flag, "min", "--owned-input"], capsys)[1]
+        for flag in ("--overflow", "--run-ahead")
+    ]
+    assert plans[0] == plans[1] and "TFWD1 OUTsend1" in plans[0]
+    assert plans[0] != _run([*PLAN, "--preprocess", "trainable", "--owned-input"], capsys)[1]
+
+
 def test_plan_formats(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["plan", "--pp", "2", "--vpp", "2", "--micro", "4", "--preprocess", "frozen", "--body", "gpipe"]
     _, text, _ = _run([*base, "--with-idle"], capsys)
@@ -66,7 +75,7 @@ def test_plan_formats(capsys: pytest.CaptureFixture[str]) -> None:
         ([*PLAN, "--preprocess", "bogus"], "argument --preprocess: invalid choice: 'bogus'"),
         (
             [*PLAN, "--preprocess", "none", "--overflow", "half"],
-            "argument --overflow: invalid choice: 'half'",
+            "argument --run-ahead/--overflow: invalid choice: 'half'",
         ),
         ([*PLAN, "--preprocess", "none", "--backward", "x"], "argument --backward: invalid choice: 'x'"),
         ([*PLAN, "--preprocess", "none", "--body", "zbv"], "argument --body: invalid choice: 'zbv'"),

@@ -87,7 +87,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
             parts.preprocess,
             parts.num_transpose_layers,
             backward=case.backward,
-            overflow=case.overflow,
+            run_ahead=case.overflow,
             **common,
         )
     inputs, labels = mm.batch(case.model, ref, 2 * case.micro, step=1)  # the same batch on every rank

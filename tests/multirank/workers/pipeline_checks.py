@@ -276,7 +276,7 @@ def make_schedule(case: Case, stages: list, pre) -> object:
         case.micro,
         pre,
         0 if pre is None else 1,
-        overflow=case.overflow,
+        run_ahead=case.overflow,
         backward=case.backward,
         input=case.input,
         keep_preprocess_tape=case.keep_tape,

@@ -484,7 +484,7 @@ SUITES: dict[str, list[Case]] = {
         ),
         tied_case("tied_rank0_rank3_owner_graph", backward="owner"),
         evaluate_case(
-            "evaluate_v2_owner_min_pynative", vpp=2, backward="owner", overflow="min", mode="pynative"
+            "evaluate_v2_owner_min_pynative", vpp=2, backward="owner", run_ahead="min", mode="pynative"
         ),
         token_case("token_graph"),
         bad_token_loss("bad.token_loss_returns_a_scalar"),

@@ -1,0 +1,338 @@
+"""The options of both schedules, declared, documented and checked once.
+
+``ScheduleMPipeTranspose`` and ``ScheduleInterleaved1F1B`` take the same keyword options (the fair
+baseline refuses the four that only mean something with transposition, :data:`MPIPE_ONLY`).
+Each option is one field of :class:`ScheduleOptions` with its default and its documentation;
+:meth:`ScheduleOptions.__post_init__` checks every value on its own and against the others
+(what needs the model, such as whether the preprocess is trainable, the schedule checks).
+The schedules' signatures and the option lists of their ``help()`` are made from these fields
+(:func:`schedule_signature`, :func:`options_doc`), so an option is added in one place.
+
+``overflow`` is the old name of ``run_ahead``: still accepted, with a ``DeprecationWarning``
+(:func:`options_from_keywords`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from graph_exec import checks
+from graph_exec.executors import DEFAULT_KERNEL_CACHE_SIZE, MODES
+from graph_exec.executors.jit_callable import jit_parseable
+from graph_exec.executors.jit_options import check_jit_options
+from graph_exec.runtime.loss_scaling import check_loss_scaler
+from graph_exec.runtime.shapes import ShapeBuckets, check_shapes
+from graph_exec.runtime.tied import check_pairs
+from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
+from graph_exec.schedule.placement import TOWER_ORDERS
+from graph_exec.transport.buckets import DEFAULT_BUCKET_BYTES
+
+#: The accepted ``loss_reduction`` values.
+LOSS_REDUCTIONS = ("mean", "token")
+#: The accepted ``run_ahead`` values (the plan's ``overflow``).
+RUN_AHEAD = OVERFLOW
+#: Options that only mean something when the preprocess is transposed (refused by the baseline).
+MPIPE_ONLY = ("run_ahead", "backward", "input", "keep_preprocess_tape")
+#: Old option names still accepted, with a ``DeprecationWarning``: old name -> new name.
+RENAMED = {"overflow": "run_ahead"}
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": " ".join(text.split())}
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """The keyword options of :class:`~graph_exec.ScheduleMPipeTranspose` and
+    :class:`~graph_exec.ScheduleInterleaved1F1B`, checked when made (a clear ``ValueError`` or
+    ``TypeError`` naming the bad value and what is allowed). Users pass them as keyword
+    arguments of the schedule; the schedule reads them back as attributes (``sched.mode``).
+    """
+
+    mode: str = field(
+        default="graph", metadata=_doc('``"graph"`` (compiled) or ``"pynative"`` (eager, for debugging).')
+    )
+    run_ahead: str = field(
+        default="full",
+        metadata=_doc(
+            """``"full"`` or ``"min"``: how far the transposed preprocess runs ahead of the
+            pipeline (``full``: micro ``m`` is preprocessed by its owner ``m mod NT`` as early as
+            it can; ``min``: only the first ``NT`` micro-batches are run ahead, the rest inline on
+            rank 0; ``docs/schedule.md``). Old name ``overflow``, still accepted with a warning."""
+        ),
+    )
+    backward: str = field(
+        default="central",
+        metadata=_doc('``"central"`` (preprocess backward on rank 0) or ``"owner"`` (on its owner).'),
+    )
+    input: str = field(
+        default="replicated",
+        metadata=_doc(
+            """``"replicated"`` (every rank passes the whole batch) or ``"owned"`` (a rank's
+            batch is read only for the micro-batches it owns; the rest reach rank 0 by transfer)."""
+        ),
+    )
+    loss_fn: Callable[..., Any] | None = field(
+        default=None,
+        metadata=_doc(
+            """``loss_fn(output, *labels)``; ``None``: the last chunk returns the loss. In graph
+            mode an inline lambda is rewritten for ``mindspore.jit``; one without source is refused."""
+        ),
+    )
+    scale_grads: bool = field(
+        default=False,
+        metadata=_doc('divide the gradients by ``micro_batch_num`` (``loss_reduction="mean"``).'),
+    )
+    timeout_s: float = field(default=300.0, metadata=_doc("bound, in seconds, on every wait for a peer."))
+    sync_steps: bool | None = field(
+        default=None,
+        metadata=_doc(
+            """wait for each compute step's results before the next, so ``timeline`` shows each
+            step's own time; ``None``: the device policy's default (on for CPU, where it was
+            measured 2-3x faster; off on devices and with the CPU fast paths off)."""
+        ),
+    )
+    mesh: Any = field(
+        default=None,
+        metadata=_doc(
+            """a :class:`~graph_exec.DeviceMesh` (this rank is pipeline rank ``mesh.pp_rank`` of
+            replica ``mesh.dp_rank``); ``None``: one pipeline over the whole world."""
+        ),
+    )
+    dp_bucket_bytes: int = field(
+        default=DEFAULT_BUCKET_BYTES,
+        metadata=_doc("size of the flat buckets in which gradients are averaged over ``mesh.dp``."),
+    )
+    recompute: bool = field(
+        default=False,
+        metadata=_doc(
+            """``False``: a stage's backward runs the bprop of its taped forward; ``True``: keep
+            only its inputs and record the forward again (less activation memory)."""
+        ),
+    )
+    keep_preprocess_tape: bool = field(
+        default=False,
+        metadata=_doc(
+            """opt-in, for a trainable preprocess: record each ``TFWD`` whose backward runs on
+            the same rank (owner backward: every owner's micro-batches; central: rank 0's own)
+            under the tape, so that backward runs the recorded bprop instead of recomputing the
+            preprocess. Costs the preprocess activations of those micro-batches, held from
+            ``TFWD`` to their backward; cannot be combined with ``recompute=True``."""
+        ),
+    )
+    loss_reduction: str = field(
+        default="mean",
+        metadata=_doc(
+            """``"mean"``: ``loss_fn`` returns a scalar per micro-batch, the gradients are summed
+            over micro-batches (their mean with ``scale_grads``); ``"token"``: ``loss_fn`` returns
+            ``(sum_of_token_losses, token_count)`` and the gradients are those of
+            ``Σ sums / Σ counts`` over every micro-batch of every replica."""
+        ),
+    )
+    loss_scaler: Any = field(
+        default=None,
+        metadata=_doc(
+            """``mindspore.amp.DynamicLossScaler`` or ``StaticLossScaler``: the last stage scales
+            the loss (a graph input), the gradients are unscaled after the step, every rank of the
+            mesh gets one overflow verdict (``grads_finite``) and the scaler is adjusted with it
+            after every ``run()``."""
+        ),
+    )
+    tied_parameters: Sequence[tuple[str, str]] | None = field(
+        default=None,
+        metadata=_doc(
+            """pairs of parameter names (as on their ranks) that are one weight, e.g.
+            ``[("embed.table.embedding_table", "head.weight")]``: checked equal at the first
+            step, their gradients summed between the ranks holding them after every step,
+            counted once by ``clip_grad_norm``."""
+        ),
+    )
+    shapes: str = field(
+        default="static",
+        metadata=_doc(
+            """``"static"`` (every new shape compiles its kernels) or ``"buckets"``: every
+            positional input and label is padded along each dim of ``shape_buckets`` up to the
+            smallest bucket that holds it, and the loss gets one float32 mask per dim after the
+            labels, ``loss_fn(output, *labels, *masks)`` (1 on real positions); at most one
+            compilation per bucket. ``"dynamic"``: nothing padded; each kernel compiles a static
+            graph for its first shape and one dynamic-shape graph for every other size (two
+            compilations per kernel, plus one static graph for a shape that keeps coming back;
+            ``docs/shapes.md``)."""
+        ),
+    )
+    shape_buckets: Mapping[int, Sequence[int]] | None = field(
+        default=None,
+        metadata=_doc(
+            """``{dim: sizes}`` with ``shapes="buckets"``, e.g. ``{1: (64, 128, 256)}`` for the
+            sequence dim: a dim >= 1, sizes strictly increasing; a length above the largest
+            bucket is an error."""
+        ),
+    )
+    shape_pad_value: float = field(
+        default=0, metadata=_doc("what padded positions of inputs and labels hold.")
+    )
+    kernel_cache_size: int = field(
+        default=DEFAULT_KERNEL_CACHE_SIZE,
+        metadata=_doc(
+            """how many compiled kernels the executor keeps (least recently used evicted first;
+            ``stats()`` counts the evictions)."""
+        ),
+    )
+    jit_options: Mapping[str, Any] | None = field(
+        default=None,
+        metadata=_doc(
+            """compiler options handed to every ``mindspore.jit`` the library makes (graph mode),
+            e.g. ``{"jit_level": "O1"}``; keys: ``jit_level`` (``"O0"``, ``"O1"``), ``backend``,
+            ``fullgraph``, ``exec_order``, ``disable_format_transform``. ``None``: MindSpore's
+            defaults. ``docs/api.md`` says what the levels mean on Ascend."""
+        ),
+    )
+    tower_order: str = field(
+        default="arrival",
+        metadata=_doc(
+            """``"arrival"`` (micro-batch ``m`` of the batch runs as plan micro ``m``) or
+            ``"balanced"``: each step places the micro-batches by their preprocess cost, given as
+            ``run(..., tower_costs=[...])`` (``docs/schedule.md``, "Tower placement"); the losses
+            still come back in the batch's order. Needs a preprocess and replicated input. The
+            default stays ``"arrival"`` until balanced is measured no slower."""
+        ),
+    )
+    #: The padding of ``shapes="buckets"`` (``None`` otherwise), made from the three shape options.
+    bucketing: ShapeBuckets | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        mode = checks.choice("mode", self.mode, MODES)
+        checks.choice("run_ahead", self.run_ahead, RUN_AHEAD)
+        checks.choice("backward", self.backward, BACKWARD)
+        checks.choice("input", self.input, INPUT)
+        self._set("loss_fn", _check_loss_fn(self.loss_fn, mode))
+        self._set("scale_grads", bool(self.scale_grads))
+        self._set("timeout_s", checks.positive_seconds("timeout_s", self.timeout_s))
+        _check_mesh(self.mesh)
+        checks.positive_int("dp_bucket_bytes", self.dp_bucket_bytes)
+        checks.boolean("recompute", self.recompute)
+        checks.boolean("keep_preprocess_tape", self.keep_preprocess_tape)
+        if self.keep_preprocess_tape and self.recompute:
+            raise ValueError(
+                "keep_preprocess_tape=True and recompute=True contradict each other: the first keeps "
+                "the preprocess activations to skip a recompute, the second recomputes to save them"
+            )
+        checks.choice("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
+        if self.loss_reduction == "token" and self.scale_grads:
+            raise ValueError(
+                "scale_grads=True divides by the micro-batch count and loss_reduction='token' by the "
+                "global token count: pass one of them"
+            )
+        check_loss_scaler(self.loss_scaler)
+        self._set("tied_parameters", check_pairs(self.tied_parameters))
+        self._set("bucketing", check_shapes(self.shapes, self.shape_buckets, self.shape_pad_value))
+        checks.positive_int("kernel_cache_size", self.kernel_cache_size)
+        self._set("jit_options", check_jit_options(self.jit_options))
+        if (
+            checks.choice("tower_order", self.tower_order, TOWER_ORDERS) == "balanced"
+            and self.input == "owned"
+        ):
+            raise ValueError(
+                "tower_order='balanced' with input='owned': an owner holds the raw input of the plan "
+                "micro-batches it owns, so placing another micro-batch there would need its data; "
+                "use input='replicated' or tower_order='arrival'"
+            )
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # frozen: only __post_init__ normalises
+
+
+def _check_loss_fn(loss_fn: Callable[..., Any] | None, mode: str) -> Callable[..., Any] | None:
+    """``loss_fn``, rewritten in graph mode into a function ``mindspore.jit`` can parse."""
+    if loss_fn is None:
+        return None
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable or None, got {type(loss_fn).__name__}")
+    return jit_parseable(loss_fn) if mode == "graph" else loss_fn
+
+
+def _check_mesh(mesh: Any) -> None:
+    if mesh is not None:
+        from graph_exec.transport.mesh import DeviceMesh
+
+        if not isinstance(mesh, DeviceMesh):
+            raise TypeError(f"mesh must be a graph_exec.DeviceMesh or None, got {type(mesh).__name__}")
+
+
+def option_names(transposes: bool = True) -> tuple[str, ...]:
+    """The keyword options of a schedule (without the MPipe-only ones when it does not transpose)."""
+    return tuple(
+        f.name for f in fields(ScheduleOptions) if f.init and (transposes or f.name not in MPIPE_ONLY)
+    )
+
+
+def options_from_keywords(keywords: dict[str, Any], schedule: str, transposes: bool) -> ScheduleOptions:
+    """The checked options of a ``schedule(...)`` call's keyword arguments.
+
+    ``overflow`` is taken for ``run_ahead`` with a ``DeprecationWarning`` (both: an error). A
+    schedule that does not transpose refuses the MPipe-only options, an unknown name is refused
+    with the list of options.
+    """
+    keywords = dict(keywords)
+    for old, new in RENAMED.items():
+        if old in keywords:
+            if new in keywords:
+                raise TypeError(f"{schedule}: pass {new}= or its old name {old}=, not both")
+            if transposes:
+                warnings.warn(
+                    f"{schedule}: the option {old}= is now called {new}=; {old}= will be removed",
+                    DeprecationWarning,
+                    stacklevel=3,  # the caller of the schedule's constructor
+                )
+                keywords[new] = checks.choice(old, keywords.pop(old), RUN_AHEAD)
+    if not transposes:
+        refused = [name for name in keywords if name in MPIPE_ONLY or name in RENAMED]
+        if refused:
+            raise TypeError(
+                f"{schedule} does not transpose the preprocess (rank 0 runs all of it), so "
+                f"{', '.join(refused)} do not apply: drop them, or use ScheduleMPipeTranspose"
+            )
+    unknown = sorted(set(keywords) - set(option_names(transposes)))
+    if unknown:
+        raise TypeError(
+            f"{schedule} got unexpected keyword argument(s) {unknown}; its options are: "
+            f"{', '.join(option_names(transposes))}"
+        )
+    return ScheduleOptions(**keywords)
+
+
+def schedule_signature(transposes: bool) -> inspect.Signature:
+    """The signature a schedule's ``help()`` shows: its positional arguments, then every option."""
+    plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    positional = [
+        inspect.Parameter("stages", plain, annotation="PipelineStage | Sequence[PipelineStage]"),
+        inspect.Parameter("micro_batch_num", plain, annotation="int"),
+        inspect.Parameter("preprocess_module", plain, default=None, annotation="Any"),
+        inspect.Parameter("num_transpose_layers", plain, default=0, annotation="int"),
+    ]
+    by_name = {f.name: f for f in fields(ScheduleOptions)}
+    keyword = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=by_name[name].default, annotation=by_name[name].type
+        )
+        for name in option_names(transposes)
+    ]
+    return inspect.Signature([*positional, *keyword], return_annotation=None)
+
+
+def options_doc(transposes: bool = True, indent: str = "    ") -> str:
+    """The option list of a docstring, from the fields' documentation."""
+    lines = []
+    by_name = {f.name: f for f in fields(ScheduleOptions)}
+    for name in option_names(transposes):
+        text = f"{name}: {by_name[name].metadata['doc']}"
+        lines.append(textwrap.fill(text, 96, initial_indent=indent * 2, subsequent_indent=indent * 3))
+    return "\n".join(lines)
+
+
+ScheduleOptions.__doc__ = f"{ScheduleOptions.__doc__.rstrip()}\n\n    Options:\n{options_doc()}\n"
