@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graph_exec.cli.argtypes import non_negative_int, port, positive_int, seconds
-from graph_exec.cli.status import STATUS, StatusPrinter
+from graph_exec.cli.status import StatusPrinter
 from graph_exec.device import TARGETS
 from graph_exec.launch import DEFAULT_MASTER_PORT, LaunchResult, Nodes, launch
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
+from graph_exec.report.status import STATUS
 from graph_exec.schedule import PlanConfigError
 
 #: The script msrun starts on every rank (the harness lives apart from the command line).

@@ -32,7 +32,6 @@ from mindspore import nn
 
 import graph_exec as ge
 from graph_exec.checkpoint import SavedCheckpoint
-from graph_exec.cli.status import CompileWatch, announce
 from graph_exec.device import wait_for
 from graph_exec.errors import GraphExecError
 from graph_exec.examples import load
@@ -40,6 +39,7 @@ from graph_exec.examples.common import ExampleModel
 from graph_exec.executors import create_executor
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.records import Event, RankRecord, StepRecord
+from graph_exec.report.status import CompileWatch, announce
 from graph_exec.transport import DeviceMesh, Transport, all_gather_objects, barrier, bound_backend_waits
 
 #: Repeats of the dispatch calibration (hook call and bare kernel call, alternated).
