@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -137,31 +138,73 @@ def load_checkpoint(
     """Load this rank's file of a complete checkpoint into the schedule's parameters (and the
     optimizer's state, if given); call on every rank. Returns the step loaded.
 
-    ``step=None`` loads the latest complete step. Before anything is loaded on any rank, every
-    rank checks that the checkpoint was written by a job set up like this one (world size,
-    mesh, stage count, V, preprocess, schedule class and options, this rank's stages), that its
-    file has the recorded checksum and that it holds exactly this rank's tensors, with their
-    shapes; any failure raises on every rank and leaves every parameter untouched. Works
-    before the first ``run()``; values are copied in place, so compiled graphs stay valid.
+    ``step=None`` loads the latest complete step; if a rank file of it does not match the
+    checksum recorded when it completed, every rank falls back to the previous complete step
+    (``keep=2`` keeps one), with a warning naming the step, the rank and the file, and rank 0
+    sets the corrupt step aside as ``step_<k>.corrupt`` (kept for inspection; the job can save
+    step ``k`` again). Before anything is loaded on any rank, every rank checks that the
+    checkpoint was written by a job set up like this one (world size, mesh, stage count, V,
+    preprocess, schedule class and options, this rank's stages), that its file has the
+    recorded checksum and that it holds exactly this rank's tensors, with their shapes; any
+    other failure raises on every rank and leaves every parameter untouched. Restores each
+    rank's MindSpore random-generator state where the checkpoint holds it. Works before the
+    first ``run()``; values are copied in place, so compiled graphs stay valid.
     """
     folder = _directory(directory)
     if step is not None:
         step = _step(step, "step")
     timeout = _timeout(schedule, timeout_s)
     rank, world = _where()
-    what = f"loading {'the latest complete checkpoint' if step is None else f'checkpoint step {step}'} from {folder}"
-    targets: dict[str, Any] = {}
-    stored: dict[str, Any] = {}
-    chosen = -1 if step is None else step
-    try:
-        chosen, targets, stored = _check_rank_file(schedule, folder, step, optimizer, rank, world)
-        outcome, error = {"ok": True, "rank": rank, "step": chosen}, None
-    except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
-        outcome, error = _failure(rank, chosen, exc), exc
-    outcomes = _exchange(outcome, world, timeout, what)
-    _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
-    state.assign(targets, stored)
-    return chosen
+    candidates: list[int | None] = [step]
+    if step is None:
+        latest, skipped = layout.find_latest(folder, verify=False)  # each rank checks its own file
+        for newer in skipped:
+            _warn(newer.describe(folder))
+        candidates = [
+            s for s in reversed(layout.complete_steps(folder)) if latest is not None and s <= latest
+        ]
+        candidates = candidates or [None]
+    for index, candidate in enumerate(candidates):
+        what = (
+            f"loading checkpoint step {candidate} from {folder}"
+            if candidate is not None
+            else f"loading the latest complete checkpoint from {folder}"
+        )
+        targets: dict[str, Any] = {}
+        stored: dict[str, Any] = {}
+        chosen = -1 if candidate is None else candidate
+        try:
+            chosen, targets, stored = _check_rank_file(schedule, folder, candidate, optimizer, rank, world)
+            outcome, error = {"ok": True, "rank": rank, "step": chosen}, None
+        except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
+            outcome, error = _failure(rank, chosen, exc), exc
+        outcomes = _exchange(outcome, world, timeout, what)
+        failed = [o for o in outcomes if not o["ok"]]
+        earlier = candidates[index + 1] if index + 1 < len(candidates) else None
+        if step is None and earlier is not None and failed and all(o.get("corrupt") for o in failed):
+            _fall_back(folder, chosen, earlier, failed, rank)
+            continue
+        _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
+        state.assign(targets, stored)
+        return chosen
+    raise AssertionError("unreachable: the last candidate either loads or raises")
+
+
+def _fall_back(folder: Path, corrupt: int, earlier: int, failed: Sequence[dict[str, Any]], rank: int) -> None:
+    """Every rank: say that step ``corrupt`` is corrupt and ``earlier`` is loaded instead;
+    rank 0 sets the corrupt step aside (before the next exchange, so every rank sees it gone)."""
+    where = "; ".join(f"rank {o['rank']}: {o['error']}" for o in failed)
+    aside = f"{layout.step_dir(folder, corrupt).name}.corrupt"
+    if rank == 0:
+        try:
+            aside = layout.set_aside(folder, corrupt, "corrupt").name
+        except OSError as exc:
+            _warn(f"could not set corrupt checkpoint step {corrupt} aside: {exc}")
+    warnings.warn(
+        f"checkpoint step {corrupt} in {folder} is corrupt ({where}); loading the previous "
+        f"complete step {earlier} instead; the corrupt step is set aside as {aside}",
+        stacklevel=3,
+    )
 
 
 # -- one rank's part -------------------------------------------------------------------------
@@ -293,7 +336,14 @@ def _exchange(outcome: dict[str, Any], world: int, timeout_s: float, what: str) 
 
 def _failure(rank: int, step: int, exc: BaseException) -> dict[str, Any]:
     kind = type(exc).__name__ if type(exc).__name__ in _ERRORS else "CheckpointError"
-    return {"ok": False, "rank": rank, "step": step, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "ok": False,
+        "rank": rank,
+        "step": step,
+        "kind": kind,
+        "error": f"{type(exc).__name__}: {exc}",
+        "corrupt": isinstance(exc, CheckpointCorruptError),
+    }
 
 
 def _raise_failures(
@@ -350,6 +400,4 @@ def _timeout(schedule: Any, timeout_s: float | None) -> float:
 
 
 def _warn(message: str) -> None:
-    import warnings
-
     warnings.warn(message, stacklevel=3)

@@ -215,13 +215,7 @@ def test_missing_rank_file_makes_the_step_incomplete(tmp_path):
             job.load(tmp_path, step=2)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
-def test_damaged_rank_file_names_file_and_rank_and_loads_nothing(tmp_path, damage):
-    job = Job("trainable")
-    job.save(tmp_path, 1)
-    job.train(1, 1)
-    job.save(tmp_path, 2)
-    path = tmp_path / "step_2" / "rank_0.ckpt"
+def damage_file(path, damage):
     data = bytearray(path.read_bytes())
     path.chmod(0o600)
     if damage == "truncated":
@@ -229,14 +223,61 @@ def test_damaged_rank_file_names_file_and_rank_and_loads_nothing(tmp_path, damag
     else:
         data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
+def test_damaged_rank_file_names_file_and_rank_and_loads_nothing(tmp_path, damage):
+    job = Job("trainable")
+    job.save(tmp_path, 1)
+    job.train(1, 1)
+    job.save(tmp_path, 2)
+    damage_file(tmp_path / "step_2" / "rank_0.ckpt", damage)
     fresh = Job("trainable", seed=3)
     before = fresh.values()
     with pytest.raises(
         CheckpointCorruptError, match=r"step_2/rank_0.ckpt \(rank 0's file of step 2\).*step=.*\[1, 2\]"
     ):
-        fresh.load(tmp_path)
+        fresh.load(tmp_path, step=2)  # asked for by name: no fallback
     assert_same_values(fresh.values(), before, atol=0)
     assert fresh.load(tmp_path, step=1) == 1  # the way out the message names
+
+
+def test_a_corrupt_latest_step_falls_back_to_the_previous_complete_one(tmp_path):
+    job = Job("trainable")
+    job.train(0, 1)
+    job.save(tmp_path, 1)
+    at_step_1 = job.values()
+    job.train(1, 1)
+    job.save(tmp_path, 2)  # keep=2: step 1 stays
+    damage_file(tmp_path / "step_2" / "rank_0.ckpt", "corrupted")
+    with pytest.warns(
+        UserWarning, match=r"skipping corrupt checkpoint step 2 .*rank_0.ckpt does not match the checksum"
+    ):
+        assert ge.latest_checkpoint(tmp_path) == 1  # what a launcher sees: the same step
+    fresh = Job("trainable", seed=3)
+    with pytest.warns(UserWarning) as seen:
+        assert fresh.load(tmp_path) == 1
+    (message,) = [str(w.message) for w in seen]
+    assert (
+        "checkpoint step 2" in message
+        and "rank 0" in message
+        and "loading the previous complete step 1" in message
+    )
+    assert_same_values(fresh.values(), at_step_1, atol=0)
+    # set aside, not deleted: the job saves step 2 again, and the damaged file stays to inspect
+    assert (tmp_path / "step_2.corrupt" / "rank_0.ckpt").is_file() and not (tmp_path / "step_2").exists()
+    fresh.train(1, 1)
+    fresh.save(tmp_path, 2)
+    assert ge.latest_checkpoint(tmp_path) == 2
+
+
+def test_a_corrupt_only_step_is_an_error(tmp_path):
+    job = Job("none")
+    job.save(tmp_path, 1)
+    damage_file(tmp_path / "step_1" / "rank_0.ckpt", "corrupted")
+    with pytest.raises(CheckpointCorruptError, match=r"rank 0's file of step 1"):
+        Job("none", seed=2).load(tmp_path)
+    assert (tmp_path / "step_1").is_dir()  # nothing to fall back to: left where it is
 
 
 def test_other_setup_lists_every_difference_before_loading(tmp_path):

@@ -235,3 +235,36 @@ def test_each_rank_is_compared_with_its_own_recorded_facts():
     assert differences(saved, job_facts(without, 2), 0, [0, 2]) == [
         "preprocess: checkpoint 'trainable', this job 'none'"
     ]
+
+
+def checksummed_step(directory: Path, step: int, ranks: int = 2) -> Path:
+    """A complete step whose manifest records each rank file's SHA-256, as a save writes it."""
+    folder = fake_step(directory, step, ranks)
+    manifest = json.loads((folder / layout.MANIFEST).read_text())
+    for entry in manifest["ranks"]:
+        (folder / entry["file"]).write_bytes(f"step {step} rank {entry['rank']}".encode())
+        entry["sha256"] = layout.sha256_of(folder / entry["file"])
+    layout.write_json_atomically(folder / layout.MANIFEST, manifest)
+    return folder
+
+
+def test_a_corrupt_latest_step_falls_back_to_the_previous_one_and_says_why(tmp_path):
+    checksummed_step(tmp_path, 2)
+    newest = checksummed_step(tmp_path, 4)
+    (newest / "rank_1.ckpt").write_bytes(b"changed since")
+    with pytest.warns(UserWarning) as seen:
+        assert layout.latest_checkpoint(tmp_path) == 2
+    (message,) = [str(w.message) for w in seen]
+    assert message == (
+        f"skipping corrupt checkpoint step 4 in {tmp_path}: rank_1.ckpt does not match the checksum "
+        "recorded when the step completed (truncated or changed since)"
+    )
+    assert quiet_latest(tmp_path) == 2
+    assert layout.latest_checkpoint(tmp_path, verify=False) == 4  # files present: complete
+    latest, skipped = layout.find_latest(tmp_path)
+    assert latest == 2 and [(s.step, s.corrupt) for s in skipped] == [(4, True)]
+    aside = layout.set_aside(tmp_path, 4, "corrupt")
+    assert aside.name == "step_4.corrupt" and (aside / "rank_1.ckpt").is_file()
+    assert sorted(layout.step_dirs(tmp_path)) == [2] and layout.latest_checkpoint(tmp_path) == 2
+    checksummed_step(tmp_path, 4)
+    assert layout.set_aside(tmp_path, 4, "corrupt").name == "step_4.corrupt.1"  # never overwrites
