@@ -65,7 +65,8 @@ def save_checkpoint(
     """Write what this rank owns to ``directory/step_<step>/rank_<rank>.ckpt``; call on every rank.
 
     This rank's file holds every parameter of its stage chunks and preprocess replica (frozen
-    ones included), the loss scaler's scale and counter (with ``loss_scaler=``) and, if
+    ones included), the loss scaler's scale and counter (with ``loss_scaler=``), this
+    process's MindSpore generator state (``mindspore.get_rng_state()``) and, if
     ``optimizer`` is given, the optimizer's state, in MindSpore's own
     checkpoint format (``mindspore.load_checkpoint`` reads it). Once every rank's file is on
     disk, rank 0 writes ``complete.json`` — world size, device mesh, schedule options,
@@ -87,7 +88,7 @@ def save_checkpoint(
     try:
         model = state.model_parameters(schedule)
         extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
-        outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra})
+        outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra, **state.rng_state()})
         outcome["optimizer"] = sorted(extra) if optimizer is not None else None
         outcome["facts"] = job_facts(schedule, world)  # per rank: ranks may legitimately differ
         error = None
@@ -186,6 +187,7 @@ def load_checkpoint(
             continue
         _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
         state.assign(targets, stored)
+        state.restore_rng_state(stored)
         return chosen
     raise AssertionError("unreachable: the last candidate either loads or raises")
 
@@ -278,7 +280,9 @@ def _check_rank_file(
     model = state.model_parameters(schedule)
     saved_optimizer = set(entry.get("optimizer") or [])
     problems = state.mismatches(
-        model, {k: v for k, v in stored.items() if k not in saved_optimizer}, "model parameters"
+        model,
+        {k: v for k, v in stored.items() if k not in saved_optimizer and k != state.RNG_STATE},
+        "model parameters",
     )
     targets = dict(model)
     if optimizer is not None:
