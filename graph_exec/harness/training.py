@@ -161,7 +161,12 @@ class Trainer:
         return ge.save_checkpoint(self.schedule, self._checkpoint_dir(), steps_done, optimizer=self.optimizer)
 
     def resume(self, steps_done: int) -> None:
-        """Load the checkpoint of step ``steps_done`` before training on (every rank)."""
+        """Load the checkpoint of step ``steps_done`` before training on (every rank).
+
+        Says so first: a load that fails is then reported as failing in step ``steps_done + 1``
+        (:func:`graph_exec.cli.jobs.steps_finished`), not in the first step.
+        """
+        print(PROGRESS + json.dumps({"run": self.spec.name, "resuming": steps_done}), flush=True)
         began = time.perf_counter()
         ge.load_checkpoint(self.schedule, self._checkpoint_dir(), optimizer=self.optimizer, step=steps_done)
         line = {"run": self.spec.name, "resumed": steps_done, "seconds": time.perf_counter() - began}

@@ -398,3 +398,22 @@ def test_checkpoint_survives_a_copy(tmp_path):
     other = Job("frozen", seed=5)
     assert other.load(tmp_path / "b") == 2
     assert_same_values(other.values(), job.values(), atol=0)
+
+
+def test_a_resuming_worker_says_which_step_it_loads_before_loading(monkeypatch, capsys, tmp_path):
+    """So that a load failing on every rank is reported in the step after the checkpoint."""
+    from types import SimpleNamespace
+
+    from graph_exec.cli.jobs import steps_finished
+    from graph_exec.harness.training import Trainer
+
+    def corrupt(*args, **kwargs):
+        raise CheckpointCorruptError("rank_1.ckpt does not match")
+
+    monkeypatch.setattr(ge, "load_checkpoint", corrupt)
+    worker = SimpleNamespace(
+        spec=SimpleNamespace(name="run"), schedule=None, optimizer=None, _checkpoint_dir=lambda: tmp_path
+    )
+    with pytest.raises(CheckpointCorruptError):
+        Trainer.resume(worker, 4)
+    assert steps_finished(capsys.readouterr().out) == 4
