@@ -160,3 +160,17 @@ def test_simulate_body_only_has_no_saving_line(capsys: pytest.CaptureFixture[str
     # 8*2*(1+2) + 3*(1+2) = 57 with the default costs (forward 1, backward 2 per chunk)
     assert out.splitlines()[0] == "step time: 57"
     assert "MPipe" not in out
+
+
+def test_plan_flags_default_to_what_plan_config_defaults_to(capsys: pytest.CaptureFixture[str]) -> None:
+    from graph_exec.cli import build_parser
+    from graph_exec.cli.plan import config_from_args
+    from graph_exec.schedule import PlanConfig
+
+    parser = build_parser("plan")
+    assert config_from_args(parser.parse_args(["plan", "--pp", "3"]), parser) == PlanConfig(pp=3)
+    code, short, _ = _run(["plan", "--pp", "2"], capsys)
+    assert code == 0
+    assert (
+        short == _run(["plan", "--pp", "2", "--vpp", "1", "--micro", "2", "--preprocess", "none"], capsys)[1]
+    )
