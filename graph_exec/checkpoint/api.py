@@ -68,8 +68,9 @@ def save_checkpoint(
     ones included), the loss scaler's scale and counter (with ``loss_scaler=``), this
     process's MindSpore generator state (``mindspore.get_rng_state()``) and, if
     ``optimizer`` is given, the optimizer's state, in MindSpore's own
-    checkpoint format (``mindspore.load_checkpoint`` reads it). Once every rank's file is on
-    disk, rank 0 writes ``complete.json`` — world size, device mesh, schedule options,
+    checkpoint format (``mindspore.load_checkpoint`` reads it). ``directory`` must be the same
+    filesystem for every rank (shared by every host of a multi-host job): once every rank's
+    file is on disk and rank 0 sees them all, rank 0 writes ``complete.json`` — world size, device mesh, schedule options,
     stage->rank map, a SHA-256 per rank file — and only then deletes complete checkpoints
     beyond the newest ``keep`` (``None``: keep all) and the debris of older failed saves.
     Call it between steps (after the optimizer update and ``zero_grad()``): accumulated
@@ -100,6 +101,7 @@ def save_checkpoint(
     removed: list[int] = []
     if rank == 0:
         try:
+            _check_visible(path, outcomes)
             manifest = {
                 "format": layout.FORMAT,
                 "version": layout.VERSION,
@@ -112,7 +114,7 @@ def save_checkpoint(
             layout.write_json_atomically(path / layout.MANIFEST, manifest)
             removed = layout.prune(folder, step, keep, _warn)
             outcome, error = {"ok": True, "rank": 0, "step": step}, None
-        except (OSError, ValueError) as exc:
+        except (CheckpointError, OSError, ValueError) as exc:
             outcome, error = _failure(0, step, exc), exc
     else:
         outcome = {"ok": True, "rank": rank, "step": step}
@@ -250,6 +252,19 @@ def _write_rank_file(
         "stages": local_stages(schedule),
         "tensors": len(tensors),
     }
+
+
+def _check_visible(path: Path, outcomes: Sequence[dict[str, Any]]) -> None:
+    """Rank 0, before the manifest: every rank's file must be on rank 0's disk, or the manifest
+    would call complete a step that rank 0 cannot check (hosts with disks of their own)."""
+    unseen = [o["rank"] for o in outcomes if not (path / o["file"]).is_file()]
+    if unseen:
+        raise CheckpointError(
+            f"rank 0 cannot see the files of rank(s) {unseen} in {path}, which they wrote: the "
+            "checkpoint directory must be one filesystem shared by every host (a shared or network "
+            "filesystem), since rank 0 checks that every rank's file is there before the step counts "
+            "as complete"
+        )
 
 
 def _check_rank_file(
