@@ -335,8 +335,8 @@ def resume_phase(root: Path) -> None:
 
     # Each rank's random generator state comes back with its checkpoint.
     def generator_state() -> None:
+        job = Job(base)  # builds with ms.set_seed, which seeds the generator too
         ms.manual_seed(100 + rank)
-        job = Job(base)
         job.save(root / "rng", 1)
         ms.manual_seed(5)
         job.load(root / "rng")
