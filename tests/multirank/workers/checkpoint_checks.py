@@ -335,7 +335,7 @@ def resume_phase(root: Path) -> None:
 
     # Each rank's random generator state comes back with its checkpoint.
     def generator_state() -> None:
-        job = Job(base)  # builds with ms.set_seed, which seeds the generator too
+        job = Job(base)
         ms.manual_seed(100 + rank)
         job.save(root / "rng", 1)
         ms.manual_seed(5)
