@@ -92,8 +92,8 @@ def test_plan_formats(capsys: pytest.CaptureFixture[str]) -> None:
             "--with-idle applies to --format text only",
         ),
         (
-            ["plan", "--pp", "2", "--micro", "4", "--preprocess", "none"],
-            "the following arguments are required: --vpp",
+            ["plan", "--vpp", "2", "--micro", "4"],
+            "the following arguments are required: --pp",
         ),
         (
             ["simulate", *PLAN[1:], "--preprocess", "none", "--fwd-time", "-1"],
