@@ -318,7 +318,7 @@ def _check_rank_file(
 
 def _choose(folder: Path, step: int | None) -> tuple[int, dict[str, Any]]:
     if step is None:
-        latest = layout.latest_checkpoint(folder)
+        latest = layout.find_latest(folder, verify=False)[0]  # skipped steps: said by the caller
         if latest is None:
             leftovers = sorted(layout.step_dirs(folder))
             raise CheckpointNotFoundError(

@@ -31,11 +31,16 @@ class ResumeRefused(ValueError):
 @dataclass(frozen=True)
 class ResumePoint:
     """The step a run starts from (0: the beginning), the newer steps to set aside before the
-    launch (``(step, label)``), and what to tell the user about skipped steps (said once)."""
+    launch (``(step, label)``), and the newer steps skipped, with why (to be said once)."""
 
     step: int
     set_aside: tuple[tuple[int, str], ...] = ()
-    notes: tuple[str, ...] = ()
+    skipped: tuple[layout.Skipped, ...] = ()
+    folder: Path = Path()
+
+    def notes(self, *, corrupt_only: bool = False) -> list[str]:
+        """One line per skipped step (``corrupt_only``: leave out the debris of failed saves)."""
+        return [s.describe(self.folder) for s in self.skipped if s.corrupt or not corrupt_only]
 
 
 def expected_facts(job: JobSpec) -> dict[str, Any]:
@@ -65,7 +70,7 @@ def choose(
     skips that (a relaunch of the same job).
     """
     latest, skipped = layout.find_latest(folder)
-    notes = tuple(s.describe(folder) for s in skipped)
+    notes = [s.describe(folder) for s in skipped]
     complete = layout.complete_steps(folder)
     if not resume and resume_step is None:
         if complete:
@@ -74,19 +79,19 @@ def choose(
                 "pass --resume to continue from it (or --resume-step K for an earlier complete step), "
                 "or choose another directory"
             )
-        return ResumePoint(0, (), notes)
+        return ResumePoint(0, (), tuple(skipped), folder)
     if resume_step is not None:
         step, manifest = _named_step(folder, resume_step, complete, skipped)
         corrupt = {s.step for s in skipped if s.corrupt}
         aside = tuple((s, "corrupt" if s in corrupt else "superseded") for s in complete if s > step)
-        notes = ()
+        skipped = []  # the step was named: what is wrong with newer ones does not matter
     elif latest is None:
         if any(s.corrupt for s in skipped):
             raise ResumeRefused(
                 f"--resume: no checkpoint in {folder} can be loaded: {'; '.join(notes)}. Restore the "
                 "files, or start afresh in another --checkpoint-dir"
             )
-        return ResumePoint(0, (), notes)
+        return ResumePoint(0, (), tuple(skipped), folder)
     else:
         step, manifest = latest, layout.read_manifest(folder, latest) or {}
         aside = tuple((s.step, "corrupt") for s in skipped if s.corrupt)
@@ -97,7 +102,7 @@ def choose(
             + "; ".join(_with_flag(difference) for difference in found)
             + ". Resume with the flags it was written with, or use another --checkpoint-dir"
         )
-    return ResumePoint(step, aside, notes)
+    return ResumePoint(step, aside, tuple(skipped), folder)
 
 
 #: The flags behind each fact :func:`expected_facts` compares.

@@ -319,9 +319,8 @@ def resumed_job(job: JobSpec, say: Callable[[str], None]) -> JobSpec | str:
         point = choose(folder, resume=True, resume_step=None, expected=None)
     except ResumeRefused as refused:
         return str(refused)
-    for note in point.notes:
-        if "corrupt" in note:  # the debris of a save that died is expected after a failure
-            say(note)
+    for note in point.notes(corrupt_only=True):  # the debris of a save that died is expected here
+        say(note)
     set_aside(folder, point, say)
     latest = point.step
     if latest >= job.end_step:
@@ -369,7 +368,7 @@ def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     job, point = job_and_start(args, parser)
-    for note in point.notes:
+    for note in point.notes():
         print(f"graph-exec run: {note}", file=sys.stderr)
     if job.first_step >= args.steps:
         print(f"nothing to do: the latest checkpoint is step {job.first_step}, --steps is {args.steps}")
