@@ -373,7 +373,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if job.first_step >= args.steps:
         print(f"nothing to do: the latest checkpoint is step {job.first_step}, --steps is {args.steps}")
         return 0
-    if args.checkpoint_dir is not None:
+    if args.checkpoint_dir is not None and args.node_rank == 0:  # one launcher renames (the dir is shared)
         set_aside(args.checkpoint_dir, point, lambda text: print(f"graph-exec run: {text}", file=sys.stderr))
     total = job.end_step
     print(describe(job), flush=True)
