@@ -12,6 +12,8 @@ Synthetic task: each sequence counts upward with a stride of 1, 2 or 3 from a ra
 from __future__ import annotations
 
 import numpy as np
+from mindspore import Tensor, nn
+
 from graph_exec.examples.common import Example, ExampleModel
 from graph_exec.examples.lm import (
     Block,
@@ -21,7 +23,6 @@ from graph_exec.examples.lm import (
     lm_cross_entropy,
     masked_lm_cross_entropy,
 )
-from mindspore import Tensor, nn
 
 SEQ = 32
 

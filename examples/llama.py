@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from graph_exec.examples.common import Example, ExampleModel
 
 SEQ = 32

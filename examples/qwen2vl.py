@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from graph_exec.examples.common import Example, ExampleModel
 
 CLASSES, TEXT = 4, 16

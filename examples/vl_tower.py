@@ -14,9 +14,10 @@ learns to read the image tokens.
 from __future__ import annotations
 
 import numpy as np
+from mindspore import Tensor, nn, ops
+
 from graph_exec.examples.common import Example, ExampleModel
 from graph_exec.examples.lm import LMConfig, build_lm_stages, lm_cross_entropy
-from mindspore import Tensor, nn, ops
 
 IMAGE, PATCH, CHANNELS, CLASSES, TEXT = 32, 4, 3, 4, 16
 

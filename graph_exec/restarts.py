@@ -277,12 +277,14 @@ def run_attempts(
 
 
 def _latest(folder: Path | None) -> int | None:
-    """The latest complete checkpoint step in ``folder`` (0: none yet; ``None``: no folder)."""
+    """The step an attempt starting now resumes from: the latest complete checkpoint in ``folder``
+    whose rank files match their checksums, as ``load_checkpoint`` chooses it (0: none yet;
+    ``None``: no folder)."""
     if folder is None:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the debris of a save that died is expected here
-        return latest_checkpoint(folder) or 0
+        return latest_checkpoint(folder, verify=True) or 0
 
 
 def _failed_attempt(

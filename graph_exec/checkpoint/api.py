@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -65,10 +66,12 @@ def save_checkpoint(
     """Write what this rank owns to ``directory/step_<step>/rank_<rank>.ckpt``; call on every rank.
 
     This rank's file holds every parameter of its stage chunks and preprocess replica (frozen
-    ones included), the loss scaler's scale and counter (with ``loss_scaler=``) and, if
+    ones included), the loss scaler's scale and counter (with ``loss_scaler=``), this
+    process's MindSpore generator state (``mindspore.get_rng_state()``) and, if
     ``optimizer`` is given, the optimizer's state, in MindSpore's own
-    checkpoint format (``mindspore.load_checkpoint`` reads it). Once every rank's file is on
-    disk, rank 0 writes ``complete.json`` — world size, device mesh, schedule options,
+    checkpoint format (``mindspore.load_checkpoint`` reads it). ``directory`` must be the same
+    filesystem for every rank (shared by every host of a multi-host job): once every rank's
+    file is on disk and rank 0 sees them all, rank 0 writes ``complete.json`` — world size, device mesh, schedule options,
     stage->rank map, a SHA-256 per rank file — and only then deletes complete checkpoints
     beyond the newest ``keep`` (``None``: keep all) and the debris of older failed saves.
     Call it between steps (after the optimizer update and ``zero_grad()``): accumulated
@@ -89,7 +92,7 @@ def save_checkpoint(
     try:
         model = state.model_parameters(schedule)
         extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
-        outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra})
+        outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra, **state.rng_state()})
         outcome["optimizer"] = sorted(extra) if optimizer is not None else None
         outcome["facts"] = job_facts(schedule, world)  # per rank: ranks may legitimately differ
         outcome["data"] = None if data is None else data.state_dict()
@@ -102,6 +105,7 @@ def save_checkpoint(
     removed: list[int] = []
     if rank == 0:
         try:
+            _check_visible(path, outcomes)
             manifest = {
                 "format": layout.FORMAT,
                 "version": layout.VERSION,
@@ -114,7 +118,7 @@ def save_checkpoint(
             layout.write_json_atomically(path / layout.MANIFEST, manifest)
             removed = layout.prune(folder, step, keep, _warn)
             outcome, error = {"ok": True, "rank": 0, "step": step}, None
-        except (OSError, ValueError) as exc:
+        except (CheckpointError, OSError, ValueError) as exc:
             outcome, error = _failure(0, step, exc), exc
     else:
         outcome = {"ok": True, "rank": rank, "step": step}
@@ -142,12 +146,17 @@ def load_checkpoint(
     """Load this rank's file of a complete checkpoint into the schedule's parameters (and the
     optimizer's state, if given); call on every rank. Returns the step loaded.
 
-    ``step=None`` loads the latest complete step. Before anything is loaded on any rank, every
-    rank checks that the checkpoint was written by a job set up like this one (world size,
-    mesh, stage count, V, preprocess, schedule class and options, this rank's stages), that its
-    file has the recorded checksum and that it holds exactly this rank's tensors, with their
-    shapes; any failure raises on every rank and leaves every parameter untouched. Works
-    before the first ``run()``; values are copied in place, so compiled graphs stay valid.
+    ``step=None`` loads the latest complete step; if a rank file of it does not match the
+    checksum recorded when it completed, every rank falls back to the previous complete step
+    (``keep=2`` keeps one), with a warning naming the step, the rank and the file, and rank 0
+    sets the corrupt step aside as ``step_<k>.corrupt`` (kept for inspection; the job can save
+    step ``k`` again). Before anything is loaded on any rank, every rank checks that the
+    checkpoint was written by a job set up like this one (world size, mesh, stage count, V,
+    preprocess, schedule class and options, this rank's stages), that its file has the
+    recorded checksum and that it holds exactly this rank's tensors, with their shapes; any
+    other failure raises on every rank and leaves every parameter untouched. Restores each
+    rank's MindSpore random-generator state where the checkpoint holds it. Works before the
+    first ``run()``; values are copied in place, so compiled graphs stay valid.
     ``data``: the job's :class:`graph_exec.data.DataLoader`, moved to the position saved with
     ``save_checkpoint(..., data=)`` (checked with the rest before anything is loaded).
     """
@@ -156,22 +165,60 @@ def load_checkpoint(
         step = _step(step, "step")
     timeout = _timeout(schedule, timeout_s)
     rank, world = _where()
-    what = f"loading {'the latest complete checkpoint' if step is None else f'checkpoint step {step}'} from {folder}"
-    targets: dict[str, Any] = {}
-    stored: dict[str, Any] = {}
-    chosen = -1 if step is None else step
-    try:
-        chosen, targets, stored = _check_rank_file(schedule, folder, step, optimizer, rank, world)
-        position = None if data is None else _data_position(folder, chosen, rank, data)
-        outcome, error = {"ok": True, "rank": rank, "step": chosen}, None
-    except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
-        outcome, error = _failure(rank, chosen, exc), exc
-    outcomes = _exchange(outcome, world, timeout, what)
-    _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
-    state.assign(targets, stored)
-    if data is not None:
-        data.load_state_dict(position)
-    return chosen
+    candidates: list[int | None] = [step]
+    if step is None:
+        latest, skipped = layout.find_latest(folder, verify=False)  # each rank checks its own file
+        for newer in skipped:
+            _warn(newer.describe(folder))
+        candidates = [
+            s for s in reversed(layout.complete_steps(folder)) if latest is not None and s <= latest
+        ]
+        candidates = candidates or [None]
+    for index, candidate in enumerate(candidates):
+        what = (
+            f"loading checkpoint step {candidate} from {folder}"
+            if candidate is not None
+            else f"loading the latest complete checkpoint from {folder}"
+        )
+        targets: dict[str, Any] = {}
+        stored: dict[str, Any] = {}
+        chosen = -1 if candidate is None else candidate
+        try:
+            chosen, targets, stored = _check_rank_file(schedule, folder, candidate, optimizer, rank, world)
+            position = None if data is None else _data_position(folder, chosen, rank, data)
+            outcome, error = {"ok": True, "rank": rank, "step": chosen}, None
+        except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
+            outcome, error = _failure(rank, chosen, exc), exc
+        outcomes = _exchange(outcome, world, timeout, what)
+        failed = [o for o in outcomes if not o["ok"]]
+        earlier = candidates[index + 1] if index + 1 < len(candidates) else None
+        if step is None and earlier is not None and failed and all(o.get("corrupt") for o in failed):
+            _fall_back(folder, chosen, earlier, failed, rank)
+            continue
+        _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
+        state.assign(targets, stored)
+        state.restore_rng_state(stored)
+        if data is not None:
+            data.load_state_dict(position)
+        return chosen
+    raise AssertionError("unreachable: the last candidate either loads or raises")
+
+
+def _fall_back(folder: Path, corrupt: int, earlier: int, failed: Sequence[dict[str, Any]], rank: int) -> None:
+    """Every rank: say that step ``corrupt`` is corrupt and ``earlier`` is loaded instead;
+    rank 0 sets the corrupt step aside (before the next exchange, so every rank sees it gone)."""
+    where = "; ".join(f"rank {o['rank']}: {o['error']}" for o in failed)
+    aside = f"{layout.step_dir(folder, corrupt).name}.corrupt"
+    if rank == 0:
+        try:
+            aside = layout.set_aside(folder, corrupt, "corrupt").name
+        except OSError as exc:
+            _warn(f"could not set corrupt checkpoint step {corrupt} aside: {exc}")
+    warnings.warn(
+        f"checkpoint step {corrupt} in {folder} is corrupt ({where}); loading the previous "
+        f"complete step {earlier} instead; the corrupt step is set aside as {aside}",
+        stacklevel=3,
+    )
 
 
 def _data_position(folder: Path, step: int, rank: int, data: Any) -> dict[str, Any]:
@@ -233,6 +280,19 @@ def _write_rank_file(
     }
 
 
+def _check_visible(path: Path, outcomes: Sequence[dict[str, Any]]) -> None:
+    """Rank 0, before the manifest: every rank's file must be on rank 0's disk, or the manifest
+    would call complete a step that rank 0 cannot check (hosts with disks of their own)."""
+    unseen = [o["rank"] for o in outcomes if not (path / o["file"]).is_file()]
+    if unseen:
+        raise CheckpointError(
+            f"rank 0 cannot see the files of rank(s) {unseen} in {path}, which they wrote: the "
+            "checkpoint directory must be one filesystem shared by every host (a shared or network "
+            "filesystem), since rank 0 checks that every rank's file is there before the step counts "
+            "as complete"
+        )
+
+
 def _check_rank_file(
     schedule: Any, folder: Path, step: int | None, optimizer: Any, rank: int, world: int
 ) -> tuple[int, dict[str, Any], dict[str, Any]]:
@@ -261,7 +321,9 @@ def _check_rank_file(
     model = state.model_parameters(schedule)
     saved_optimizer = set(entry.get("optimizer") or [])
     problems = state.mismatches(
-        model, {k: v for k, v in stored.items() if k not in saved_optimizer}, "model parameters"
+        model,
+        {k: v for k, v in stored.items() if k not in saved_optimizer and k != state.RNG_STATE},
+        "model parameters",
     )
     targets = dict(model)
     if optimizer is not None:
@@ -282,7 +344,7 @@ def _check_rank_file(
 
 def _choose(folder: Path, step: int | None) -> tuple[int, dict[str, Any]]:
     if step is None:
-        latest = layout.latest_checkpoint(folder)
+        latest = layout.find_latest(folder, verify=False)[0]  # skipped steps: said by the caller
         if latest is None:
             leftovers = sorted(layout.step_dirs(folder))
             raise CheckpointNotFoundError(
@@ -319,7 +381,14 @@ def _exchange(outcome: dict[str, Any], world: int, timeout_s: float, what: str) 
 
 def _failure(rank: int, step: int, exc: BaseException) -> dict[str, Any]:
     kind = type(exc).__name__ if type(exc).__name__ in _ERRORS else "CheckpointError"
-    return {"ok": False, "rank": rank, "step": step, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "ok": False,
+        "rank": rank,
+        "step": step,
+        "kind": kind,
+        "error": f"{type(exc).__name__}: {exc}",
+        "corrupt": isinstance(exc, CheckpointCorruptError),
+    }
 
 
 def _raise_failures(
@@ -376,6 +445,4 @@ def _timeout(schedule: Any, timeout_s: float | None) -> float:
 
 
 def _warn(message: str) -> None:
-    import warnings
-
     warnings.warn(message, stacklevel=3)

@@ -133,3 +133,23 @@ def differences(manifest: dict[str, Any], now: dict[str, Any], rank: int, stages
     elif entry["stages"] != stages:
         found.append(f"stages of rank {rank}: checkpoint {entry['stages']}, this job {stages}")
     return found
+
+
+def differences_from_expected(manifest: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """Every way the job that wrote ``manifest`` differs from a partial description of a job.
+
+    ``expected`` holds some of :func:`job_facts`' keys (and some ``options``), as a launcher
+    knows them before any rank runs; keys it does not hold are not compared. Used to refuse a
+    resume before launching (the ranks' own check at the load compares everything).
+    """
+    found = [
+        f"{label}: checkpoint {manifest.get(key)!r}, this job {expected[key]!r}"
+        for key, label in _LABELS.items()
+        if key in expected and manifest.get(key) != expected[key]
+    ]
+    saved_options = manifest.get("options", {})
+    for name, current in sorted(expected.get("options", {}).items()):
+        before = saved_options.get(name, "<not set>")
+        if before != current:
+            found.append(f"option {name}: checkpoint {before!r}, this job {current!r}")
+    return found

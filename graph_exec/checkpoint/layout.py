@@ -3,7 +3,9 @@
 ``DIR/step_<k>/rank_<r>.ckpt`` holds what rank ``r`` owns at step ``k``;
 ``DIR/step_<k>/complete.json`` (the *manifest*) is written last, by rank 0, once every rank
 file is on disk. A step is **complete** when its manifest parses and every rank file it lists
-exists; anything else is the debris of a failed save and does not exist for loading. Every
+exists; anything else is the debris of a failed save and does not exist for loading. A
+complete step whose rank file no longer matches the SHA-256 its manifest recorded is
+*corrupt*: the latest step loads only if none of its files is, else the previous one does. Every
 file is written under a temporary name, flushed, fsynced and renamed, and the directory is
 fsynced after the rename, so a crash leaves either the old state or the new one.
 """
@@ -17,6 +19,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,20 +135,88 @@ def complete_steps(directory: Path) -> list[int]:
     return sorted(s for s in step_dirs(directory) if read_manifest(directory, s) is not None)
 
 
-def latest_checkpoint(directory: str | os.PathLike[str]) -> int | None:
-    """The latest complete step in ``directory`` (``None`` if there is none).
+def corrupt_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """The rank files of a complete step whose SHA-256 is not the one its manifest recorded
+    (reads every file once: what a load would find, checked before any rank starts)."""
+    folder = step_dir(directory, int(manifest["step"]))
+    return [
+        entry["file"]
+        for entry in manifest["ranks"]
+        if "sha256" in entry and sha256_of(folder / entry["file"]) != entry["sha256"]
+    ]
 
-    Pure Python: usable from a launcher or a shell script that decides whether to resume.
-    A newer step that is not complete (a save that died, a rank file gone) is skipped with a
-    warning saying why.
+
+@dataclass(frozen=True)
+class Skipped:
+    """A step newer than the latest usable one, and why it cannot be loaded."""
+
+    step: int
+    corrupt: bool  #: complete, but a rank file fails its checksum (else: incomplete)
+    why: str
+
+    def describe(self, directory: Path) -> str:
+        kind = "corrupt" if self.corrupt else "incomplete"
+        return f"skipping {kind} checkpoint step {self.step} in {directory}: {self.why}"
+
+
+def find_latest(
+    directory: str | os.PathLike[str], *, verify: bool = True
+) -> tuple[int | None, list[Skipped]]:
+    """The latest step that can be loaded (``None``: none) and every newer step skipped, newest first.
+
+    A step is skipped when it is not complete or, with ``verify``, when a rank file does not
+    match the checksum recorded when the step completed.
     """
     folder = Path(directory)
+    skipped = []
     for step in sorted(step_dirs(folder), reverse=True):
         manifest, why = check_step(folder, step)
-        if manifest is not None:
-            return step
-        warnings.warn(f"skipping incomplete checkpoint step {step} in {folder}: {why}", stacklevel=2)
-    return None
+        if manifest is None:
+            skipped.append(Skipped(step, False, why))
+            continue
+        bad = corrupt_files(folder, manifest) if verify else []
+        if not bad:
+            return step, skipped
+        skipped.append(
+            Skipped(
+                step,
+                True,
+                f"{', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not match the checksum recorded "
+                "when the step completed (truncated or changed since)",
+            )
+        )
+    return None, skipped
+
+
+def latest_checkpoint(directory: str | os.PathLike[str], *, verify: bool = True) -> int | None:
+    """The latest complete step in ``directory`` whose rank files match their checksums
+    (``None`` if there is none): the step ``load_checkpoint`` loads by default.
+
+    Pure Python: usable from a launcher or a shell script that decides whether to resume.
+    A newer step that is not complete (a save that died, a rank file gone) or, with
+    ``verify`` (the default; it reads every rank file of the steps it looks at), that fails
+    its checksum is skipped with a warning naming the step and the reason: the previous
+    complete step (``keep=2`` keeps one) is the latest then.
+    """
+    latest, skipped = find_latest(directory, verify=verify)
+    for step in skipped:
+        warnings.warn(step.describe(Path(directory)), stacklevel=2)
+    return latest
+
+
+def set_aside(directory: Path, step: int, label: str) -> Path:
+    """Rename ``step_<step>`` to ``step_<step>.<label>`` (``.1``, ``.2``, ... if taken), so that
+    it is no step any more (nothing loads, prunes or refuses a save because of it) while its
+    files stay for the user to inspect. Returns the new path."""
+    path = step_dir(directory, step)
+    target = path.with_name(f"{path.name}.{label}")
+    count = 0
+    while target.exists():
+        count += 1
+        target = path.with_name(f"{path.name}.{label}.{count}")
+    os.replace(path, target)
+    fsync_dir(directory)
+    return target
 
 
 def remove_step(path: Path) -> None:

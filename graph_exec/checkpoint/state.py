@@ -4,8 +4,10 @@ A rank owns every parameter of its stage chunks and of its preprocess replica (f
 included, so a resumed job needs no other file), its loss scaler's state (the scale and, for a
 ``DynamicLossScaler``, the count of finite steps since the last change, stored under
 :data:`SCALER_PREFIX`: a resumed fp16 job goes on with the scale it had reached, not the
-initial one) and, when given, its optimizer's state: the optimizer's parameters that are not
-model parameters (Adam's moments, step counters, the learning rate). Values are loaded *in
+initial one), the state of its MindSpore random generator (:data:`RNG_STATE`, what
+``mindspore.get_rng_state()`` returns: seed and offset of ``mindspore.default_generator``) and,
+when given, its optimizer's state: the optimizer's parameters that are not model parameters
+(Adam's moments, step counters, the learning rate). Values are loaded *in
 place* (:func:`~graph_exec.device.assign_in_place`): a compiled graph keeps reading a
 parameter's storage, so swapping it (``set_data``) would force every graph to recompile.
 """
@@ -32,6 +34,32 @@ def _add(found: dict[str, Any], param: Any, what: str) -> None:
 #: Prefix of the loss scaler's tensors in a rank file (its own names, ``scale_value`` and
 #: ``counter``, could be a model's).
 SCALER_PREFIX = "graph_exec.loss_scaler."
+
+
+#: Name of the random generator's state in a rank file.
+RNG_STATE = "graph_exec.rng.default_generator"
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's MindSpore generator state, by its name in a rank file.
+
+    MindSpore 2.10's generator feeds the random operators that take a seed and an offset
+    (``mint.nn.functional.dropout``, ``mint.rand``, ...: Ascend kernels). The older stateful
+    operators (``nn.Dropout``, i.e. ``ops.Dropout``, ``ops.randn``, and every random operator
+    that runs on CPU) keep their generator inside each kernel, which MindSpore does not expose:
+    those cannot be saved (docs/restarts.md, "Resuming exactly").
+    """
+    import mindspore as ms
+
+    return {RNG_STATE: ms.get_rng_state()}
+
+
+def restore_rng_state(stored: Mapping[str, Any]) -> None:
+    """Set the generator to the state in ``stored``, if the file holds one (older ones do not)."""
+    import mindspore as ms
+
+    if RNG_STATE in stored:
+        ms.set_rng_state(stored[RNG_STATE])
 
 
 def model_parameters(schedule: Any) -> dict[str, Any]:

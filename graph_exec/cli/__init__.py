@@ -8,8 +8,11 @@ only when the command line names them, so ``graph-exec plan`` never imports Mind
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
+
+from graph_exec.cli.helpformat import DefaultsHelpFormatter
 
 #: Sub-command name -> module (relative to this package) that implements it.
 COMMANDS = {
@@ -27,7 +30,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="graph-exec",
         description="Plan, simulate, run and benchmark MPipe Transpose pipelines on MindSpore.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        parser_class=functools.partial(argparse.ArgumentParser, formatter_class=DefaultsHelpFormatter),
+    )
     for name, module in COMMANDS.items():
         if only is None or only == name:
             importlib.import_module(module, __name__).register(sub)

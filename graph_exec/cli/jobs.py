@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graph_exec.cli.argtypes import non_negative_int, port, positive_int, seconds
-from graph_exec.cli.status import STATUS, StatusPrinter
+from graph_exec.cli.status import StatusPrinter
 from graph_exec.device import TARGETS
 from graph_exec.launch import DEFAULT_MASTER_PORT, LaunchResult, Nodes, launch
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
+from graph_exec.report.status import STATUS
 from graph_exec.schedule import PlanConfigError
 
 #: The script msrun starts on every rank (the harness lives apart from the command line).
@@ -313,21 +314,28 @@ def execute(
 
 def steps_finished(log: str) -> int:
     """From a worker's log: how many steps of the training it has finished (the steps of its
-    checkpoint when it resumed and finished none since; 0 when it finished none at all)."""
+    checkpoint when it resumed, or was loading it, and finished none since; 0 when it finished
+    none at all)."""
     done = 0
     for line in log.splitlines():
         if line.startswith(PROGRESS):
             entry = json.loads(line[len(PROGRESS) :])
-            done = entry["resumed"] if "resumed" in entry else entry["step"] + 1
+            done = entry.get("resuming", entry.get("resumed", entry.get("step", -1) + 1))
     return done
 
 
 def last_finished_step(log: str) -> str:
     """From a worker's log: the last step its progress lines say it finished."""
-    done = [json.loads(line[len(PROGRESS) :]) for line in log.splitlines() if line.startswith(PROGRESS)]
-    if not done:
-        return "no step finished (it failed in start-up or in its first step)"
-    return f"last finished step {done[-1]['step'] + 1} (run {done[-1]['run']})"
+    lines = [json.loads(line[len(PROGRESS) :]) for line in log.splitlines() if line.startswith(PROGRESS)]
+    done = [line for line in lines if "step" in line]
+    if done:
+        return f"last finished step {done[-1]['step'] + 1} (run {done[-1]['run']})"
+    loads = [line for line in lines if "resuming" in line or "resumed" in line]
+    if loads and "resumed" in loads[-1]:
+        return f"no step finished after loading checkpoint step {loads[-1]['resumed']}"
+    if loads:
+        return f"no step finished: it failed while loading checkpoint step {loads[-1]['resuming']}"
+    return "no step finished (it failed in start-up or in its first step)"
 
 
 def _echo(

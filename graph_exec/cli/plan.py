@@ -25,16 +25,22 @@ from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW, PREPROCESS
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that describe a plan."""
+    defaults = PlanConfig(pp=1)  # the flags default to what the Python API defaults to
     group = parser.add_argument_group("plan")
     group.add_argument("--pp", metavar="P", type=positive_int, required=True, help="pipeline ranks")
-    group.add_argument("--vpp", metavar="V", type=positive_int, required=True, help="model chunks per rank")
     group.add_argument(
-        "--micro", metavar="M", type=positive_int, required=True, help="micro-batches per step"
+        "--vpp", metavar="V", type=positive_int, default=defaults.vpp, help="model chunks per rank"
+    )
+    group.add_argument(
+        "--micro",
+        metavar="M",
+        type=positive_int,
+        help="micro-batches per step (default: P, one round of micro-batches)",
     )
     group.add_argument(
         "--preprocess",
         choices=PREPROCESS,
-        required=True,
+        default=defaults.preprocess,
         help="trainable (weights broadcast, TBWD), frozen (outputs only) or none (dataload only)",
     )
     group.add_argument(
@@ -49,14 +55,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--overflow",
         dest="overflow",
         choices=OVERFLOW,
-        default="full",
+        default=defaults.overflow,
         help="how far the transposed preprocess runs ahead: micros beyond NT=min(P,M) spread over the "
         "owners (full) or inline on rank 0 (min); --overflow is its old name",
     )
     group.add_argument(
         "--backward",
         choices=BACKWARD,
-        default="central",
+        default=defaults.backward,
         help="preprocess gradient on rank 0 (central) or on each owner + all-reduce (owner)",
     )
     group.add_argument(
@@ -64,7 +70,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="each micro's raw input lives on its owner only (ships it to rank 0 for central backward)",
     )
-    group.add_argument("--body", choices=BODY, default="interleaved", help="body schedule")
+    group.add_argument("--body", choices=BODY, default=defaults.body, help="body schedule")
     group.add_argument(
         "--no-transpose",
         dest="transpose",

@@ -14,11 +14,9 @@ import importlib.util
 import json
 import sys
 import time
-import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from graph_exec.checkpoint.layout import latest_checkpoint
 from graph_exec.cli.argtypes import bucket_sizes, length_range, non_negative_int, positive_int
 from graph_exec.cli.jobs import (
     JobFailed,
@@ -31,6 +29,7 @@ from graph_exec.cli.jobs import (
     output_file,
     run_directory,
 )
+from graph_exec.cli.resume import ResumePoint, ResumeRefused, choose, expected_facts, set_aside
 from graph_exec.device import DevicePolicy, fast_paths_requested
 from graph_exec.report.analysis import summarize
 from graph_exec.report.job import JobSpec, RunSpec
@@ -100,6 +99,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("example", choices=tuple(EXAMPLES), help="the example model")
     add_model_arguments(parser)
+    _add_schedule_arguments(parser)
+    _add_shape_arguments(parser)
+    _add_output_arguments(parser)
+    _add_checkpoint_arguments(parser)
+    add_launch_arguments(parser, timeout_s=300)
+    parser.set_defaults(func=lambda args: _run(args, parser))
+
+
+def _add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("schedule")
     group.add_argument(
         "--mode", choices=("graph", "pynative"), default="graph", help="executor (default graph)"
@@ -136,6 +144,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the fair baseline: interleaved 1F1B with the same preprocess run on rank 0 right before "
         "F 0.m, nothing transposed (what MPipe is measured against)",
     )
+
+
+def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     shapes = parser.add_argument_group("shapes (embed_lm)")
     shapes.add_argument(
         "--seq-len-range",
@@ -156,12 +167,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=bucket_sizes,
         help="bucket sizes of the sequence dim for --shapes buckets (default: 4 even steps up to MAX)",
     )
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument(
         "--trace", metavar="FILE", type=output_file, help="write every rank's timeline (chrome trace)"
     )
     out.add_argument("--plot", metavar="FILE.png", type=output_file, help="draw the last step of every rank")
-    ckpt = parser.add_argument_group("checkpoints")
+
+
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    ckpt = parser.add_argument_group(
+        "checkpoints",
+        "one directory shared by every host (a shared filesystem with --nodes > 1): each "
+        "checkpoint's completeness is checked by one rank, which must see every rank's file",
+    )
     ckpt.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
@@ -174,7 +195,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ckpt.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the latest complete checkpoint in --checkpoint-dir (from step 0 if there is none)",
+        help="continue from the latest complete checkpoint in --checkpoint-dir whose files match their "
+        "checksums (a corrupt latest one is skipped for the previous one; from step 0 if there is none)",
+    )
+    ckpt.add_argument(
+        "--resume-step",
+        metavar="K",
+        type=non_negative_int,
+        help="continue from complete checkpoint step K instead of the latest (newer steps are set aside "
+        "as DIR/step_<k>.superseded: the job writes them again)",
     )
     ckpt.add_argument(
         "--max-restarts",
@@ -184,17 +213,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="when a rank dies or times out, relaunch the job from the latest complete checkpoint, at "
         "most N times (needs --checkpoint-dir; default 0)",
     )
-    add_launch_arguments(parser, timeout_s=300)
-    parser.set_defaults(func=lambda args: _run(args, parser))
 
 
-def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """The step this run starts from: the latest complete checkpoint with ``--resume``, else 0.
+def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: JobSpec) -> ResumePoint:
+    """Where this run starts: with ``--resume`` the latest usable checkpoint, with
+    ``--resume-step K`` step K, else 0 (see :mod:`graph_exec.cli.resume`).
 
     Checkpoint flags that cannot work exit with code 2 before anything launches: ``--save-every``,
-    ``--resume`` or ``--max-restarts`` without a directory, ``--max-restarts`` on several hosts,
-    and a directory that already holds checkpoints without ``--resume`` (saving older steps next
-    to them would be refused mid-run).
+    ``--resume``, ``--resume-step`` or ``--max-restarts`` without a directory, ``--max-restarts``
+    on several hosts, a directory that already holds checkpoints without ``--resume`` (saving
+    older steps next to them would be refused mid-run), a step that is not complete or is
+    corrupt, or one written by a job set up differently (``job``: this one, before its steps
+    are known).
     """
     folder = args.checkpoint_dir
     if folder is None:
@@ -203,25 +233,18 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                 f"--max-restarts {args.max_restarts} needs --checkpoint-dir DIR: a restart resumes from "
                 "the latest checkpoint there (add --save-every N to lose at most N steps)"
             )
-        if args.save_every or args.resume:
-            parser.error("--save-every and --resume need --checkpoint-dir DIR")
-        return 0
+        if args.save_every or args.resume or args.resume_step is not None:
+            parser.error("--save-every, --resume and --resume-step need --checkpoint-dir DIR")
+        return ResumePoint(0)
     if args.max_restarts and args.nodes > 1:
         parser.error(
             f"--max-restarts needs a job on one host, not --nodes {args.nodes}: the launchers of several "
             "hosts cannot agree on a relaunch; restart a multi-host job with --resume"
         )
-    with warnings.catch_warnings(record=True) as skipped:
-        warnings.simplefilter("always")
-        latest = latest_checkpoint(folder)
-    for warning in skipped:
-        print(f"graph-exec run: {warning.message}", file=sys.stderr)
-    if latest is not None and not args.resume:
-        parser.error(
-            f"--checkpoint-dir {str(folder)!r} already holds checkpoints (latest: step {latest}): pass "
-            "--resume to continue from it, or choose another directory"
-        )
-    return latest or 0
+    try:
+        return choose(folder, resume=args.resume, resume_step=args.resume_step, expected=expected_facts(job))
+    except ResumeRefused as refused:
+        parser.error(str(refused))
 
 
 #: The examples whose batches take a sequence length (and whose loss has a masked form).
@@ -249,6 +272,11 @@ def shape_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
     """The job ``args`` describe, checked the way the workers would check it (exit 2 if not)."""
+    return job_and_start(args, parser)[0]
+
+
+def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[JobSpec, ResumePoint]:
+    """:func:`job_from_args`, and where the job starts (the notes and set-asides to act on)."""
     from graph_exec.examples import TRAINABLE_BY_DEFAULT
 
     micro, batch = workload(args, parser)
@@ -272,15 +300,17 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         keep_preprocess_tape=args.keep_preprocess_tape,
     )
     shapes = shape_options(args, parser)
-    first = first_step(args, parser)
-    steps, warmup = _split(max(args.steps - first, 1))  # the caller stops before launching when none remain
-    job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=steps, warmup=warmup)
+    job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=args.steps, warmup=0)
     job = dataclasses.replace(job, **shapes)
+    point = first_step(args, parser, job)
+    # at least one step: the caller stops before launching when none remain
+    steps, warmup = _split(max(args.steps - point.step, 1))
+    job = dataclasses.replace(job, steps=steps, warmup=warmup)
     if args.checkpoint_dir is None:
-        return job
+        return job, point
     return dataclasses.replace(
-        job, first_step=first, save_every=args.save_every or 0, checkpoint_dir=str(args.checkpoint_dir)
-    )
+        job, first_step=point.step, save_every=args.save_every or 0, checkpoint_dir=str(args.checkpoint_dir)
+    ), point
 
 
 def _split(remaining: int) -> tuple[int, int]:
@@ -288,12 +318,19 @@ def _split(remaining: int) -> tuple[int, int]:
     return (remaining - 1, 1) if remaining > 1 else (1, 0)
 
 
-def resumed_job(job: JobSpec) -> JobSpec | str:
-    """``job`` relaunched from the latest complete checkpoint of its directory (what ``--resume``
-    does), or why it cannot be: every step is in a complete checkpoint already."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the debris of a save that died is expected after a failure
-        latest = latest_checkpoint(job.checkpoint_dir or "") or 0
+def resumed_job(job: JobSpec, say: Callable[[str], None]) -> JobSpec | str:
+    """``job`` relaunched from the latest usable checkpoint of its directory (what ``--resume``
+    does: a corrupt latest step is set aside for the previous complete one, and ``say`` is told),
+    or why it cannot be: every step is in a complete checkpoint already, or none can be loaded."""
+    folder = Path(job.checkpoint_dir or "")
+    try:
+        point = choose(folder, resume=True, resume_step=None, expected=None)
+    except ResumeRefused as refused:
+        return str(refused)
+    for note in point.notes(corrupt_only=True):  # the debris of a save that died is expected here
+        say(note)
+    set_aside(folder, point, say)
+    latest = point.step
     if latest >= job.end_step:
         return f"checkpoint step {latest} is complete: the training finished, the job failed after it"
     steps, warmup = _split(job.end_step - latest)
@@ -321,6 +358,8 @@ def describe(job: JobSpec) -> str:
 
 def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
     """What the user sees for one progress line of the workers."""
+    if "resuming" in line:
+        return f"loading checkpoint step {line['resuming']}..."
     if "resumed" in line:
         return f"resumed from checkpoint step {line['resumed']} (loaded in {line['seconds'] * 1e3:.0f} ms)"
     loss = "-" if line["loss"] is None else f"{line['loss']:.4f}"
@@ -336,10 +375,14 @@ def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    job = job_from_args(args, parser)
+    job, point = job_and_start(args, parser)
+    for note in point.notes():
+        print(f"graph-exec run: {note}", file=sys.stderr)
     if job.first_step >= args.steps:
         print(f"nothing to do: the latest checkpoint is step {job.first_step}, --steps is {args.steps}")
         return 0
+    if args.checkpoint_dir is not None and args.node_rank == 0:  # one launcher renames (the dir is shared)
+        set_aside(args.checkpoint_dir, point, lambda text: print(f"graph-exec run: {text}", file=sys.stderr))
     total = job.end_step
     print(describe(job), flush=True)
     if job.first_step:
@@ -352,7 +395,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     current = [job]  # the job of the latest attempt
 
     def relaunch(attempt: int) -> JobSpec | str:
-        resumed = resumed_job(current[-1])
+        resumed = resumed_job(current[-1], lambda text: print(f"graph-exec run: {text}", file=sys.stderr))
         if isinstance(resumed, JobSpec):
             current.append(resumed)
             print(

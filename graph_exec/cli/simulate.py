@@ -80,9 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--tower-costs",
         metavar="W,W,...",
         type=tower_weights,
-        default=(),
         help="each micro-batch's tower weight (e.g. its image patches), multiplying --pre-fwd-time, "
-        "--recompute-time and --pre-bwd-time; one per micro-batch (default: all 1)",
+        "--recompute-time and --pre-bwd-time; one per micro-batch (default: every weight 1)",
     )
     group.add_argument(
         "--tower-order",
@@ -113,7 +112,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     costs = OpCosts(
         **{name: getattr(args, f"cost_{name}") for name, _, _ in _COST_FLAGS.values()},
         fused_last_stage=args.fused_last_stage,
-        tower_costs=args.tower_costs,
+        tower_costs=args.tower_costs or (),
     )
     plan = build_or_report(config, parser.prog)
     if plan is None:

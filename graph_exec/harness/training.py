@@ -32,7 +32,6 @@ from mindspore import nn
 
 import graph_exec as ge
 from graph_exec.checkpoint import SavedCheckpoint
-from graph_exec.cli.status import CompileWatch, announce
 from graph_exec.device import wait_for
 from graph_exec.errors import GraphExecError
 from graph_exec.examples import load
@@ -40,6 +39,7 @@ from graph_exec.examples.common import ExampleModel
 from graph_exec.executors import create_executor
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.records import Event, RankRecord, StepRecord
+from graph_exec.report.status import CompileWatch, announce
 from graph_exec.transport import DeviceMesh, Transport, all_gather_objects, barrier, bound_backend_waits
 
 #: Repeats of the dispatch calibration (hook call and bare kernel call, alternated).
@@ -161,7 +161,12 @@ class Trainer:
         return ge.save_checkpoint(self.schedule, self._checkpoint_dir(), steps_done, optimizer=self.optimizer)
 
     def resume(self, steps_done: int) -> None:
-        """Load the checkpoint of step ``steps_done`` before training on (every rank)."""
+        """Load the checkpoint of step ``steps_done`` before training on (every rank).
+
+        Says so first: a load that fails is then reported as failing in step ``steps_done + 1``
+        (:func:`graph_exec.cli.jobs.steps_finished`), not in the first step.
+        """
+        print(PROGRESS + json.dumps({"run": self.spec.name, "resuming": steps_done}), flush=True)
         began = time.perf_counter()
         ge.load_checkpoint(self.schedule, self._checkpoint_dir(), optimizer=self.optimizer, step=steps_done)
         line = {"run": self.spec.name, "resumed": steps_done, "seconds": time.perf_counter() - began}

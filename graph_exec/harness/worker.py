@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
 
     prepare_mindspore(job.device, device_id=local_device_id(job.device, local_workers), verbose=job.verbose)
     init()
-    from graph_exec.cli.status import announce
+    from graph_exec.report.status import announce
 
     announce("started")
     from graph_exec.harness.training import train

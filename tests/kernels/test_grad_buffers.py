@@ -8,9 +8,10 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
+from mindspore import Parameter, ParameterTuple, Tensor, ops
+
 from graph_exec.kernels import GradBuffers, make_accumulate, make_buffer
 from graph_exec.kernels.grad_buffers import make_host_accumulate
-from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 
 def buffers_like(values: list[np.ndarray], prefix: str) -> ParameterTuple:

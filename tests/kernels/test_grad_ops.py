@@ -10,6 +10,8 @@ import math
 import mindspore as ms
 import numpy as np
 import pytest
+from mindspore import Parameter, ParameterTuple, Tensor, amp, ops
+
 from graph_exec.kernels import (
     HostGradients,
     accumulator_dtype,
@@ -20,7 +22,6 @@ from graph_exec.kernels import (
     make_unscale_and_check,
     make_zero_grads,
 )
-from mindspore import Parameter, ParameterTuple, Tensor, amp, ops
 
 PREPARE = {"graph": ms.jit, "pynative": lambda kernel: kernel}
 SHAPES = [(7, 5), (5,), (3, 4, 2), (0, 3)]

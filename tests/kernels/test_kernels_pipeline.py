@@ -12,10 +12,10 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from graph_exec.examples.lm import LMConfig, build_lm_stages, lm_cross_entropy
 from mindspore import Tensor, nn
 
 from graph_exec.device import policy
+from graph_exec.examples.lm import LMConfig, build_lm_stages, lm_cross_entropy
 from graph_exec.executors import create_executor
 from tests.models.common import assert_close, loss_fn, named
 from tests.models.kernel import MODES, micro_batches, reference, snapshot

@@ -12,13 +12,13 @@ import re
 import mindspore as ms
 import numpy as np
 import pytest
-from graph_exec.kernels import make_stage_forward, make_stage_loss
 from mindspore import ParameterTuple, Tensor, nn
 
 import graph_exec as ge
 from graph_exec.benchmarks.executor_speed import measure_in_fresh_process
 from graph_exec.executors import create_executor
 from graph_exec.executors.tape import NOT_A_TUPLE, Tape
+from graph_exec.kernels import make_stage_forward, make_stage_loss
 from tests.models.common import assert_close, loss_fn, named
 from tests.models.kernel import FEATURES, MODES, WIDTH, Classifier, Combiner, Mixer, Projector, snapshot
 

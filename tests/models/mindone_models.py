@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from graph_exec.examples import llama, qwen2vl
 
 import graph_exec.models as gm
+from graph_exec.examples import llama, qwen2vl
 
 
 def qwen2(layers: int = 4, seed: int = 0):

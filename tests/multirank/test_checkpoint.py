@@ -67,7 +67,13 @@ def test_resume_is_exact_and_faults_are_reported(run_workers, tmp_path):
     second = run_workers("checkpoint_checks.py", 2, "resume", str(root), timeout_s=900)
     expected = {
         "killed.loads_step_3",
-        "corrupted.reported_on_every_rank",
+        "corrupted.explicit_step_is_reported_on_every_rank",
+        "corrupted.falls_back_to_step_2",
+        "corrupted.says_so",
+        "corrupted.set_aside",
+        "own_disks.refused_on_every_rank",
+        "own_disks.never_complete",
+        "rng.restored_per_rank",
         "missing.falls_back_to_step_2",
         "missing.explicit_step_is_incomplete",
         "other_vpp",

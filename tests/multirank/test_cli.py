@@ -55,7 +55,6 @@ def reference_first_step_loss(example: str, job: dict, trainable: bool) -> float
     """The mean micro-batch loss of step 0 computed without any pipeline: the whole model (the
     preprocess, then every chunk in order) on the bench's own first batch."""
     from graph_exec.examples import load
-
     from graph_exec.msenv import prepare_mindspore
 
     prepare_mindspore("CPU")

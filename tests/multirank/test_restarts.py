@@ -162,17 +162,42 @@ def test_killed_twice_with_one_restart_fails_naming_both_attempts(killing_worker
     assert "rank 1: died, killed by signal 9 (SIGKILL)" in err, err
 
 
-def test_a_corrupt_checkpoint_is_not_retried(reference, tmp_path, capsys):
-    """The uninterrupted job's checkpoints without the last one, and step 9's rank 1 file
-    corrupted: every rank refuses it at the load and exits 3; nothing is relaunched."""
+def test_a_corrupt_latest_checkpoint_resumes_from_the_previous_one(reference, tmp_path, capsys):
+    """The uninterrupted job's checkpoints (keep=2: steps 9 and 12) with step 12's rank 1 file
+    corrupted: ``--resume`` skips step 12 (said once, set aside before the launch), resumes from
+    step 9 and ends bit for bit where the uninterrupted job ended."""
     shutil.copytree(reference / "ckpt", tmp_path / "ckpt")
-    shutil.rmtree(layout.step_dir(tmp_path / "ckpt", STEPS))
-    rank_file = layout.step_dir(tmp_path / "ckpt", 9) / "rank_1.ckpt"
+    assert sorted(layout.step_dirs(tmp_path / "ckpt")) == [9, STEPS]
+    rank_file = layout.step_dir(tmp_path / "ckpt", STEPS) / "rank_1.ckpt"
     data = bytearray(rank_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     rank_file.write_bytes(bytes(data))
     code, out, err = graph_exec_run(capsys, tmp_path, "--max-restarts", "2", "--resume")
-    assert code == 1, out + err
-    assert "restarting" not in err and "relaunching" not in err, err
-    assert "CheckpointCorruptError" in err, err
-    assert "exited with code 3" in err and "not retried: a restart would meet the same error" in err, err
+    assert code == 0, out + err
+    assert err.count(f"skipping corrupt checkpoint step {STEPS}") == 1, err
+    assert "rank_1.ckpt does not match the checksum" in err and "set aside as" in err, err
+    assert f"resuming from {layout.step_dir(tmp_path / 'ckpt', 9)}" in out, out
+    assert "restarting" not in err, err
+    (ref,) = losses(reference / "job")
+    (resumed,) = losses(tmp_path / "job")
+    assert sorted(resumed) == list(range(9, STEPS))
+    assert all(resumed[step] == ref[step] for step in resumed), (resumed, ref)
+    want, got = final_tensors(reference / "ckpt"), final_tensors(tmp_path / "ckpt")
+    for rank in (0, 1):
+        assert sorted(got[rank]) == sorted(want[rank])
+        for name, value in want[rank].items():
+            assert value.tobytes() == got[rank][name].tobytes(), (rank, name)
+    assert (tmp_path / "ckpt" / f"step_{STEPS}.corrupt" / "rank_1.ckpt").is_file()
+
+
+def test_nothing_usable_left_exits_2_before_launching(reference, tmp_path, capsys):
+    """Only step 9 kept, and it is corrupt: exit 2 naming the file, nothing launched."""
+    shutil.copytree(reference / "ckpt", tmp_path / "ckpt")
+    shutil.rmtree(layout.step_dir(tmp_path / "ckpt", STEPS))
+    rank_file = layout.step_dir(tmp_path / "ckpt", 9) / "rank_1.ckpt"
+    rank_file.write_bytes(rank_file.read_bytes()[:100])
+    with pytest.raises(SystemExit) as exc:
+        graph_exec_run(capsys, tmp_path, "--resume")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--resume: no checkpoint in" in err and "rank_1.ckpt does not match" in err
+    assert not (tmp_path / "job" / "logs").exists()  # msrun never started

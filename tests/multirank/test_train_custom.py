@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import graph_exec.examples.train_custom as example
 import numpy as np
 import pytest
 
+import graph_exec.examples.train_custom as example
 from graph_exec.launch import launch
 
 STEPS, VPP, MICRO, BATCH, LR, MAX_NORM = 4, 2, 4, 16, 1e-2, 0.05

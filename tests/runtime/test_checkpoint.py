@@ -28,7 +28,7 @@ from graph_exec.checkpoint import (
     CheckpointNotFoundError,
     layout,
 )
-from graph_exec.checkpoint.state import SCALER_PREFIX
+from graph_exec.checkpoint.state import RNG_STATE, SCALER_PREFIX
 from tests.models.common import loss_fn
 from tests.models.pipeline import batch, build
 
@@ -128,6 +128,57 @@ def test_the_loss_scalers_state_is_saved_and_resumed(tmp_path):
         d.load(tmp_path)
 
 
+def draws(count):
+    """What MindSpore's random operators that take a seed and an offset (``mint``'s, on Ascend)
+    get from the default generator: ``count`` (seed, offset) pairs, each advancing it."""
+    step = ms.Tensor(12, ms.int64)
+    return [tuple(int(v) for v in ms.default_generator._step(step)) for _ in range(count)]
+
+
+def test_the_random_generator_state_is_saved_and_restored(tmp_path):
+    job = Job("none")
+    ms.manual_seed(11)
+    uninterrupted = draws(5)
+    ms.manual_seed(11)
+    draws(2)  # two steps' worth of random numbers drawn before the checkpoint
+    job.save(tmp_path, 2)
+    ms.manual_seed(99)  # a new process: another seed, offset 0
+    draws(1)
+    Job("none", seed=3).load(tmp_path)
+    assert ms.default_generator.initial_seed() == 11
+    assert draws(3) == uninterrupted[2:]
+
+
+def test_nn_dropout_on_cpu_does_not_draw_from_the_generator():
+    """Why the generator state does not resume nn.Dropout on CPU (docs/restarts.md): its
+    kernel keeps a generator of its own. If this fails, MindSpore changed: update the docs."""
+    ms.set_seed(1)
+    dropout = nn.Dropout(p=0.5)
+    dropout.set_train(True)
+    x = ms.Tensor(np.ones((4, 16), np.float32))
+    state = ms.get_rng_state()
+    first = dropout(x).asnumpy()
+    ms.set_rng_state(state)
+    assert not np.array_equal(dropout(x).asnumpy(), first)
+
+
+def test_a_checkpoint_without_a_generator_state_still_loads(tmp_path):
+    """Files written before the generator state was saved: the generator is left as it is."""
+    job = Job("none")
+    job.save(tmp_path, 1)
+    path = tmp_path / "step_1" / "rank_0.ckpt"
+    stored = ms.load_checkpoint(str(path))
+    del stored[RNG_STATE]
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in stored.items()], str(path))
+    manifest = json.loads((tmp_path / "step_1" / "complete.json").read_text())
+    manifest["ranks"][0]["sha256"] = layout.sha256_of(path)
+    layout.write_json_atomically(tmp_path / "step_1" / "complete.json", manifest)
+    ms.manual_seed(7)
+    before = ms.get_rng_state().asnumpy().tobytes()
+    assert job.load(tmp_path) == 1
+    assert ms.get_rng_state().asnumpy().tobytes() == before
+
+
 def test_checkpoint_contents_and_manifest(tmp_path):
     job = Job("frozen", stages=3)
     job.train(0, 1)
@@ -146,7 +197,8 @@ def test_checkpoint_contents_and_manifest(tmp_path):
     stored = ms.load_checkpoint(str(tmp_path / "step_1" / "rank_0.ckpt"))
     assert {"pre.a.weight", "s0.a.weight", "moment1.s2.out.weight", "beta1_power"} <= set(stored)
     np.testing.assert_array_equal(stored["pre.a.weight"].asnumpy(), job.model.preprocess.a.weight.asnumpy())
-    assert sorted(entry["optimizer"]) == sorted(k for k in stored if k not in job.values())
+    assert sorted(entry["optimizer"]) == sorted(k for k in stored if k not in job.values() and k != RNG_STATE)
+    assert stored[RNG_STATE].asnumpy().tobytes() == ms.get_rng_state().asnumpy().tobytes()
     assert not list((tmp_path / "step_1").glob(".*"))  # no temporary file left behind
 
 
@@ -216,13 +268,7 @@ def test_missing_rank_file_makes_the_step_incomplete(tmp_path):
             job.load(tmp_path, step=2)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
-def test_damaged_rank_file_names_file_and_rank_and_loads_nothing(tmp_path, damage):
-    job = Job("trainable")
-    job.save(tmp_path, 1)
-    job.train(1, 1)
-    job.save(tmp_path, 2)
-    path = tmp_path / "step_2" / "rank_0.ckpt"
+def damage_file(path, damage):
     data = bytearray(path.read_bytes())
     path.chmod(0o600)
     if damage == "truncated":
@@ -230,14 +276,61 @@ def test_damaged_rank_file_names_file_and_rank_and_loads_nothing(tmp_path, damag
     else:
         data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
+def test_damaged_rank_file_names_file_and_rank_and_loads_nothing(tmp_path, damage):
+    job = Job("trainable")
+    job.save(tmp_path, 1)
+    job.train(1, 1)
+    job.save(tmp_path, 2)
+    damage_file(tmp_path / "step_2" / "rank_0.ckpt", damage)
     fresh = Job("trainable", seed=3)
     before = fresh.values()
     with pytest.raises(
         CheckpointCorruptError, match=r"step_2/rank_0.ckpt \(rank 0's file of step 2\).*step=.*\[1, 2\]"
     ):
-        fresh.load(tmp_path)
+        fresh.load(tmp_path, step=2)  # asked for by name: no fallback
     assert_same_values(fresh.values(), before, atol=0)
     assert fresh.load(tmp_path, step=1) == 1  # the way out the message names
+
+
+def test_a_corrupt_latest_step_falls_back_to_the_previous_complete_one(tmp_path):
+    job = Job("trainable")
+    job.train(0, 1)
+    job.save(tmp_path, 1)
+    at_step_1 = job.values()
+    job.train(1, 1)
+    job.save(tmp_path, 2)  # keep=2: step 1 stays
+    damage_file(tmp_path / "step_2" / "rank_0.ckpt", "corrupted")
+    with pytest.warns(
+        UserWarning, match=r"skipping corrupt checkpoint step 2 .*rank_0.ckpt does not match the checksum"
+    ):
+        assert ge.latest_checkpoint(tmp_path) == 1  # what a launcher sees: the same step
+    fresh = Job("trainable", seed=3)
+    with pytest.warns(UserWarning) as seen:
+        assert fresh.load(tmp_path) == 1
+    (message,) = [str(w.message) for w in seen]
+    assert (
+        "checkpoint step 2" in message
+        and "rank 0" in message
+        and "loading the previous complete step 1" in message
+    )
+    assert_same_values(fresh.values(), at_step_1, atol=0)
+    # set aside, not deleted: the job saves step 2 again, and the damaged file stays to inspect
+    assert (tmp_path / "step_2.corrupt" / "rank_0.ckpt").is_file() and not (tmp_path / "step_2").exists()
+    fresh.train(1, 1)
+    fresh.save(tmp_path, 2)
+    assert ge.latest_checkpoint(tmp_path) == 2
+
+
+def test_a_corrupt_only_step_is_an_error(tmp_path):
+    job = Job("none")
+    job.save(tmp_path, 1)
+    damage_file(tmp_path / "step_1" / "rank_0.ckpt", "corrupted")
+    with pytest.raises(CheckpointCorruptError, match=r"rank 0's file of step 1"):
+        Job("none", seed=2).load(tmp_path)
+    assert (tmp_path / "step_1").is_dir()  # nothing to fall back to: left where it is
 
 
 def test_other_setup_lists_every_difference_before_loading(tmp_path):
@@ -316,3 +409,22 @@ def test_checkpoint_survives_a_copy(tmp_path):
     other = Job("frozen", seed=5)
     assert other.load(tmp_path / "b") == 2
     assert_same_values(other.values(), job.values(), atol=0)
+
+
+def test_a_resuming_worker_says_which_step_it_loads_before_loading(monkeypatch, capsys, tmp_path):
+    """So that a load failing on every rank is reported in the step after the checkpoint."""
+    from types import SimpleNamespace
+
+    from graph_exec.cli.jobs import steps_finished
+    from graph_exec.harness.training import Trainer
+
+    def corrupt(*args, **kwargs):
+        raise CheckpointCorruptError("rank_1.ckpt does not match")
+
+    monkeypatch.setattr(ge, "load_checkpoint", corrupt)
+    worker = SimpleNamespace(
+        spec=SimpleNamespace(name="run"), schedule=None, optimizer=None, _checkpoint_dir=lambda: tmp_path
+    )
+    with pytest.raises(CheckpointCorruptError):
+        Trainer.resume(worker, 4)
+    assert steps_finished(capsys.readouterr().out) == 4

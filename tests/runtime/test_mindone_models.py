@@ -161,8 +161,9 @@ def test_image_patches_lay_images_out_as_the_qwen2vl_processor_does():
 @pytest.mark.parametrize("example", ["qwen2vl", "llama"])
 def test_examples_build_and_train(example):
     """What `graph-exec run` builds: a split honouring layers= (and vision_depth=), loss falling."""
-    from graph_exec.examples import load
     from mindspore import nn
+
+    from graph_exec.examples import load
 
     options = {"layers": (0, 2, 1, 1)} | ({"vision_depth": 2} if example == "qwen2vl" else {})
     model = load(example).build(4, **options)

@@ -108,7 +108,6 @@ def test_other_input_types_named_with_the_conversion():
 def test_usage_example_runs_as_one_process_and_matches_the_plain_run(capsys, monkeypatch):
     """examples/train_custom.py without msrun: every stage local, same losses as no pipeline."""
     from graph_exec.examples import train_custom
-
     from tests.multirank import test_train_custom as custom  # its reference, not its test
 
     monkeypatch.delenv("MS_ROLE", raising=False)

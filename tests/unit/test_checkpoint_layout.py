@@ -3,6 +3,8 @@ MindSpore tensors or msrun (the launcher is replaced by a tripwire)."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -12,13 +14,34 @@ from types import SimpleNamespace
 import pytest
 
 from graph_exec.checkpoint import layout
-from graph_exec.checkpoint.facts import differences, job_facts, mesh_of, schedule_options
+from graph_exec.checkpoint.facts import (
+    differences,
+    differences_from_expected,
+    job_facts,
+    mesh_of,
+    schedule_options,
+)
 from graph_exec.cli import jobs, main
 from graph_exec.cli.run import progress_text
 
 
-def fake_step(directory: Path, step: int, ranks: int = 2, complete: bool = True) -> Path:
-    """A step directory as a save leaves it (rank files are placeholders)."""
+@functools.cache
+def run_facts(*argv: str) -> dict:
+    """The facts a checkpoint of ``graph-exec run embed_lm *argv`` records, as far as the
+    command line knows them (what its pre-launch check compares)."""
+    from graph_exec.cli.resume import expected_facts
+    from graph_exec.cli.run import job_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return expected_facts(job_from_args(parser.parse_args(["run", "embed_lm", *argv]), parser))
+
+
+def fake_step(
+    directory: Path, step: int, ranks: int = 2, complete: bool = True, facts: dict | None = None
+) -> Path:
+    """A step directory as a save leaves it (rank files are placeholders), written by a job
+    with ``facts`` (default: ``graph-exec run embed_lm``'s)."""
     folder = layout.step_dir(directory, step)
     folder.mkdir(parents=True)
     entries = []
@@ -26,7 +49,13 @@ def fake_step(directory: Path, step: int, ranks: int = 2, complete: bool = True)
         (folder / layout.rank_file_name(rank)).write_bytes(b"x")
         entries.append({"rank": rank, "file": layout.rank_file_name(rank), "stages": [rank]})
     if complete:
-        manifest = {"format": layout.FORMAT, "version": layout.VERSION, "step": step, "ranks": entries}
+        manifest = {
+            **(run_facts() if facts is None else facts),
+            "format": layout.FORMAT,
+            "version": layout.VERSION,
+            "step": step,
+            "ranks": entries,
+        }
         layout.write_json_atomically(folder / layout.MANIFEST, manifest)
     return folder
 
@@ -165,8 +194,8 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--save-every", "2"], "--save-every and --resume need --checkpoint-dir DIR"),
-        (["--resume"], "--save-every and --resume need --checkpoint-dir DIR"),
+        (["--save-every", "2"], "--save-every, --resume and --resume-step need --checkpoint-dir DIR"),
+        (["--resume"], "--save-every, --resume and --resume-step need --checkpoint-dir DIR"),
         (["--save-every", "0", "--checkpoint-dir", "x"], "argument --save-every: invalid value '0'"),
     ],
 )
@@ -257,3 +286,142 @@ def test_each_rank_is_compared_with_its_own_recorded_facts():
     assert differences(saved, job_facts(without, 2), 0, [0, 2]) == [
         "preprocess: checkpoint 'trainable', this job 'none'"
     ]
+
+
+def checksummed_step(directory: Path, step: int, ranks: int = 2) -> Path:
+    """A complete step whose manifest records each rank file's SHA-256, as a save writes it."""
+    folder = fake_step(directory, step, ranks)
+    manifest = json.loads((folder / layout.MANIFEST).read_text())
+    for entry in manifest["ranks"]:
+        (folder / entry["file"]).write_bytes(f"step {step} rank {entry['rank']}".encode())
+        entry["sha256"] = layout.sha256_of(folder / entry["file"])
+    layout.write_json_atomically(folder / layout.MANIFEST, manifest)
+    return folder
+
+
+def test_a_corrupt_latest_step_falls_back_to_the_previous_one_and_says_why(tmp_path):
+    checksummed_step(tmp_path, 2)
+    newest = checksummed_step(tmp_path, 4)
+    (newest / "rank_1.ckpt").write_bytes(b"changed since")
+    with pytest.warns(UserWarning) as seen:
+        assert layout.latest_checkpoint(tmp_path) == 2
+    (message,) = [str(w.message) for w in seen]
+    assert message == (
+        f"skipping corrupt checkpoint step 4 in {tmp_path}: rank_1.ckpt does not match the checksum "
+        "recorded when the step completed (truncated or changed since)"
+    )
+    assert quiet_latest(tmp_path) == 2
+    assert layout.latest_checkpoint(tmp_path, verify=False) == 4  # files present: complete
+    latest, skipped = layout.find_latest(tmp_path)
+    assert latest == 2 and [(s.step, s.corrupt) for s in skipped] == [(4, True)]
+    aside = layout.set_aside(tmp_path, 4, "corrupt")
+    assert aside.name == "step_4.corrupt" and (aside / "rank_1.ckpt").is_file()
+    assert sorted(layout.step_dirs(tmp_path)) == [2] and layout.latest_checkpoint(tmp_path) == 2
+    checksummed_step(tmp_path, 4)
+    assert layout.set_aside(tmp_path, 4, "corrupt").name == "step_4.corrupt.1"  # never overwrites
+
+
+def test_a_launcher_compares_only_what_it_knows():
+    saved = job_facts(FakeSchedule(), 2)
+    assert differences_from_expected(saved, {"vpp": 2, "options": {"micro_batch_num": 4}}) == []
+    assert differences_from_expected(
+        saved, {"vpp": 1, "world_size": 2, "options": {"micro_batch_num": 8}}
+    ) == [
+        "V (stages per rank): checkpoint 2, this job 1",
+        "option micro_batch_num: checkpoint 4, this job 8",
+    ]
+
+
+# -- graph-exec run: resume checks before the launch --------------------------------------------
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list:
+    """``graph-exec run`` up to the launch: the job it would launch is recorded, exit code 7."""
+    from graph_exec.cli import run
+
+    jobs_seen: list = []
+
+    def execute(job, *args, **kwargs):
+        jobs_seen.append(job)
+        raise jobs.JobFailed(7)
+
+    monkeypatch.setattr(run, "execute", execute)
+    return jobs_seen
+
+
+def run_argv(directory: Path, *extra: str) -> list[str]:
+    return ["run", "embed_lm", "--steps", "12", "--checkpoint-dir", str(directory), *extra]
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--micro", "2", "--resume"], "option micro_batch_num (--micro): checkpoint 4, this job 2"),
+        (["--vpp", "1", "--resume"], "V (stages per rank) (--vpp): checkpoint 2, this job 1"),
+        (["--vpp", "1", "--resume-step", "3"], "V (stages per rank) (--vpp): checkpoint 2, this job 1"),
+        (["--baseline", "--resume"], "schedule class (--baseline): checkpoint 'ScheduleMPipeTranspose'"),
+        (
+            ["--frozen", "--resume"],
+            "preprocess (--frozen/--trainable): checkpoint 'trainable', this job 'frozen'",
+        ),
+    ],
+)
+def test_a_resume_set_up_differently_exits_2_before_launching(tmp_path, capsys, extra, message):
+    checksummed_step(tmp_path, 3)
+    checksummed_step(tmp_path, 6)
+    with pytest.raises(SystemExit) as exc:
+        main(run_argv(tmp_path, *extra))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err, err
+    assert "was written by a job set up differently" in err
+    assert sorted(layout.step_dirs(tmp_path)) == [3, 6]  # nothing was touched
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_a_corrupt_step_asked_for_exits_2_naming_the_flag_to_load_an_earlier_one(tmp_path, capsys):
+    checksummed_step(tmp_path, 3)
+    (checksummed_step(tmp_path, 6) / "rank_0.ckpt").write_bytes(b"changed")
+    with pytest.raises(SystemExit) as exc:
+        main(run_argv(tmp_path, "--resume-step", "6"))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "--resume-step 6: rank_0.ckpt of checkpoint step 6" in err
+    assert "load an earlier complete step with --resume-step K (K among [3])" in err, err
+    with pytest.raises(SystemExit) as exc:
+        main(run_argv(tmp_path, "--resume-step", "5"))
+    assert exc.value.code == 2 and "--resume-step 5: checkpoint step 5 in" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_every_checkpoint_corrupt_exits_2(tmp_path, capsys):
+    (checksummed_step(tmp_path, 3) / "rank_1.ckpt").write_bytes(b"changed")
+    with pytest.raises(SystemExit) as exc:
+        main(run_argv(tmp_path, "--resume"))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--resume: no checkpoint in" in err and "rank_1.ckpt does not match" in err
+
+
+def test_a_corrupt_latest_step_is_skipped_and_set_aside_before_the_launch(tmp_path, capsys, launched):
+    checksummed_step(tmp_path, 3)
+    (checksummed_step(tmp_path, 6) / "rank_1.ckpt").write_bytes(b"changed")
+    fake_step(tmp_path, 9, complete=False)
+    assert main(run_argv(tmp_path, "--resume")) == 7
+    (job,) = launched
+    assert job.first_step == 3 and job.end_step == 12
+    err = capsys.readouterr().err
+    assert err.count("skipping incomplete checkpoint step 9") == 1, err  # said once
+    assert err.count("skipping corrupt checkpoint step 6") == 1, err
+    assert f"checkpoint step 6 set aside as {tmp_path / 'step_6.corrupt'}" in err
+    assert sorted(layout.step_dirs(tmp_path)) == [3, 9] and (tmp_path / "step_6.corrupt").is_dir()
+
+
+def test_resume_step_loads_an_earlier_step_and_sets_the_newer_ones_aside(tmp_path, capsys, launched):
+    for step in (3, 6, 9):
+        checksummed_step(tmp_path, step)
+    assert main(run_argv(tmp_path, "--resume-step", "6")) == 7
+    (job,) = launched
+    assert (job.first_step, job.end_step) == (6, 12)
+    assert f"checkpoint step 9 set aside as {tmp_path / 'step_9.superseded'}" in capsys.readouterr().err
+    assert layout.latest_checkpoint(tmp_path) == 6

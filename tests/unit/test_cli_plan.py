@@ -101,8 +101,8 @@ def test_plan_formats(capsys: pytest.CaptureFixture[str]) -> None:
             "--with-idle applies to --format text only",
         ),
         (
-            ["plan", "--pp", "2", "--micro", "4", "--preprocess", "none"],
-            "the following arguments are required: --vpp",
+            ["plan", "--vpp", "2", "--micro", "4"],
+            "the following arguments are required: --pp",
         ),
         (
             ["simulate", *PLAN[1:], "--preprocess", "none", "--fwd-time", "-1"],
@@ -195,3 +195,17 @@ def test_simulate_body_zb_with_i_and_w_times(capsys: pytest.CaptureFixture[str])
     assert halves.splitlines()[0] == "step time: 27"
     code, _, err = _run([*argv, "--body", "zb", "--i-time", "-1"], capsys)
     assert code == 2 and "--i-time" in err
+
+
+def test_plan_flags_default_to_what_plan_config_defaults_to(capsys: pytest.CaptureFixture[str]) -> None:
+    from graph_exec.cli import build_parser
+    from graph_exec.cli.plan import config_from_args
+    from graph_exec.schedule import PlanConfig
+
+    parser = build_parser("plan")
+    assert config_from_args(parser.parse_args(["plan", "--pp", "3"]), parser) == PlanConfig(pp=3)
+    code, short, _ = _run(["plan", "--pp", "2"], capsys)
+    assert code == 0
+    assert (
+        short == _run(["plan", "--pp", "2", "--vpp", "1", "--micro", "2", "--preprocess", "none"], capsys)[1]
+    )

@@ -374,9 +374,9 @@ def test_sync_steps_changes_timing_not_results() -> None:
     """The runtime's ``sync_steps`` (every run/bench step uses it) leaves losses and gradients
     alone (graph mode: where kernel calls return before their results exist)."""
     import numpy as np
-    from graph_exec.examples import load
 
     import graph_exec as ge
+    from graph_exec.examples import load
     from graph_exec.msenv import prepare_mindspore
 
     prepare_mindspore("CPU")
@@ -395,3 +395,26 @@ def test_sync_steps_changes_timing_not_results() -> None:
     assert sync_losses == plain_losses
     assert plain_grads.keys() == sync_grads.keys()
     assert all(np.array_equal(plain_grads[k], sync_grads[k]) for k in plain_grads)
+
+
+def test_every_default_is_shown_in_help() -> None:
+    """Each option of each sub-command that has a default says it in ``--help``."""
+    import argparse
+
+    from graph_exec.cli import COMMANDS, build_parser
+
+    silent = []
+    for name in COMMANDS:
+        sub = next(
+            action for action in build_parser(name)._actions if isinstance(action, argparse._SubParsersAction)
+        ).choices[name]
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if not action.option_strings or action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
+                continue
+            text = formatter._expand_help(action)
+            if "default" not in text.lower():
+                silent.append(f"{name} {action.option_strings[-1]}")
+            elif "%(default)s" not in (action.help or "") and "(default: " in text:
+                assert str(action.default) in text, (name, action.option_strings, text)
+    assert silent == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graph_exec.checkpoint import layout
-from graph_exec.cli.jobs import steps_finished
+from graph_exec.cli.jobs import last_finished_step, steps_finished
 from graph_exec.report.job import PROGRESS
 from graph_exec.restarts import (
     BAD_ARGUMENTS,
@@ -109,6 +109,19 @@ def test_msrun_failing_by_itself():
     assert (found.cause, found.rank, found.detail) == (ERROR, None, "msrun exited with code 1")
 
 
+def test_a_load_that_fails_is_named_in_the_step_after_the_checkpoint():
+    """A job resumed at step 4 whose load fails on every rank failed in step 5, not in step 1."""
+    loading = PROGRESS + '{"run": "run", "resuming": 4}\n' + log(CORRUPT_LINE)
+    found = failed(exits={0: 3, 1: 3}, worker_logs={0: loading, 1: loading})
+    assert found.cause == NOT_RETRYABLE and found.step == 4
+    assert found.detail.endswith(" in step 5"), found.detail
+    assert last_finished_step(loading) == "no step finished: it failed while loading checkpoint step 4"
+    loaded = loading.replace(
+        '"resuming": 4}', '"resuming": 4}\n' + PROGRESS + '{"run": "run", "resumed": 4, "seconds": 0.1}'
+    )
+    assert last_finished_step(loaded) == "no step finished after loading checkpoint step 4"
+
+
 def test_steps_finished_reads_progress_and_resume_lines():
     assert steps_finished("") == 0
     assert steps_finished(log(steps=4)) == 4
@@ -172,12 +185,12 @@ def complete_step(directory: Path, step: int, at: float) -> None:
     """A complete checkpoint (placeholder rank files) whose manifest was written at ``at``."""
     folder = layout.step_dir(directory, step)
     folder.mkdir(parents=True)
-    (folder / "rank_0.ckpt").write_bytes(b"x")
+    (folder / "rank_0.ckpt").write_bytes(f"step {step}".encode())
     manifest = {
         "format": layout.FORMAT,
         "version": layout.VERSION,
         "step": step,
-        "ranks": [{"file": "rank_0.ckpt"}],
+        "ranks": [{"file": "rank_0.ckpt", "sha256": layout.sha256_of(folder / "rank_0.ckpt")}],
     }
     layout.write_json_atomically(folder / layout.MANIFEST, manifest)
     os.utime(folder / layout.MANIFEST, (at, at))
@@ -323,12 +336,40 @@ def test_a_relaunched_job_resumes_from_the_latest_complete_checkpoint(tmp_path):
         "embed_lm", "tiny", 2, 2, 4, 8, steps=11, warmup=1, runs=(RunSpec("run"),), save_every=3,
         checkpoint_dir=str(tmp_path),
     )  # fmt: skip
-    assert resumed_job(job) == job  # no checkpoint yet: from step 0 again
+    said: list[str] = []
+    assert resumed_job(job, said.append) == job  # no checkpoint yet: from step 0 again
     complete_step(tmp_path, 6, time.time())
     layout.step_dir(tmp_path, 9).mkdir()  # a save that died: not a checkpoint
-    again = resumed_job(job)
+    again = resumed_job(job, said.append)
     assert (again.first_step, again.warmup, again.steps, again.end_step) == (6, 1, 5, 12)
+    assert said == []  # debris after a failure is expected: not worth a word
     complete_step(tmp_path, 12, time.time())
     assert (
-        resumed_job(job) == "checkpoint step 12 is complete: the training finished, the job failed after it"
+        resumed_job(job, said.append)
+        == "checkpoint step 12 is complete: the training finished, the job failed after it"
     )
+
+
+def test_a_relaunch_falls_back_from_a_corrupt_latest_checkpoint_and_says_so(tmp_path):
+    from graph_exec.cli.run import resumed_job
+    from graph_exec.report.job import JobSpec, RunSpec
+
+    job = JobSpec(
+        "embed_lm", "tiny", 2, 2, 4, 8, steps=11, warmup=1, runs=(RunSpec("run"),), save_every=3,
+        checkpoint_dir=str(tmp_path),
+    )  # fmt: skip
+    complete_step(tmp_path, 6, time.time())
+    complete_step(tmp_path, 9, time.time())
+    (layout.step_dir(tmp_path, 9) / "rank_0.ckpt").write_bytes(b"flipped bits")
+    said: list[str] = []
+    again = resumed_job(job, said.append)
+    assert (again.first_step, again.end_step) == (6, 12)
+    assert said[0] == (
+        f"skipping corrupt checkpoint step 9 in {tmp_path}: rank_0.ckpt does not match the checksum "
+        "recorded when the step completed (truncated or changed since)"
+    )
+    assert said[1].startswith(
+        f"checkpoint step 9 set aside as {tmp_path / 'step_9.corrupt'} (its files failed"
+    )
+    assert not layout.step_dir(tmp_path, 9).exists()  # the relaunch can save step 9 again
+    assert layout.latest_checkpoint(tmp_path) == 6

@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,12 +242,27 @@ def resume_phase(root: Path) -> None:
 
     corrupted = prepared("corrupted", corrupt)
     expect(
-        "corrupted.reported_on_every_rank",
+        "corrupted.explicit_step_is_reported_on_every_rank",
         CheckpointCorruptError,
-        lambda job: job.load(corrupted),
+        lambda job: job.load(corrupted, step=3),
         "step_3/rank_1.ckpt",
         "rank 1's file of step 3",
     )
+
+    def falls_back() -> None:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            step = Job(base, seed=7).load(corrupted)
+        said = " | ".join(str(w.message) for w in seen)
+        check("corrupted.falls_back_to_step_2", step == 2, step)
+        check("corrupted.says_so", "step 3" in said and "rank 1" in said and "step 2 instead" in said, said)
+        barrier()
+        check(
+            "corrupted.set_aside",
+            (corrupted / "step_3.corrupt").is_dir() and not (corrupted / "step_3").exists(),
+        )
+
+    guarded("corrupted", falls_back)
     missing = prepared("missing", lambda target: (target / "step_3" / "rank_1.ckpt").unlink())
     guarded("missing", lambda: check("missing.falls_back_to_step_2", Job(base, seed=7).load(missing) == 2))
     expect(
@@ -306,6 +322,27 @@ def resume_phase(root: Path) -> None:
     barrier()
     expect("failed_save.reported_on_every_rank", CheckpointError, failing_save, "rank 1", "No space left")
     check("failed_save.previous_stays_latest", ge.latest_checkpoint(root / "failing") == 3)
+
+    # Hosts with disks of their own (here: a directory per rank): refused, on every rank.
+    expect(
+        "own_disks.refused_on_every_rank",
+        CheckpointError,
+        lambda job: job.save(root / f"disk_{rank}", 1),
+        "rank 0 cannot see the files of rank(s) [1]",
+        "shared by every host",
+    )
+    check("own_disks.never_complete", ge.latest_checkpoint(root / f"disk_{rank}") is None)
+
+    # Each rank's random generator state comes back with its checkpoint.
+    def generator_state() -> None:
+        job = Job(base)
+        ms.manual_seed(100 + rank)
+        job.save(root / "rng", 1)
+        ms.manual_seed(5)
+        job.load(root / "rng")
+        check("rng.restored_per_rank", ms.default_generator.initial_seed() == 100 + rank)
+
+    guarded("rng", generator_state)
 
 
 def main() -> None:

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
-from graph_exec.examples import embed_lm
-from graph_exec.examples.lm import masked_lm_cross_entropy
 from mindspore import ParameterTuple, Tensor, ops
 from mindspore.communication import get_group_size, get_rank, init
 
 import graph_exec as ge
+from graph_exec.examples import embed_lm
+from graph_exec.examples.lm import masked_lm_cross_entropy
 from graph_exec.msenv import prepare_mindspore
 from tests.models.common import ATOL, RTOL
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, run_suite

@@ -1,0 +1,164 @@
+"""Where ``graph-exec run`` resumes from, decided and checked before anything launches.
+
+Everything a resume needs to know is on disk already: which steps are complete, whether their
+rank files still match the checksums recorded when they completed, and how the job that wrote
+them was set up (``complete.json``). So a resume that cannot work — another ``--micro`` or
+``--vpp``, a corrupt step asked for by name, nothing usable left — exits with code 2 here,
+instead of failing on every rank after the launch. Pure Python: no MindSpore, no msrun.
+
+A corrupt latest step is skipped for the previous complete one (``keep=2`` keeps it), as
+:func:`graph_exec.load_checkpoint` does; steps newer than the one resumed from are set aside
+(renamed ``step_<k>.corrupt`` or ``step_<k>.superseded``, never deleted) right before the
+launch, since the resumed job writes those steps again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graph_exec.checkpoint import layout
+from graph_exec.checkpoint.facts import differences_from_expected
+from graph_exec.report.job import JobSpec
+
+
+class ResumeRefused(ValueError):
+    """A resume that cannot work; the message names the step, the reason and the way out."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The step a run starts from (0: the beginning), the newer steps to set aside before the
+    launch (``(step, label)``), and the newer steps skipped, with why (to be said once)."""
+
+    step: int
+    set_aside: tuple[tuple[int, str], ...] = ()
+    skipped: tuple[layout.Skipped, ...] = ()
+    folder: Path = Path()
+
+    def notes(self, *, corrupt_only: bool = False) -> list[str]:
+        """One line per skipped step (``corrupt_only``: leave out the debris of failed saves)."""
+        return [s.describe(self.folder) for s in self.skipped if s.corrupt or not corrupt_only]
+
+
+def expected_facts(job: JobSpec) -> dict[str, Any]:
+    """What the manifest of a checkpoint this job can resume from must say (as far as the
+    command line knows it; the ranks' own check at the load compares everything)."""
+    spec = job.runs[0]
+    options: dict[str, Any] = {"micro_batch_num": job.micro, "shapes": job.shapes}
+    if not spec.baseline:
+        options.update(overflow=spec.overflow, backward=spec.backward)
+    return {
+        "world_size": job.ranks,
+        "mesh": {"dp": job.dp, "pp": job.pp},
+        "schedule": "ScheduleInterleaved1F1B" if spec.baseline else "ScheduleMPipeTranspose",
+        "num_stages": job.pp * job.vpp,
+        "vpp": job.vpp,
+        "preprocess": spec.preprocess,
+        "options": options,
+    }
+
+
+def choose(
+    folder: Path, *, resume: bool, resume_step: int | None, expected: dict[str, Any] | None
+) -> ResumePoint:
+    """Where a run with these flags starts (see the module docstring); raises :class:`ResumeRefused`.
+
+    ``expected`` (:func:`expected_facts`) is compared with the chosen step's manifest; ``None``
+    skips that (a relaunch of the same job).
+    """
+    latest, skipped = layout.find_latest(folder)
+    notes = [s.describe(folder) for s in skipped]
+    complete = layout.complete_steps(folder)
+    if not resume and resume_step is None:
+        if complete:
+            raise ResumeRefused(
+                f"--checkpoint-dir {str(folder)!r} already holds checkpoints (latest: step {complete[-1]}): "
+                "pass --resume to continue from it (or --resume-step K for an earlier complete step), "
+                "or choose another directory"
+            )
+        return ResumePoint(0, (), tuple(skipped), folder)
+    if resume_step is not None:
+        step, manifest = _named_step(folder, resume_step, complete, skipped)
+        corrupt = {s.step for s in skipped if s.corrupt}
+        aside = tuple((s, "corrupt" if s in corrupt else "superseded") for s in complete if s > step)
+        skipped = []  # the step was named: what is wrong with newer ones does not matter
+    elif latest is None:
+        if any(s.corrupt for s in skipped):
+            raise ResumeRefused(
+                f"--resume: no checkpoint in {folder} can be loaded: {'; '.join(notes)}. Restore the "
+                "files, or start afresh in another --checkpoint-dir"
+            )
+        return ResumePoint(0, (), tuple(skipped), folder)
+    else:
+        step, manifest = latest, layout.read_manifest(folder, latest) or {}
+        aside = tuple((s.step, "corrupt") for s in skipped if s.corrupt)
+    found = [] if expected is None else differences_from_expected(manifest, expected)
+    if found:
+        raise ResumeRefused(
+            f"checkpoint step {step} in {folder} was written by a job set up differently: "
+            + "; ".join(_with_flag(difference) for difference in found)
+            + ". Resume with the flags it was written with, or use another --checkpoint-dir"
+        )
+    return ResumePoint(step, aside, tuple(skipped), folder)
+
+
+#: The flags behind each fact :func:`expected_facts` compares.
+_FLAGS = {
+    "world size": "--ranks",
+    "device mesh": "--dp",
+    "schedule class": "--baseline",
+    "stage count": "--ranks/--dp/--vpp",
+    "V (stages per rank)": "--vpp",
+    "preprocess": "--frozen/--trainable",
+    "option micro_batch_num": "--micro",
+    "option shapes": "--shapes",
+    "option overflow": "--overflow",
+    "option backward": "--backward",
+}
+
+
+def _with_flag(difference: str) -> str:
+    """``"V (stages per rank): checkpoint 2, ..."`` -> ``"V (stages per rank) (--vpp): ..."``."""
+    label, rest = difference.split(": ", 1)
+    return f"{label} ({_FLAGS[label]}): {rest}" if label in _FLAGS else difference
+
+
+def _named_step(
+    folder: Path, step: int, complete: list[int], skipped: list[layout.Skipped]
+) -> tuple[int, dict[str, Any]]:
+    """``--resume-step K``: K's manifest if K is complete and every rank file matches its checksum."""
+    manifest, why = layout.check_step(folder, step)
+    if manifest is None:
+        raise ResumeRefused(
+            f"--resume-step {step}: checkpoint step {step} in {folder} is not complete: {why}; "
+            f"complete steps: {complete}"
+        )
+    bad = layout.corrupt_files(folder, manifest)
+    if bad:
+        usable = [s for s in complete if s < step and s not in {k.step for k in skipped}]
+        earlier = (
+            f"load an earlier complete step with --resume-step K (K among {usable})"
+            if usable
+            else "there is no earlier complete step"
+        )
+        raise ResumeRefused(
+            f"--resume-step {step}: {', '.join(bad)} of checkpoint step {step} in {folder} "
+            f"{'does' if len(bad) == 1 else 'do'} not match the checksum recorded when the step "
+            f"completed (truncated or changed since): restore {'it' if len(bad) == 1 else 'them'}, or {earlier}"
+        )
+    return step, manifest
+
+
+def set_aside(folder: Path, point: ResumePoint, say: Callable[[str], None]) -> None:
+    """Rename the steps newer than ``point.step`` out of the way (the job writes them again)."""
+    for step, label in point.set_aside:
+        path = layout.set_aside(folder, step, label)
+        why = (
+            "its files failed their checksums"
+            if label == "corrupt"
+            else f"it is newer than step {point.step}"
+        )
+        say(f"checkpoint step {step} set aside as {path} ({why}; the resumed job writes step {step} again)")
