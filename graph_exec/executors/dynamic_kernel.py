@@ -5,9 +5,10 @@ and a dynamic-shape graph at the third: three compilations per kernel (measured 
 2.10, ``docs/shapes.md``), so it is not used. :class:`GeneralisingKernel` compiles its first shape as a static graph
 (the fastest to run: a length seen first keeps the static speed) and, at the first call with
 other sizes, one graph in which every dim that differed is dynamic: ``mindspore.enable_dynamic``
-declares the dims of one argument, so the arguments travel as one ``mindspore.mutable`` tuple
-(measured: gradients through it under the autograd tape are exact). Later calls go to the graph
-whose dims fit; a dim that starts to vary only later generalises the dynamic graph once more.
+declares them per argument, the arguments staying flat and positional (a ``mindspore.mutable``
+tuple of them gives wrong weight gradients under the autograd tape: :meth:`GeneralisingKernel._compile`).
+Later calls go to the graph whose dims fit; a dim that starts to vary only later generalises the
+dynamic graph once more.
 
 A dynamic-shape graph runs slower than a static one (1.6-2.5x on CPU, measured), so a shape
 that keeps coming back is given a static graph of its own: in the :data:`HOT_AFTER`-th step
@@ -25,6 +26,7 @@ hot; once the kernel has all its hot graphs nothing is counted any more.
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -117,7 +119,7 @@ class GeneralisingKernel:
         if not fits(self._pattern, shapes):
             self._pattern = generalised(self._pattern, shapes)
             self._dynamic = self._compile(self._pattern, args)
-        return self._dynamic(ms.mutable(tuple(args)))
+        return self._dynamic(*args)
 
     def _hot_left(self) -> bool:
         """Whether a hot shape may still get a static graph of its own."""
@@ -132,14 +134,37 @@ class GeneralisingKernel:
             self._seen.popitem(last=False)
 
     def _compile(self, pattern: Pattern, args: Sequence[Tensor]) -> Callable[..., Any]:
+        """The dynamic-shape graph of ``pattern``, taking the arguments flat and positional.
+
+        ``mindspore.enable_dynamic`` declares arguments by parameter name, and the kernels take
+        ``*args``; so the jitted function is given a signature naming each position (``a0``,
+        ``a1``, ...: ``enable_dynamic`` reads ``inspect.signature`` and keeps the position of
+        each name) and only the arguments with a dynamic dim are declared.
+
+        Not a ``mindspore.mutable`` tuple of the arguments, which is what this used to pass:
+        with MindSpore 2.10 a jitted function called under the autograd tape with a mutable tuple
+        of two or more tensors returns wrong *weight* gradients from its recorded bprop, the
+        input gradients staying exact (measured on CPU, static or dynamic graph alike: with
+        input gradients asked for, the bias gradient of ``dense(h) + g`` is exact at the first
+        call and zero at every later call of the compiled graph; without them, every weight
+        gradient is zero from the first call). A static graph is compiled anew per shape, so it
+        hid the fault; the one dynamic graph is called again and again, so stage 0 after a
+        two-output preprocess got a zero bias gradient from the second batch size on.
+        Flat arguments are exact in every case (``tests/kernels/test_dynamic_kernel.py``).
+        """
         kernel = self._kernel
 
-        def packed(args: tuple) -> Any:
+        def flat(*args: Tensor) -> Any:
             return kernel(*args)
 
-        packed.__name__ = packed.__qualname__ = f"{kernel.__name__}_dynamic"
-        declared = tuple(
-            Tensor(shape=None if dims is None else list(dims), dtype=a.dtype)
-            for dims, a in zip(pattern, args, strict=True)
+        flat.__name__ = flat.__qualname__ = f"{kernel.__name__}_dynamic"
+        names = [f"a{i}" for i in range(len(args))]
+        flat.__signature__ = inspect.Signature(
+            [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in names]
         )
-        return ms.enable_dynamic(args=declared)(compile_function(packed, self._jit_options))
+        declared = {
+            name: Tensor(shape=None if dims is None else list(dims), dtype=a.dtype)
+            for name, dims, a in zip(names, pattern, args, strict=True)
+            if dims is None or None in dims
+        }
+        return ms.enable_dynamic(**declared)(compile_function(flat, self._jit_options))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, ops
+import pytest
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from graph_exec.executors import dynamic_kernel
 from graph_exec.executors.dynamic_kernel import (
@@ -18,6 +19,8 @@ from graph_exec.executors.dynamic_kernel import (
     generalised,
 )
 from graph_exec.executors.graph import mindspore_compilations
+from graph_exec.executors.tape import Tape
+from tests.models.common import ATOL, RTOL
 
 
 def test_patterns_generalise_only_the_dims_that_differ():
@@ -118,3 +121,41 @@ def test_jit_options_reach_the_static_and_the_dynamic_graph(monkeypatch):
     _, call = make_kernel("dynamic_kernel_options_w", {"jit_level": "O1"})
     assert call(3) == 1 and call(6) == 1
     assert given == [{"jit_level": "O1"}, {"jit_level": "O1"}]
+
+
+@pytest.mark.parametrize("grad_inputs", [True, False], ids=["input-grads", "weights-only"])
+def test_weight_gradients_of_a_taped_kernel_with_two_inputs_are_exact_at_every_size(grad_inputs):
+    """Stage 0 after a two-output preprocess: ``tanh(dense(h) + g)`` under the autograd tape,
+    its bprop run for two micro-batches of each size. With the arguments passed as one
+    ``mindspore.mutable`` tuple, MindSpore 2.10 returned a zero bias gradient from the second
+    call of the dynamic graph on (every weight gradient zero without input gradients)."""
+    ms.set_seed(3)
+    dense = nn.Dense(8, 8)
+    dense.update_parameters_name(f"dynamic_kernel_tape_{grad_inputs}.")
+    weights = ParameterTuple(dense.trainable_params())
+
+    def entry(h, g):
+        return ops.tanh(dense(h) + g)
+
+    step = [0]
+    tape = Tape(entry, weights, grad_inputs, lambda kernel: GeneralisingKernel(kernel, lambda: step[0]))
+    reference = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(entry, weights)
+    rng = np.random.default_rng(0)
+    for rows in (2, 3, 4, 3):  # batches of 4, 6, 8, 6 rows in two micro-batches
+        step[0] += 1
+        before = mindspore_compilations()
+        for _ in range(2):
+            h, g, sens = (Tensor(rng.standard_normal((rows, 8)).astype(np.float32)) for _ in range(3))
+            tape(h, g)
+            input_grads, weight_grads = tape.backward((h, g), sens)
+            want_inputs, want_weights = reference(h, g, sens)
+            for got, want, name in zip(weight_grads, want_weights, ("weight", "bias"), strict=True):
+                np.testing.assert_allclose(
+                    got.asnumpy(), want.asnumpy(), atol=ATOL, rtol=RTOL, err_msg=f"{name}, {rows} rows"
+                )
+            for got, want in zip(input_grads, want_inputs if grad_inputs else (), strict=True):
+                np.testing.assert_allclose(
+                    got.asnumpy(), want.asnumpy(), atol=ATOL, rtol=RTOL, err_msg=f"input, {rows} rows"
+                )
+        if rows == 4:  # a third size runs the dynamic graph compiled at the second
+            assert mindspore_compilations() == before
