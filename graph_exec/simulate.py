@@ -42,8 +42,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 
-from graph_exec.schedule import Plan, PlanConfig, ScheduleError, build_plan, codes
+from graph_exec.schedule import Plan, PlanConfig, ScheduleError, build_plan, check_plan_size, codes
 from graph_exec.schedule.codes import BODY_LIMIT, FIELD_MASK, PAIR_DELTA, SEND_OF_RECV, STAGE_SHIFT, kind_base
+from graph_exec.schedule.size import SIMULATE_BYTES_PER_STEP
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,11 @@ class SimResult:
 
 
 def simulate(plan: Plan, costs: OpCosts) -> SimResult:
-    """Simulate ``plan`` under ``costs``; plans that transpose also get the fair baseline."""
+    """Simulate ``plan`` under ``costs``; plans that transpose also get the fair baseline.
+
+    Refuses (:class:`~graph_exec.schedule.PlanTooLargeError`, before simulating) a plan whose
+    simulation would take more than the memory :mod:`graph_exec.schedule.size` allows."""
+    check_plan_size(plan.config, SIMULATE_BYTES_PER_STEP, "simulating the plan")
     baseline = None
     if plan.config.mpipe and plan.config.transpose:
         baseline = _simulate(fair_baseline(plan), costs)

@@ -8,6 +8,7 @@ import sys
 
 from graph_exec.cli.argtypes import finite_non_negative, positive_number
 from graph_exec.cli.plan import add_plan_arguments, build_or_report, config_from_args
+from graph_exec.schedule.size import SIMULATE_BYTES_PER_STEP
 from graph_exec.simulate import OpCosts, SimResult, simulate, to_chrome_trace
 
 #: flag -> (OpCosts field, argparse type, help)
@@ -63,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    config = config_from_args(args, parser)
+    config = config_from_args(args, parser, SIMULATE_BYTES_PER_STEP, "simulating the plan")
     costs = OpCosts(
         **{name: getattr(args, f"cost_{name}") for name, _, _ in _COST_FLAGS.values()},
         fused_last_stage=args.fused_last_stage,

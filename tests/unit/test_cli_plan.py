@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 
 import pytest
 
@@ -160,3 +161,18 @@ def test_simulate_body_only_has_no_saving_line(capsys: pytest.CaptureFixture[str
     # 8*2*(1+2) + 3*(1+2) = 57 with the default costs (forward 1, backward 2 per chunk)
     assert out.splitlines()[0] == "step time: 57"
     assert "MPipe" not in out
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_a_plan_too_large_for_the_machine_exits_2_before_building(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 39.3: this command ran 147 s and took all 24 GB until the OOM killer fired.
+    argv = [command, "--pp", "2", "--vpp", "1", "--micro", "100000000", "--preprocess", "trainable"]
+    start = time.perf_counter()
+    code, out, err = _run(argv, capsys)
+    assert time.perf_counter() - start < 1.0
+    assert code == 2 and out == ""
+    verb = "building" if command == "plan" else "simulating"
+    assert f"pp=2, vpp=1, micro=100000000: {verb} the plan would take about" in err
+    assert "Use fewer micro-batches" in err

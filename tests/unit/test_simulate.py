@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from graph_exec.schedule import PlanConfig, build_plan
+from graph_exec.schedule import PlanConfig, PlanTooLargeError, build_plan, estimate_steps, size
 from graph_exec.simulate import OpCosts, simulate, to_chrome_trace
 
 
@@ -194,3 +194,16 @@ def test_per_stage_costs_override_the_uniform_ones() -> None:
     assert simulate(plan, heavy_first).step_time == 3 + 1 + 0.5 + 2
     with pytest.raises(ValueError, match="stage_forward must hold finite numbers >= 0"):
         OpCosts(stage_forward=(1.0, -1.0))
+
+
+def test_a_simulation_too_large_for_the_machine_is_refused_before_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = build_plan(PlanConfig(pp=2, vpp=1, micro=1000, preprocess="frozen"))
+    steps = estimate_steps(plan.config)
+    # Room to build the plan (200 bytes a step), not to simulate it (400: baseline and timeline).
+    monkeypatch.setattr(size, "physical_memory_bytes", lambda: 4 * steps * size.BUILD_BYTES_PER_STEP)
+    with pytest.raises(PlanTooLargeError, match=r"simulating the plan would take about 20,008 steps"):
+        simulate(plan, OpCosts())
+    monkeypatch.setattr(size, "physical_memory_bytes", lambda: 4 * steps * size.SIMULATE_BYTES_PER_STEP)
+    assert simulate(plan, OpCosts()).baseline is not None
