@@ -546,13 +546,14 @@ class KernelExecutor(Executor):
 
     def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Tensor:
         """This rank's share of the ``norm_type``-norm of the accumulators of ``names``: the
-        sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``), a float32 scalar (0 for none)."""
+        sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``), a float32 scalar (0 for none;
+        float64 on the host path, which adds in float64)."""
         names = tuple(name for name in names if self._buffers[name].size)  # an empty one adds nothing
         if not names:
             return ops.zeros((), ms.float32)
         if self._host is not None:
             counted = [self._buffer_index[name] for name in names]
-            return Tensor(np.float32(self._host.norm_part(counted, norm_type)))
+            return Tensor(np.float64(self._host.norm_part(counted, norm_type)))  # the host's float64
         buffers = ParameterTuple([self._buffers[name] for name in names])
         return self._call(
             ("grad_norm", names, norm_type), lambda: self._prepare(make_norm_part(buffers, norm_type))
