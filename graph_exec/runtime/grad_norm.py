@@ -70,8 +70,10 @@ class NonFiniteGradientWarning(RuntimeWarning):
 
 
 def warn_non_finite(what: str) -> None:
-    """One warning, on every rank: ``what`` happened because a gradient was not finite."""
-    warnings.warn(what, NonFiniteGradientWarning, stacklevel=3)
+    """One warning, on every rank: ``what`` happened because a gradient was not finite. Its
+    location is the line that called ``step()`` or ``clip_grad_norm()`` (through the update
+    gate's call and its refusal: four frames up)."""
+    warnings.warn(what, NonFiniteGradientWarning, stacklevel=5)
 
 
 def norm_slots(part: float, rank: int, count: int) -> np.ndarray:

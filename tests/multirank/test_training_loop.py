@@ -95,6 +95,9 @@ EXPECTED = {
             "bad_optimizer_graph.nothing_applied",
             "bad_optimizer_graph.still_usable",
             "bad_optimizer_graph.steady_step_meets_nobody",
+            "clip_fails_on_one_rank.raises_on_every_rank",
+            "clip_fails_on_one_rank.nothing_scaled",
+            "clip_fails_on_one_rank.next_clip",
         ]
         + (
             [

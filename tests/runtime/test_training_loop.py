@@ -415,7 +415,7 @@ def test_a_non_finite_step_without_a_scaler_is_skipped_and_warned_about_each_tim
         sched.run(x, labels=labels)
         with pytest.warns(NonFiniteGradientWarning) as caught:
             outcome = sched.step(optimizer, max_norm=max_norm)
-        assert len(caught) == 1
+        assert len(caught) == 1 and caught[0].filename == __file__  # the caller's line
         assert f"the optimizer was not applied on any rank (non-finite step {step + 1} " in str(
             caught[0].message
         )

@@ -383,6 +383,18 @@ def low_precision_case(name: str, dtype, **options) -> Case:
     return Case(name, run)
 
 
+def next_step_is_exact(ctx: Rank, sched, ref, name: str, micro: int, seed: int) -> dict:
+    """After a skipped step: the next run's losses and gradients equal the reference's (whose
+    gradients it returns)."""
+    dp = ctx.mesh.dp_size
+    x, labels = batch(2 * micro * dp, seed=seed)
+    ref_losses, full = reference(ref, x, labels, dp * micro, scale=1 / (dp * micro))
+    x_mine, labels_mine = share(ctx, x, labels)
+    ctx.losses(f"{name}.next", sched.run(x_mine, labels=labels_mine), mine(ctx, ref_losses, micro))
+    ctx.close(f"{name}.next.grads", grads_numpy(sched), trained(sched, full))
+    return full
+
+
 def overflow_case(name: str, **options) -> Case:
     """Stage 2 (pipeline rank 0) of replica 1 alone overflows: every rank of the mesh skips the
     same step (weights and Adam state unchanged), the scale halves everywhere; the next step
@@ -411,11 +423,7 @@ def overflow_case(name: str, **options) -> Case:
         ctx.check(f"{name}.weights_unchanged", {p.name: crc(p) for p in sched.trainable_params()} == before)
         ctx.check(f"{name}.optimizer_state_unchanged", [crc(m) for m in optimizer.moment1] == moments)
         model.stages[gated].overflow(False)
-        x, labels = batch(2 * micro * dp, seed=71)
-        ref_losses, full = reference(ref, x, labels, dp * micro, scale=1 / (dp * micro))
-        x_mine, labels_mine = share(ctx, x, labels)
-        ctx.losses(f"{name}.next", sched.run(x_mine, labels=labels_mine), mine(ctx, ref_losses, micro))
-        ctx.close(f"{name}.next.grads", grads_numpy(sched), trained(sched, full))
+        next_step_is_exact(ctx, sched, ref, name, micro, seed=71)
         ctx.check(f"{name}.next.finite", sched.grads_finite is True)
         outcome = sched.step(optimizer)
         ctx.check(
@@ -515,11 +523,7 @@ def non_finite_case(name: str, **options) -> Case:
             )
         sched.zero_grad()
         model.stages[gated].overflow(False)
-        x, labels = batch(2 * micro * dp, seed=91)
-        ref_losses, full = reference(ref, x, labels, dp * micro, scale=1 / (dp * micro))
-        x_mine, labels_mine = share(ctx, x, labels)
-        ctx.losses(f"{name}.next", sched.run(x_mine, labels=labels_mine), mine(ctx, ref_losses, micro))
-        ctx.close(f"{name}.next.grads", grads_numpy(sched), trained(sched, full))
+        full = next_step_is_exact(ctx, sched, ref, name, micro, seed=91)
         outcome = sched.step(optimizer, max_norm=1e6)
         ctx.check(
             f"{name}.next.applied",
@@ -564,6 +568,42 @@ def bad_optimizer_on_one_rank(name: str, **options) -> Case:
         meetings = gate_meetings(sched)
         sched.step(good)
         ctx.check(f"{name}.steady_step_meets_nobody", gate_meetings(sched) == meetings)
+
+    return Case(name, run)
+
+
+def clip_fails_on_one_rank(name: str) -> Case:
+    """Rank 0's share of the norm raises (its kernel broken, simulated): it raises its own
+    error, every other rank a RemoteRankError naming it, in the same meeting; nothing is
+    scaled anywhere, and the next clip works on every rank."""
+
+    def run(ctx: Rank) -> None:
+        model, ref = build(2 * ctx.pp, "trainable"), build(2 * ctx.pp, "trainable")
+        sched = make(model, ctx, 4, scale_grads=True)
+        x, labels = batch(8, seed=94)
+        sched.run(x, labels=labels)
+        _, full = reference(ref, x, labels, 4, scale=1 / 4)
+        executor = sched._setup.executor
+        honest = executor.grad_norm_part
+
+        def broken(names, norm_type):
+            raise RuntimeError("this rank's norm kernel broke")
+
+        if ctx.pp_rank == 0:
+            executor.grad_norm_part = broken
+        try:
+            sched.clip_grad_norm(1e-3)
+            ctx.check(f"{name}.raises_on_every_rank", False, "no error")
+        except RuntimeError as exc:
+            if isinstance(exc, RemoteRankError):
+                ok = ctx.pp_rank != 0 and "ranks [0] failed in clip_grad_norm()" in str(exc)
+            else:
+                ok = ctx.pp_rank == 0 and "norm kernel broke" in str(exc)
+            ctx.check(f"{name}.raises_on_every_rank", ok, f"{type(exc).__name__}: {exc}")
+        executor.grad_norm_part = honest
+        ctx.close(f"{name}.nothing_scaled", grads_numpy(sched), trained(sched, full))
+        norm = sched.clip_grad_norm(math.inf)
+        ctx.check(f"{name}.next_clip", math.isclose(norm, global_norm(full), rel_tol=1e-5), f"{norm}")
 
     return Case(name, run)
 
@@ -664,6 +704,7 @@ SUITES: dict[str, list[Case]] = {
         non_finite_case("non_finite_graph"),
         non_finite_case("non_finite_owner_pynative", backward="owner", mode="pynative"),
         bad_optimizer_on_one_rank("bad_optimizer_graph"),
+        clip_fails_on_one_rank("clip_fails_on_one_rank"),
         optimizer_fails_after_the_verdict("optimizer_fails_after_the_verdict"),
     ],
     "gate_mesh": [
