@@ -22,7 +22,7 @@ from graph_exec.schedule import (
     write_json,
 )
 from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW, PREPROCESS
-from graph_exec.schedule.size import BUILD_BYTES_PER_STEP
+from graph_exec.schedule.size import BUILD_BYTES_PER_STEP, MAX_PLAN_STEPS
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +31,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pp", metavar="P", type=positive_int, required=True, help="pipeline ranks")
     group.add_argument("--vpp", metavar="V", type=positive_int, required=True, help="model chunks per rank")
     group.add_argument(
-        "--micro", metavar="M", type=positive_int, required=True, help="micro-batches per step"
+        "--micro",
+        metavar="M",
+        type=positive_int,
+        required=True,
+        help=f"micro-batches per step (a plan estimated above {MAX_PLAN_STEPS:,} steps, or a quarter "
+        "of this machine's memory, is refused before it is built)",
     )
     group.add_argument(
         "--preprocess",
