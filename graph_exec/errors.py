@@ -42,5 +42,10 @@ class PipelineStepError(GraphExecError, RuntimeError):
         self.peer = peer
 
 
+class NonFiniteGradientError(GraphExecError, FloatingPointError):
+    """A gradient held an infinity or a NaN and the caller asked for an error
+    (``error_if_nonfinite=True``); raised on every rank of the mesh alike."""
+
+
 class ConfigurationMismatchError(GraphExecError, ValueError):
     """The ranks of one pipeline were set up differently (detected before any training message)."""

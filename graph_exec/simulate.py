@@ -48,8 +48,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 
-from graph_exec.schedule import Plan, PlanConfig, ScheduleError, build_plan, codes, placement
+from graph_exec.schedule import Plan, PlanConfig, ScheduleError, build_plan, check_plan_size, codes, placement
 from graph_exec.schedule.codes import BODY_LIMIT, FIELD_MASK, PAIR_DELTA, SEND_OF_RECV, STAGE_SHIFT, kind_base
+from graph_exec.schedule.size import SIMULATE_BYTES_PER_STEP
 
 
 @dataclass(frozen=True)
@@ -183,8 +184,11 @@ def simulate(plan: Plan, costs: OpCosts, tower_order: str = "arrival") -> SimRes
     """Simulate ``plan`` under ``costs``; plans that transpose also get the fair baseline.
 
     ``tower_order`` (``"arrival"`` or ``"balanced"``) places the user micro-batches' towers as
-    the schedules' option of that name does, the fair baseline's by its own plan.
+    the schedules' option of that name does, the fair baseline's by its own plan. Refuses
+    (:class:`~graph_exec.schedule.PlanTooLargeError`, before simulating) a plan whose
+    simulation would take more than the memory :mod:`graph_exec.schedule.size` allows.
     """
+    check_plan_size(plan.config, SIMULATE_BYTES_PER_STEP, "simulating the plan")
     baseline = None
     if plan.config.mpipe and plan.config.transpose:
         baseline = _simulate(fair_baseline(plan), costs, tower_order)

@@ -27,7 +27,7 @@ from graph_exec.device import TARGETS
 from graph_exec.launch import DEFAULT_MASTER_PORT, LaunchResult, Nodes, launch
 from graph_exec.report.job import PROGRESS, JobSpec, RunSpec
 from graph_exec.report.status import STATUS
-from graph_exec.schedule import PlanConfigError
+from graph_exec.schedule import PlanConfigError, check_plan_size
 
 #: The script msrun starts on every rank (the harness lives apart from the command line).
 WORKER = Path(__file__).parents[1] / "harness" / "worker.py"
@@ -158,7 +158,7 @@ def checked_job(
     )
     for spec in job.runs:
         try:
-            job.plan_config(spec)
+            check_plan_size(job.plan_config(spec), what="every rank's plan")
         except PlanConfigError as err:
             parser.error(f"run {spec.name}: {err}" if len(job.runs) > 1 else str(err))
     return job

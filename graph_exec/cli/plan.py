@@ -16,11 +16,13 @@ from graph_exec.schedule import (
     PlanConfigError,
     ScheduleError,
     build_plan,
+    check_plan_size,
     to_csv,
     to_text,
     write_json,
 )
 from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW, PREPROCESS
+from graph_exec.schedule.size import BUILD_BYTES_PER_STEP, MAX_PLAN_STEPS
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +37,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--micro",
         metavar="M",
         type=positive_int,
-        help="micro-batches per step (default: P, one round of micro-batches)",
+        help=f"micro-batches per step (default: P, one round of micro-batches; a plan estimated above "
+        f"{MAX_PLAN_STEPS:,} steps, or a quarter of this machine's memory, is refused before it is built)",
     )
     group.add_argument(
         "--preprocess",
@@ -80,10 +83,17 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PlanConfig:
-    """The configuration the flags describe; an impossible one exits like any argparse error."""
+def config_from_args(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    bytes_per_step: int = BUILD_BYTES_PER_STEP,
+    what: str = "building the plan",
+) -> PlanConfig:
+    """The configuration the flags describe; an impossible one, or one whose plan would be too
+    large for this machine (:mod:`graph_exec.schedule.size`, checked by formula before anything
+    is built), exits like any argparse error."""
     try:
-        return PlanConfig(
+        config = PlanConfig(
             pp=args.pp,
             vpp=args.vpp,
             micro=args.micro,
@@ -95,8 +105,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             body=args.body,
             transpose=args.transpose,
         )
+        check_plan_size(config, bytes_per_step, what)
     except PlanConfigError as err:
         parser.error(str(err))
+    return config
 
 
 def build_or_report(config: PlanConfig, prog: str) -> Plan | None:

@@ -9,6 +9,7 @@ import sys
 from graph_exec.cli.argtypes import finite_non_negative, number, positive_number, tower_weights
 from graph_exec.cli.plan import add_plan_arguments, build_or_report, config_from_args
 from graph_exec.schedule.placement import TOWER_ORDERS
+from graph_exec.schedule.size import SIMULATE_BYTES_PER_STEP
 from graph_exec.simulate import OpCosts, SimResult, simulate, to_chrome_trace
 
 #: ``--tower-order arrival,balanced``: one or more of the orders, each simulated.
@@ -100,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    config = config_from_args(args, parser)
+    config = config_from_args(args, parser, SIMULATE_BYTES_PER_STEP, "simulating the plan")
     if args.tower_costs and len(args.tower_costs) != config.micro:
         parser.error(
             f"--tower-costs has {len(args.tower_costs)} values but --micro is {config.micro}: give one per micro-batch"

@@ -126,7 +126,8 @@ class Executor(ABC):
     @abstractmethod
     def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Any:
         """This rank's share of a ``norm_type``-norm over the accumulators of ``names``: a
-        float32 scalar tensor, the sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``)."""
+        float32 scalar tensor (float64 where the host adds in float64), the sum of ``|g| ** p``
+        (the largest ``|g|`` for ``inf``)."""
 
     @abstractmethod
     def unscale_and_check(

@@ -491,7 +491,8 @@ class KernelExecutor(Executor):
 
     def grad_norm_part(self, names: Sequence[str], norm_type: float) -> Tensor:
         """This rank's share of the ``norm_type``-norm of the accumulators of ``names``: the
-        sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``), a float32 scalar (0 for none)."""
+        sum of ``|g| ** p`` (the largest ``|g|`` for ``inf``), a float32 scalar (0 for none;
+        float64 on the host path, which adds in float64)."""
         names = tuple(name for name in names if self._buffers[name].size)  # an empty one adds nothing
         if not names:
             return ops.zeros((), ms.float32)

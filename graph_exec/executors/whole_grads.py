@@ -89,7 +89,7 @@ class HostWholeGradients:
 
     def norm_part(self, names: Sequence[str], norm_type: float) -> Tensor:
         counted = [self._index[name] for name in names]
-        return Tensor(np.float32(self._host.norm_part(counted, norm_type)))
+        return Tensor(np.float64(self._host.norm_part(counted, norm_type)))  # the host's float64
 
     def unscale_and_check(
         self, factor: float, counted: tuple[int, ...], norm_type: float | None

@@ -12,10 +12,17 @@ the mesh, so each parameter must be counted on exactly one rank of its pipeline:
   its own pipeline, and they agree without being summed again.
 
 Each rank reduces its counted gradients to one number (the sum of ``|g| ** p``, or the largest
-``|g|`` for ``p = inf``) in one compiled kernel; the numbers of the pipeline's ranks travel in
-one small vector, each rank writing only its own slot, through one SUM all-reduce (adding zeros
-is exact); every rank then combines the vector itself, in the same order, so the norm is
-bit-identical on every rank whatever order the collective summed in.
+``|g|`` for ``p = inf``) in one compiled kernel (float32) or one host pass (float64, the CPU
+fast path); the numbers of the pipeline's ranks travel in one small vector, each rank writing
+only its own slot, through one SUM all-reduce; every rank then combines the vector itself, in
+the same order and in float64, so the norm is bit-identical on every rank whatever order the
+collective summed in. **The slots carry a float64's bits in an int64** (the CPU backend refuses
+float64 collectives): one writer per slot, the others add integer zeros, so every bit of the
+share arrives, a NaN included.
+
+Who meets the mesh, and when, is :mod:`graph_exec.runtime.update_gate`'s business (the norm
+rides in the same vector as the ranks' failure flags and finiteness); this module holds one
+rank's side: what it counts, its share, and the scaling.
 
 **The norm rides with the step's own collective.** A schedule with a loss scaler or per-token
 loss already meets its pipeline at the end of every step (:mod:`graph_exec.runtime.step_end`).
@@ -32,6 +39,7 @@ used stops the riding.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -55,6 +63,35 @@ def check_max_norm(max_norm: Any) -> float:
             f"max_norm must be a positive number or float('inf') to only measure, got {max_norm!r}"
         )
     return float(max_norm)
+
+
+class NonFiniteGradientWarning(RuntimeWarning):
+    """A step's gradients held an infinity or a NaN (no loss scaler): nothing was applied or scaled."""
+
+
+def warn_non_finite(what: str) -> None:
+    """One warning, on every rank: ``what`` happened because a gradient was not finite. Its
+    location is the line that called ``step()`` or ``clip_grad_norm()`` (through the update
+    gate's call and its refusal: four frames up)."""
+    warnings.warn(what, NonFiniteGradientWarning, stacklevel=5)
+
+
+def norm_slots(part: float, rank: int, count: int) -> np.ndarray:
+    """``count`` int64 words, zero but for the float64 bits of ``part`` in slot ``rank``: summed
+    over the group (one writer per slot, adding zeros), they hold every rank's share exactly."""
+    slots = np.zeros(count, np.float64)
+    slots[rank] = part
+    return slots.view(np.int64)
+
+
+def combine(summed: np.ndarray, norm_type: float) -> float:
+    """The norm from summed :func:`norm_slots` words, combined on the host in float64, the
+    same way on every rank."""
+    values = [float(v) for v in np.ascontiguousarray(summed, np.int64).view(np.float64)]
+    if math.isinf(norm_type):
+        return max(values)
+    total = math.fsum(values)
+    return math.sqrt(total) if norm_type == 2.0 else total ** (1.0 / norm_type)
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:
@@ -104,32 +141,10 @@ class GlobalGradNorm:
         return float(self.executor.grad_norm_part(self.counted, norm_type).asnumpy())
 
     def slots(self, part: float) -> np.ndarray:
-        """:attr:`slot_count` float32 zeros with ``part`` in this rank's slot: summed over the
-        pipeline, they hold every rank's share (adding zeros is exact)."""
-        slots = np.zeros(self.slot_count, np.float32)
-        slots[self._rank if self.slot_count > 1 else 0] = part
-        return slots
+        """:func:`norm_slots` of ``part`` in this rank's slot of the pipeline."""
+        return norm_slots(part, self._rank if self.slot_count > 1 else 0, self.slot_count)
 
-    @staticmethod
-    def combine(summed: Any, norm_type: float) -> float:
-        """The norm from the summed vector's values (numpy), combined on the host in float64,
-        the same way on every rank."""
-        values = [float(v) for v in summed]
-        if math.isinf(norm_type):
-            return max(values)
-        total = math.fsum(values)
-        return math.sqrt(total) if norm_type == 2.0 else total ** (1.0 / norm_type)
-
-    def measure(self, norm_type: float) -> float:
-        """The ``norm_type``-norm over every counted gradient of the pipeline (every rank)."""
-        slots = self.slots(self.part(norm_type))
-        if self.slot_count > 1:
-            import mindspore as ms
-
-            summed = ms.Tensor(slots)
-            self._transport.all_reduce_sum([summed])
-            slots = summed.asnumpy()  # read through the tensor
-        return self.combine(slots, norm_type)
+    combine = staticmethod(combine)
 
     def riding(self) -> float | None:
         """For the end of a step: the norm type to measure along with its collective, or
@@ -143,21 +158,20 @@ class GlobalGradNorm:
         """The end of step measured ``norm`` (of the gradients as they now are)."""
         self._known = (norm_type, norm)
 
+    def known(self, norm_type: float) -> float | None:
+        """The ``norm_type``-norm the end of this step measured, if nothing changed since."""
+        return self._known[1] if self._known is not None and self._known[0] == norm_type else None
+
     def forget(self) -> None:
-        """The gradients may have changed: the next :meth:`clip` measures afresh."""
+        """The gradients may have changed: the next clip measures afresh."""
         self._known = None
 
-    def clip(self, max_norm: float, norm_type: float) -> float:
-        """Measure the norm (or take the one the end of step measured) and scale this rank's
-        gradients (all of them, counted or not) in place by :func:`clip_coefficient`;
-        returns the norm before clipping."""
-        if self._known is not None and self._known[0] == norm_type:
-            norm = self._known[1]
-        else:
-            norm = self.measure(norm_type)
+    def clip(self, norm: float, max_norm: float, norm_type: float) -> None:
+        """Scale this rank's gradients (all of them, counted or not) in place by
+        :func:`clip_coefficient` of ``norm``, the mesh's ``norm_type``-norm of them; the next
+        steps' ends measure that norm type along."""
         self._known = None
         self._riding = norm_type
         coefficient = clip_coefficient(norm, max_norm)
         if coefficient < 1.0:
             self.executor.multiply_grads(coefficient)
-        return norm

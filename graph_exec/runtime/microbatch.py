@@ -54,8 +54,9 @@ def split_batch(
 ) -> MicroBatches:
     """Cut every input, keyword input and label tensor into ``micro_batch_num`` equal parts.
 
-    All of them must share the batch size on dim 0, and it must be divisible by the number of
-    micro-batches; the error names the tensor, its shape and the number. numpy arrays are
+    All of them must share the batch size on dim 0, at least the number of micro-batches (a
+    smaller batch is its own error: an empty micro-batch is not a rounding problem) and
+    divisible by it; the error names the tensor, its size and the number. numpy arrays are
     accepted and converted to ``mindspore.Tensor`` (same dtype) first.
     """
     if not inputs:
@@ -79,6 +80,12 @@ def split_batch(
             raise ValueError(
                 f"{name} has batch size {size} but {first_name} has {batch}: all must match on dim 0"
             )
+    if batch < micro_batch_num:
+        raise ValueError(
+            f"batch size {batch} (dim 0 of {first_name}) is smaller than micro_batch_num={micro_batch_num}: "
+            f"every micro-batch needs at least one row; pass at least {micro_batch_num} rows "
+            f"(a multiple of {micro_batch_num}) or fewer micro-batches"
+        )
     if batch % micro_batch_num:
         raise ValueError(
             f"batch size {batch} (dim 0 of {first_name}) is not divisible by micro_batch_num={micro_batch_num}; "

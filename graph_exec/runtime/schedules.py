@@ -279,56 +279,87 @@ class PipelineSchedule:
             )
         return bool(self._grads_finite)
 
-    def clip_grad_norm(self, max_norm: float, norm_type: float = 2.0) -> float:
+    def clip_grad_norm(
+        self, max_norm: float, norm_type: float = 2.0, *, error_if_nonfinite: bool = False
+    ) -> float:
         """The global ``norm_type``-norm of every trained gradient of the whole model (every
         parameter counted once over the pipeline, the replicated preprocess, the data-parallel
         replicas and tied pairs), the same on every rank; then this rank's gradients are scaled
         in place by ``min(1, max_norm / (norm + 1e-6))``. ``max_norm=float("inf")`` only
         measures; ``norm_type=float("inf")`` is the largest ``|g|``. Call it on every rank, after
-        ``run()``: one small collective over the pipeline group, or none when the step's end
-        measured the norm in its own (with a loss scaler or per-token loss, from the second
-        clipped step on). A norm that is not finite (an overflow) is returned and nothing is
-        scaled.
+        ``run()``: one small collective over the pipeline group (and the failure flags over the
+        data-parallel group), or none when the step's end measured the norm in its own (with a
+        loss scaler or per-token loss, from the second clipped step on). A rank that fails to
+        measure its share makes every rank raise (:mod:`graph_exec.runtime.update_gate`).
+
+        A norm that is not finite is returned, nothing is scaled, and every rank warns
+        (:class:`~graph_exec.runtime.grad_norm.NonFiniteGradientWarning`); with
+        ``error_if_nonfinite=True`` every rank raises
+        :class:`~graph_exec.errors.NonFiniteGradientError` instead.
         """
         max_norm, norm_type = check_max_norm(max_norm), check_norm_type(norm_type)
+        error_if_nonfinite = checks.boolean("error_if_nonfinite", error_if_nonfinite)
         setup = self._require_step("clip_grad_norm()")
         try:
-            return setup.grad_norm.clip(max_norm, norm_type)
+            return setup.step_end.gate.clip(max_norm, norm_type, error_if_nonfinite)
         except BaseException as exc:
-            self._failed = f"{type(exc).__name__}: {exc}"
+            self._failed = setup.step_end.gate.after_failure(exc)
             raise
 
-    def step(self, optimizer: Any, max_norm: float | None = None) -> dict[str, Any]:
-        """The usual end of a training step, in one call on every rank: skip it when the mesh
-        overflowed (needs a ``loss_scaler``), else clip by the global norm (with ``max_norm``)
-        and apply ``optimizer`` to this rank's gradients; then zero them.
+    def step(
+        self, optimizer: Any, max_norm: float | None = None, *, error_if_nonfinite: bool = False
+    ) -> dict[str, Any]:
+        """The usual end of a training step, in one call on every rank: skip it when a gradient
+        is not finite anywhere in the mesh, else clip by the global norm (with ``max_norm``) and
+        apply ``optimizer`` to this rank's gradients; then zero them.
 
         ``optimizer``: a MindSpore optimizer built over :meth:`trainable_params` (its
         ``parameters`` give the order of the gradients it is called with; the float32
         gradients of float16/bfloat16 parameters are handed over in the parameter's dtype). Returns
-        ``{"finite": bool or None (no scaler: not checked), "grad_norm": float or None (no
-        clipping, or a skipped step), "loss_scale": the scale the next run() uses, or None}``.
+        ``{"finite": bool, "grad_norm": float or None (no clipping, or a skipped step),
+        "loss_scale": the scale the next run() uses, or None}``.
+
+        One verdict for the whole mesh (:mod:`graph_exec.runtime.update_gate`): with a loss
+        scaler its overflow check; without one the norm when clipping, else one pass over the
+        gradients and one small collective. A non-finite step is skipped on every rank and,
+        without a loss scaler, warned about once on every rank
+        (:class:`~graph_exec.runtime.grad_norm.NonFiniteGradientWarning`);
+        ``error_if_nonfinite=True`` raises :class:`~graph_exec.errors.NonFiniteGradientError`
+        on every rank instead, the gradients left as they are. A bad optimizer on one rank
+        makes every rank raise (the others :class:`~graph_exec.errors.RemoteRankError`), nothing
+        applied anywhere, the schedule still usable.
         """
         if max_norm is not None:
             max_norm = check_max_norm(max_norm)
-        self._require_step("step()")
-        params = self._optimizer_params(optimizer)  # before any collective: a bad optimizer fails alone
-        finite = self._grads_finite
-        norm = None
-        if finite is not False:
-            if max_norm is not None:
-                norm = self.clip_grad_norm(max_norm)
-            grads = self.grads()
-            # float32 accumulators of float16/bfloat16 parameters: MindSpore's optimizers want
-            # the parameter's own dtype (Adam refuses float32 gradients for float16 weights).
-            optimizer(
-                tuple(
-                    grads[p.name] if grads[p.name].dtype == p.dtype else grads[p.name].astype(p.dtype)
-                    for p in params
-                )
+        error_if_nonfinite = checks.boolean("error_if_nonfinite", error_if_nonfinite)
+        setup = self._require_step("step()")
+        try:  # a bad optimizer may fail on one rank only: the verdict tells every rank
+            params, problem = self._optimizer_params(optimizer), None
+        except (TypeError, ValueError) as exc:
+            params, problem = (), exc
+        try:
+            verdict = setup.step_end.gate.before_update(
+                optimizer, problem, self._grads_finite, max_norm, error_if_nonfinite
             )
+            if verdict.finite:
+                grads = self.grads()
+                # float32 accumulators of float16/bfloat16 parameters: MindSpore's optimizers want
+                # the parameter's own dtype (Adam refuses float32 gradients for float16 weights).
+                optimizer(
+                    tuple(
+                        grads[p.name] if grads[p.name].dtype == p.dtype else grads[p.name].astype(p.dtype)
+                        for p in params
+                    )
+                )
+        except BaseException as exc:
+            self._failed = setup.step_end.gate.after_failure(exc)
+            raise
         self.zero_grad()
-        return {"finite": finite, "grad_norm": norm, "loss_scale": self._setup.step_end.loss_scale.value()}
+        return {
+            "finite": verdict.finite,
+            "grad_norm": verdict.norm,
+            "loss_scale": setup.step_end.loss_scale.value(),
+        }
 
     def grads(self) -> dict[str, Any]:
         """``{parameter name: gradient}`` for every parameter this rank trains, in the order of

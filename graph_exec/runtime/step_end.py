@@ -15,6 +15,12 @@ In order, after :class:`~graph_exec.runtime.driver.RankRuntime` has walked the p
    :func:`~graph_exec.runtime.handshake.share_setup_outcome`), so every rank of the mesh sees
    the same overflow verdict, the same global token count and the same norm. The check comes
    after steps 1-2, so the gradients it sees are the ones the optimizer will.
+   **The facts are exact**: the vector is int64 (the CPU backend refuses float64 collectives);
+   the overflow flags are integers, and the token count and the norm shares travel as the
+   bits of a float64, one writer per slot (the last stage's rank for its pipeline's count,
+   then one slot per replica; each rank for its norm share) with integer zeros added: every
+   rank then adds the slots on the host in the same order (``math.fsum``). A count is exact up
+   to 2**53 (float32 rounded above 2**24), the norm keeps the float64 of the host's pass.
 4. **Per-token normalisation:** ``D / N`` turns the replicas' mean of token-loss *sums* into
    the gradient of ``Σ sums / N`` (``N``, the global token count, at least 1: a batch without
    tokens gives zero gradients); the norm of step 3 is multiplied by the same factor. Both
@@ -37,13 +43,17 @@ data-parallel average it always did.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from graph_exec.runtime.data_parallel import DataParallelGrads
-from graph_exec.runtime.grad_norm import GlobalGradNorm
+from graph_exec.runtime.grad_norm import GlobalGradNorm, norm_slots
 from graph_exec.runtime.loss_scaling import LossScale
 from graph_exec.runtime.tied import TiedGradients
+from graph_exec.runtime.update_gate import UpdateGate
 
 
 class StepEnd:
@@ -51,7 +61,8 @@ class StepEnd:
 
     ``groups``: the transports of this rank's pipeline and data-parallel groups (``None`` where
     the group has one rank); ``dp_size``: the number of replicas; ``grad_norm``: this rank's side
-    of the global norm, whose share rides in step 3.
+    of the global norm, whose share rides in step 3. :attr:`gate` decides, after the step, whether
+    its gradients may change the weights (:mod:`graph_exec.runtime.update_gate`).
     """
 
     def __init__(
@@ -78,6 +89,7 @@ class StepEnd:
         self.own_gradients = self._checks_overflow or token_loss or tied is not None
         self._set_aside = False
         self._scale = 1.0  # the loss scaler's value for this step, read by begin()
+        self.gate = UpdateGate(executor, groups, grad_norm, self._checks_overflow)
 
     def begin(self, accumulated: bool) -> None:
         """Before the plan runs: give the last stage this step's loss scale, and set earlier
@@ -105,7 +117,7 @@ class StepEnd:
         if self._checks_overflow or self._token_loss:
             finite, total_tokens, norm = self._agree(tokens, norm_type)
             if self._token_loss:
-                factor = self._dp_size / max(total_tokens, 1.0)
+                factor = self._dp_size / max(total_tokens, 1.0)  # float64 on the host
                 self.executor.multiply_grads(factor)
                 norm = None if norm is None else norm * factor
             if norm is not None:
@@ -126,33 +138,46 @@ class StepEnd:
         ``(every gradient finite over the mesh, global token count, the pipeline's norm of
         the gradients as they now are, None without norm_type)``."""
         import mindspore as ms
-        import numpy as np
 
         norm = self._grad_norm
         if self._checks_overflow:
             finite, part = self.executor.unscale_and_check(1.0 / self._scale, norm.counted, norm_type)
         else:
             finite, part = True, (0.0 if norm_type is None else norm.part(norm_type))
-        count = 0.0 if tokens is None else float(tokens.asnumpy())
-        facts = np.array([float(not finite), count], np.float32)
+        count = 0.0 if tokens is None else math.fsum(np.asarray(tokens.asnumpy(), np.float64).ravel())
+        # [overflow flags, this pipeline's count (one writer), norm slots]: see the module docstring
+        facts = np.concatenate([np.array([int(not finite)], np.int64), norm_slots(count, 0, 1)])
         if norm_type is not None:
             facts = np.concatenate([facts, norm.slots(part)])
-        values = ms.Tensor(facts)
         if self._pipeline is not None:
+            values = ms.Tensor(facts)
             self._pipeline.all_reduce_sum([values])
-        summed = values.asnumpy()  # read through the tensor
+            facts = values.asnumpy().copy()  # read through the tensor
+        overflows, counts = int(facts[0]), facts[1:2]
         if self._replicas is not None:  # the replicas' norms are equal: only the two facts
-            shared = ms.Tensor(summed[:2].copy())
+            shared = ms.Tensor(
+                np.concatenate(
+                    [
+                        facts[:1],
+                        norm_slots(
+                            float(counts.view(np.float64)[0]), self._replicas.rank, self._replicas.size
+                        ),
+                    ]
+                )
+            )
             self._replicas.all_reduce_sum([shared])
-            summed = np.concatenate([shared.asnumpy(), summed[2:]])
-        overflows, total = float(summed[0]), float(summed[1])
-        measured = None if norm_type is None else norm.combine(summed[2:], norm_type)
-        return (overflows == 0.0 if self._checks_overflow else None), total, measured
+            summed = shared.asnumpy()
+            overflows, counts = int(summed[0]), summed[1:]
+        total = math.fsum(counts.view(np.float64))
+        measured = None if norm_type is None else norm.combine(facts[2:], norm_type)
+        return (overflows == 0 if self._checks_overflow else None), total, measured
 
 
 def per_token_losses(results: Mapping[int, Any]) -> tuple[dict[int, Any], Any | None]:
-    """``({micro: sum / count}, Σ counts)`` from the last stage's ``(sum, count)`` pairs
-    (``({}, None)`` on other ranks); a count below 1 divides by 1."""
+    """``({micro: sum / count}, the counts)`` from the last stage's ``(sum, count)`` pairs
+    (``({}, None)`` on other ranks); a count below 1 divides by 1. The counts come back
+    stacked in their own dtype, to be added on the host in float64 (a float32 sum on the
+    device rounds above 2**24)."""
     if not results:
         return {}, None
     import mindspore as ms
@@ -160,7 +185,6 @@ def per_token_losses(results: Mapping[int, Any]) -> tuple[dict[int, Any], Any | 
 
     losses, counts = {}, []
     for micro, (total, count) in results.items():
-        count = count.astype(ms.float32)
         counts.append(count)
-        losses[micro] = total / ops.maximum(count, 1.0).astype(total.dtype)
-    return losses, ops.stack(counts).sum()
+        losses[micro] = total / ops.maximum(count.astype(ms.float32), 1.0).astype(total.dtype)
+    return losses, ops.stack(counts)

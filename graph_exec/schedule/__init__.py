@@ -21,6 +21,7 @@ from graph_exec.schedule.errors import (
 from graph_exec.schedule.export import to_csv, to_json, to_text, write_json
 from graph_exec.schedule.lifetimes import BufferLifetime, buffer_lifetimes
 from graph_exec.schedule.plan import Plan, build_plan
+from graph_exec.schedule.size import PlanTooLargeError, check_plan_size, estimate_steps
 from graph_exec.schedule.steps import IDLE, Step, StepKind
 from graph_exec.schedule.validate import validate
 
@@ -36,11 +37,14 @@ __all__ = [
     "Plan",
     "PlanConfig",
     "PlanConfigError",
+    "PlanTooLargeError",
     "ScheduleError",
     "Step",
     "StepKind",
     "buffer_lifetimes",
     "build_plan",
+    "check_plan_size",
+    "estimate_steps",
     "to_csv",
     "to_json",
     "to_text",

@@ -13,6 +13,7 @@ from functools import cached_property
 
 from graph_exec.schedule import body, codes, mpipe, p2p, routing
 from graph_exec.schedule.config import PlanConfig
+from graph_exec.schedule.size import check_plan_size
 from graph_exec.schedule.steps import Step
 from graph_exec.schedule.validate import validate
 
@@ -146,7 +147,11 @@ def _body(config: PlanConfig, keep_idle: bool) -> list[list[int]]:
 
 
 def build_plan(config: PlanConfig) -> Plan:
-    """Build the plan of ``config`` and validate it (raises a ``ScheduleError`` if broken)."""
+    """Build the plan of ``config`` and validate it (raises a ``ScheduleError`` if broken).
+
+    A configuration whose plan would be too large for this machine is refused first, by
+    formula, with :class:`~graph_exec.schedule.size.PlanTooLargeError` (:mod:`.size`)."""
+    check_plan_size(config)
     body_orders = [tuple(row) for row in _body(config, keep_idle=False)]
     plan = Plan(config, mpipe.layer(config, body_orders), body_orders)
     validate(plan)

@@ -2,7 +2,8 @@
 loss scaling with one overflow verdict for the mesh, per-token loss, evaluation, tied
 parameters and low-precision chunks, against the reference (what each check compares: the
 worker, tests/multirank/workers/training_loop_checks.py). Three launches: P = 2, P = 4 and a
-dp2 x pp2 mesh."""
+dp2 x pp2 mesh; two more for the update's verdict (non-finite gradients without a scaler, a
+failure in ``step()`` on one rank): P = 2 and the mesh."""
 
 import re
 
@@ -76,11 +77,62 @@ EXPECTED = {
         ]
         for rank in range(4)
     },
+    # Issue 39.2 and 39.5: one verdict for the mesh before the optimizer.
+    "gate": {
+        rank: [
+            "non_finite_graph.max_norm_1.0.skipped_everywhere",
+            "non_finite_graph.max_norm_1.0.warned_once",
+            "non_finite_graph.max_norm_1.0.weights_unchanged",
+            "non_finite_graph.max_norm_1.0.one_meeting",
+            "non_finite_graph.max_norm_None.skipped_everywhere",
+            "non_finite_graph.max_norm_None.one_meeting",
+            "non_finite_graph.error_if_nonfinite_raises_everywhere",
+            "non_finite_graph.next.grads",
+            "non_finite_graph.next.applied",
+            "non_finite_owner_pynative.max_norm_None.skipped_everywhere",
+            "non_finite_owner_pynative.next.applied",
+            "bad_optimizer_graph.raises_on_every_rank",
+            "bad_optimizer_graph.nothing_applied",
+            "bad_optimizer_graph.still_usable",
+            "bad_optimizer_graph.steady_step_meets_nobody",
+            "clip_fails_on_one_rank.raises_on_every_rank",
+            "clip_fails_on_one_rank.nothing_scaled",
+            "clip_fails_on_one_rank.next_clip",
+        ]
+        + (
+            [
+                "optimizer_fails_after_the_verdict.raised_here",
+                "optimizer_fails_after_the_verdict.refuses_further_steps",
+            ]
+            if rank == 1
+            else [
+                "optimizer_fails_after_the_verdict.applied_here",
+                "optimizer_fails_after_the_verdict.peers_hear_of_it",
+            ]
+        )
+        for rank in range(2)
+    },
+    "gate_mesh": {
+        rank: [
+            "non_finite_mesh_graph.max_norm_1.0.skipped_everywhere",
+            "non_finite_mesh_graph.max_norm_1.0.weights_unchanged",
+            "non_finite_mesh_graph.max_norm_None.skipped_everywhere",
+            "non_finite_mesh_graph.max_norm_None.one_meeting",
+            "non_finite_mesh_graph.error_if_nonfinite_raises_everywhere",
+            "non_finite_mesh_graph.next.grads",
+            "bad_optimizer_mesh_pynative.raises_on_every_rank",
+            "bad_optimizer_mesh_pynative.still_usable",
+            "bad_optimizer_mesh_pynative.steady_step_meets_nobody",
+        ]
+        for rank in range(4)
+    },
 }
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize(("suite", "ranks"), [("p2", 2), ("p4", 4), ("mesh", 4)])
+@pytest.mark.parametrize(
+    ("suite", "ranks"), [("p2", 2), ("p4", 4), ("mesh", 4), ("gate", 2), ("gate_mesh", 4)]
+)
 def test_training_loop_matches_the_reference(run_workers, suite, ranks):
     result = run_workers("training_loop_checks.py", ranks, suite, timeout_s=360)
     for rank in range(ranks):

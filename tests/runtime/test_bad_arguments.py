@@ -145,6 +145,13 @@ def test_bad_inputs_are_refused_before_any_step_and_leave_the_schedule_usable() 
         (ValueError, r"run\(\) needs at least one input tensor", (), {"labels": labels}),
         (ValueError, r"labels are required", (x,), {}),
         (ValueError, r"batch size 7 .* not divisible by micro_batch_num=2", (x[:7],), {"labels": labels[:7]}),
+        (
+            ValueError,
+            r"batch size 1 \(dim 0 of input 0\) is smaller than micro_batch_num=2: every micro-batch",
+            (x[:1],),
+            {"labels": labels[:1]},
+        ),
+        (ValueError, r"batch size 0 .* is smaller than micro_batch_num=2", (x[:0],), {"labels": labels[:0]}),
     ]
     for error, message, args, kwargs in cases:
         with pytest.raises(error, match=message):

@@ -10,6 +10,7 @@ Numbers are checked against the non-pipelined reference: float32 within atol 1e-
 from __future__ import annotations
 
 import math
+import warnings
 
 import mindspore as ms
 import numpy as np
@@ -17,7 +18,13 @@ import pytest
 from mindspore import Tensor, amp, nn, ops
 
 import graph_exec as ge
-from graph_exec.errors import ConfigurationMismatchError, GraphExecError, PipelineStepError
+from graph_exec.errors import (
+    ConfigurationMismatchError,
+    GraphExecError,
+    NonFiniteGradientError,
+    PipelineStepError,
+)
+from graph_exec.runtime.grad_norm import NonFiniteGradientWarning
 from tests.models.common import ATOL, RTOL, loss_fn
 from tests.models.pipeline import batch, build, reference, sgd_step
 from tests.models.training import (
@@ -209,7 +216,7 @@ def test_evaluate_is_the_reference_forward_and_touches_no_gradient(mode, preproc
     for moment, was in zip(optimizer.moment1, moments, strict=True):
         np.testing.assert_array_equal(moment.asnumpy(), was)
     assert not sched._setup.executor.kept()
-    assert sched.step(optimizer)["finite"] is None  # no scaler: nothing was checked
+    assert sched.step(optimizer)["finite"] is True  # no scaler: checked all the same (issue 39.2)
 
 
 # -- tied parameters -------------------------------------------------------------------------
@@ -379,3 +386,137 @@ def test_other_bad_arguments_of_the_training_loop():
         ValueError, match=r"the optimizer updates \['elsewhere'\], which this rank does not train"
     ):
         sched.step(other)
+
+
+# -- non-finite gradients without a loss scaler (issue 39.2) ---------------------------------
+
+
+def _overflowing(mode: str = "pynative"):
+    """A schedule whose stage 1 makes the next step's gradients infinite, no loss scaler; its
+    optimizer, and the weights before anything was applied."""
+    model = build_gated(3, gated=1)
+    sched = schedule(model, mode, scale_grads=True)
+    optimizer = nn.SGD(sched.trainable_params(), learning_rate=0.5)
+    before = {p.name: p.asnumpy().copy() for p in sched.trainable_params()}
+    model.stages[1].overflow(True)
+    return model, sched, optimizer, before
+
+
+def _weights_unchanged(sched, before: dict) -> None:
+    for param in sched.trainable_params():
+        np.testing.assert_array_equal(param.asnumpy(), before[param.name], err_msg=f"{param.name} moved")
+
+
+@pytest.mark.parametrize("max_norm", [None, 1.0])
+def test_a_non_finite_step_without_a_scaler_is_skipped_and_warned_about_each_time(max_norm):
+    model, sched, optimizer, before = _overflowing()
+    for step in range(2):  # warned again the second time: the message counts the refusals
+        x, labels = batch(8, seed=50 + step)
+        sched.run(x, labels=labels)
+        with pytest.warns(NonFiniteGradientWarning) as caught:
+            outcome = sched.step(optimizer, max_norm=max_norm)
+        assert len(caught) == 1 and caught[0].filename == __file__  # the caller's line
+        assert f"the optimizer was not applied on any rank (non-finite step {step + 1} " in str(
+            caught[0].message
+        )
+        assert outcome == {"finite": False, "grad_norm": None, "loss_scale": None}
+        _weights_unchanged(sched, before)
+        assert not any(g.asnumpy().any() for g in sched.grads().values()), "step() zeroes the gradients"
+    model.stages[1].overflow(False)  # the next step is finite, applied, exact
+    ref = build(3, "trainable")
+    x, labels = batch(8, seed=52)
+    sched.run(x, labels=labels)
+    _, expected = reference(ref, x, labels, MICRO, scale=1 / MICRO)
+    assert_grads(grads_of(sched), expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outcome = sched.step(optimizer, max_norm=max_norm)
+    assert outcome["finite"] is True
+    assert (outcome["grad_norm"] is None) == (max_norm is None)
+
+
+def test_error_if_nonfinite_raises_and_leaves_the_gradients_alone():
+    model, sched, optimizer, before = _overflowing()
+    x, labels = batch(8, seed=50)
+    sched.run(x, labels=labels)
+    held = grads_of(sched)
+    assert not all(np.isfinite(g).all() for g in held.values())
+    with pytest.raises(NonFiniteGradientError, match=r"step\(\): the global gradient norm is (nan|inf)"):
+        sched.step(optimizer, max_norm=1.0, error_if_nonfinite=True)
+    with pytest.raises(NonFiniteGradientError, match=r"step\(\): a gradient is not finite"):
+        sched.step(optimizer, error_if_nonfinite=True)
+    with pytest.raises(NonFiniteGradientError, match=r"clip_grad_norm\(\): the global gradient norm is"):
+        sched.clip_grad_norm(1.0, error_if_nonfinite=True)
+    assert_grads(grads_of(sched), held, atol=0, rtol=0)  # bit for bit (NaN equal to NaN)
+    _weights_unchanged(sched, before)
+    with pytest.raises(ValueError, match="error_if_nonfinite must be a bool"):
+        sched.step(optimizer, error_if_nonfinite="yes")
+    sched.zero_grad()  # still usable: every rank raised alike
+    model.stages[1].overflow(False)
+    sched.run(x, labels=labels)
+    assert sched.step(optimizer, max_norm=1.0, error_if_nonfinite=True)["finite"] is True
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clip_grad_norm_of_a_non_finite_gradient_warns_and_scales_nothing(mode):
+    _, sched, _, _ = _overflowing(mode)
+    x, labels = batch(8, seed=50)
+    sched.run(x, labels=labels)
+    held = grads_of(sched)
+    with pytest.warns(
+        NonFiniteGradientWarning, match=r"clip_grad_norm\(\): .* nothing was scaled on any rank"
+    ):
+        norm = sched.clip_grad_norm(1.0)
+    assert not math.isfinite(norm)
+    assert_grads(grads_of(sched), held, atol=0, rtol=0)
+
+
+def test_a_bad_optimizer_leaves_the_schedule_usable():
+    model, ref = build(3, "trainable"), build(3, "trainable")
+    sched = schedule(model, "pynative", scale_grads=True)
+    x, labels = batch(8, seed=53)
+    sched.run(x, labels=labels)
+    stranger = nn.SGD(nn.Dense(2, 2).trainable_params(), learning_rate=0.5)
+    with pytest.raises(ValueError, match="which this rank does not train"):
+        sched.step(stranger)
+    _, expected = reference(ref, x, labels, MICRO, scale=1 / MICRO)
+    assert_grads(grads_of(sched), expected)  # nothing applied, nothing zeroed
+    assert sched.step(nn.SGD(sched.trainable_params(), learning_rate=0.5))["finite"] is True
+
+
+# -- exact facts (issue 38.4) ----------------------------------------------------------------
+
+
+def test_a_global_token_count_above_2_to_the_24_is_exact(monkeypatch):
+    big = 2**23  # each micro-batch's count exact in float32, their sum not
+
+    def counted(logits, labels, mask):
+        total, count = token_loss(logits, labels, mask)
+        return total, count + big
+
+    sched = schedule(build(3, "trainable"), "pynative", loss_fn=counted, loss_reduction="token")
+    x, labels = batch(8, seed=30)
+    mask = padding_mask(8, MICRO, seed=30)
+    tokens = int(mask.asnumpy().sum()) + MICRO * big
+    assert tokens > 2**24 and float(np.float32(tokens)) != tokens
+    sched.run(x, labels=(labels, mask))
+    sched.zero_grad()
+    factors = []
+    scale = sched._setup.executor.multiply_grads
+    monkeypatch.setattr(sched._setup.executor, "multiply_grads", lambda f: (factors.append(f), scale(f))[1])
+    sched.run(x, labels=(labels, mask))
+    assert factors == [1 / tokens]  # D / N with N exact (float32 rounded it by 1 or 2)
+
+
+def test_the_norm_keeps_the_float64_of_the_host():
+    from graph_exec.device import policy
+
+    if not policy().host_gradient_math:
+        pytest.skip("the host gradient arithmetic is off: the compiled kernel adds in float32")
+    sched = schedule(build(3, "trainable"), "graph", scale_grads=True)
+    x, labels = batch(8, seed=54)
+    sched.run(x, labels=labels)
+    grads = [g.asnumpy().astype(np.float64) for g in sched.grads().values()]
+    want = math.sqrt(math.fsum(float((g * g).sum()) for g in grads))
+    norm = sched.clip_grad_norm(math.inf)
+    assert abs(norm - want) <= 1e-12 * want, (norm, want)  # a float32 share is off by ~1e-8

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 
 import pytest
 
@@ -209,3 +210,18 @@ def test_plan_flags_default_to_what_plan_config_defaults_to(capsys: pytest.Captu
     assert (
         short == _run(["plan", "--pp", "2", "--vpp", "1", "--micro", "2", "--preprocess", "none"], capsys)[1]
     )
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_a_plan_too_large_for_the_machine_exits_2_before_building(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 39.3: this command ran 147 s and took all 24 GB until the OOM killer fired.
+    argv = [command, "--pp", "2", "--vpp", "1", "--micro", "100000000", "--preprocess", "trainable"]
+    start = time.perf_counter()
+    code, out, err = _run(argv, capsys)
+    assert time.perf_counter() - start < 1.0
+    assert code == 2 and out == ""
+    verb = "building" if command == "plan" else "simulating"
+    assert f"pp=2, vpp=1, micro=100000000: {verb} the plan would take about" in err
+    assert "Use fewer micro-batches" in err

@@ -65,6 +65,10 @@ def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
         ),
         (["run", "embed_lm", "--frozen", "--trainable"], "not allowed with argument --frozen"),
         (["run", "embed_lm", "--timeout", "0"], "argument --timeout: invalid value '0'"),
+        (
+            ["run", "embed_lm", "--micro", "100000000", "--batch", "100000000"],
+            "micro=100000000: every rank's plan would take about",
+        ),
         (["bench", "mnist"], "argument example: invalid choice: 'mnist'"),
         (["bench", "--ranks", "0"], "argument --ranks: invalid value '0'"),
         (["bench", "--steps", "0"], "argument --steps: invalid value '0'"),

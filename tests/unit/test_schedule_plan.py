@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
-from graph_exec.schedule import IDLE, Plan, PlanConfig, Step, StepKind, build_plan, codes
+from graph_exec.schedule import (
+    IDLE,
+    Plan,
+    PlanConfig,
+    PlanConfigError,
+    PlanTooLargeError,
+    Step,
+    StepKind,
+    build_plan,
+    check_plan_size,
+    codes,
+    estimate_steps,
+    size,
+)
 
 K = StepKind
 
@@ -123,3 +138,53 @@ def test_schedule_and_simulator_import_without_mindspore() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("r0: BCAST TFWD0 OUTrecv1")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        PlanConfig(pp=1, vpp=1, micro=7, preprocess="trainable"),
+        PlanConfig(pp=2, vpp=1, micro=9, preprocess="trainable", backward="owner", input="owned"),
+        PlanConfig(pp=4, vpp=2, micro=11, preprocess="trainable", input="owned", overflow="min"),
+        PlanConfig(pp=4, vpp=3, micro=8, preprocess="trainable", backward="owner"),
+        PlanConfig(pp=3, vpp=2, micro=5, preprocess="frozen", input="owned", body="gpipe"),
+        PlanConfig(pp=8, vpp=1, micro=16, body="1f1b"),
+        PlanConfig(pp=4, vpp=2, micro=6, preprocess="trainable", transpose=False),
+        PlanConfig(pp=4, vpp=2, micro=6, preprocess="trainable", forward_only=True),
+    ],
+)
+def test_the_size_estimate_bounds_the_built_plan(config: PlanConfig) -> None:
+    plan = build_plan(config)
+    built = sum(map(len, plan.order_codes))
+    assert built <= estimate_steps(config) <= 2.5 * built + 4 * config.pp
+
+
+def test_a_plan_too_large_is_refused_by_formula_before_anything_is_built() -> None:
+    # Issue 39.3: --micro 100000000 ran 147 s and took all 24 GB before the OOM killer fired.
+    start = time.perf_counter()
+    with pytest.raises(
+        PlanTooLargeError, match=r"pp=2, vpp=1, micro=100000000: building the plan would take"
+    ) as err:
+        build_plan(PlanConfig(pp=2, vpp=1, micro=100_000_000, preprocess="trainable"))
+    assert time.perf_counter() - start < 0.5
+    assert f"the limit is {size.MAX_PLAN_STEPS:,} steps" in str(err.value)
+    assert isinstance(err.value, PlanConfigError) and isinstance(err.value, ValueError)
+
+
+def test_the_advised_micro_batch_count_fits() -> None:
+    with pytest.raises(PlanTooLargeError, match=r"about ([\d,]+) at most") as err:
+        check_plan_size(PlanConfig(pp=4, vpp=2, micro=10**7))
+    fits = int(re.search(r"about ([\d,]+) at most", str(err.value)).group(1).replace(",", ""))
+    assert check_plan_size(PlanConfig(pp=4, vpp=2, micro=fits)) <= size.MAX_PLAN_STEPS
+    with pytest.raises(PlanTooLargeError):
+        check_plan_size(PlanConfig(pp=4, vpp=2, micro=fits + 1))
+
+
+def test_the_memory_limit_is_a_fraction_of_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = PlanConfig(pp=2, vpp=1, micro=1000)  # 20,008 steps estimated
+    assert check_plan_size(config) == estimate_steps(config) == 20_008
+    monkeypatch.setattr(size, "physical_memory_bytes", lambda: 2 * 20_008 * size.BUILD_BYTES_PER_STEP)
+    with pytest.raises(PlanTooLargeError, match=r"25% of this machine's memory is .* GiB"):
+        build_plan(config)
+    monkeypatch.setattr(size, "physical_memory_bytes", lambda: 4 * 20_008 * size.BUILD_BYTES_PER_STEP)
+    assert len(build_plan(config).order_codes) == 2

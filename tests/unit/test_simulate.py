@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from graph_exec.schedule import PlanConfig, build_plan
+from graph_exec.schedule import PlanConfig, PlanTooLargeError, build_plan, estimate_steps, size
 from graph_exec.simulate import OpCosts, simulate, to_chrome_trace
 
 
@@ -277,3 +277,16 @@ def test_zb_at_v1_with_device_like_costs_never_loses_to_1f1b() -> None:
             for body in ("1f1b", "interleaved"):
                 base = simulate(build_plan(PlanConfig(pp=pp, micro=micro, body=body)), costs).step_time
                 assert zb <= base + 1e-9, (pp, micro, i_share, body, zb, base)
+
+
+def test_a_simulation_too_large_for_the_machine_is_refused_before_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = build_plan(PlanConfig(pp=2, vpp=1, micro=1000, preprocess="frozen"))
+    steps = estimate_steps(plan.config)
+    # Room to build the plan (200 bytes a step), not to simulate it (400: baseline and timeline).
+    monkeypatch.setattr(size, "physical_memory_bytes", lambda: 4 * steps * size.BUILD_BYTES_PER_STEP)
+    with pytest.raises(PlanTooLargeError, match=r"simulating the plan would take about 20,008 steps"):
+        simulate(plan, OpCosts())
+    monkeypatch.setattr(size, "physical_memory_bytes", lambda: 4 * steps * size.SIMULATE_BYTES_PER_STEP)
+    assert simulate(plan, OpCosts()).baseline is not None

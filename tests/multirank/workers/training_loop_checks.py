@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +28,14 @@ from mindspore import amp, nn
 from mindspore.communication import get_rank, init
 
 import graph_exec as ge
-from graph_exec.errors import ConfigurationMismatchError, GraphExecError
+from graph_exec.errors import (
+    ConfigurationMismatchError,
+    GraphExecError,
+    NonFiniteGradientError,
+    RemoteRankError,
+)
 from graph_exec.msenv import prepare_mindspore
+from graph_exec.runtime.grad_norm import NonFiniteGradientWarning
 from graph_exec.transport import all_gather_objects
 from tests.models.common import ATOL, RTOL, loss_fn
 from tests.models.pipeline import batch, build, reference, sgd_step
@@ -376,6 +383,18 @@ def low_precision_case(name: str, dtype, **options) -> Case:
     return Case(name, run)
 
 
+def next_step_is_exact(ctx: Rank, sched, ref, name: str, micro: int, seed: int) -> dict:
+    """After a skipped step: the next run's losses and gradients equal the reference's (whose
+    gradients it returns)."""
+    dp = ctx.mesh.dp_size
+    x, labels = batch(2 * micro * dp, seed=seed)
+    ref_losses, full = reference(ref, x, labels, dp * micro, scale=1 / (dp * micro))
+    x_mine, labels_mine = share(ctx, x, labels)
+    ctx.losses(f"{name}.next", sched.run(x_mine, labels=labels_mine), mine(ctx, ref_losses, micro))
+    ctx.close(f"{name}.next.grads", grads_numpy(sched), trained(sched, full))
+    return full
+
+
 def overflow_case(name: str, **options) -> Case:
     """Stage 2 (pipeline rank 0) of replica 1 alone overflows: every rank of the mesh skips the
     same step (weights and Adam state unchanged), the scale halves everywhere; the next step
@@ -404,11 +423,7 @@ def overflow_case(name: str, **options) -> Case:
         ctx.check(f"{name}.weights_unchanged", {p.name: crc(p) for p in sched.trainable_params()} == before)
         ctx.check(f"{name}.optimizer_state_unchanged", [crc(m) for m in optimizer.moment1] == moments)
         model.stages[gated].overflow(False)
-        x, labels = batch(2 * micro * dp, seed=71)
-        ref_losses, full = reference(ref, x, labels, dp * micro, scale=1 / (dp * micro))
-        x_mine, labels_mine = share(ctx, x, labels)
-        ctx.losses(f"{name}.next", sched.run(x_mine, labels=labels_mine), mine(ctx, ref_losses, micro))
-        ctx.close(f"{name}.next.grads", grads_numpy(sched), trained(sched, full))
+        next_step_is_exact(ctx, sched, ref, name, micro, seed=71)
         ctx.check(f"{name}.next.finite", sched.grads_finite is True)
         outcome = sched.step(optimizer)
         ctx.check(
@@ -455,6 +470,194 @@ def bad_token_loss(name: str) -> Case:
     return Case(name, run)
 
 
+def gate_meetings(sched) -> int:
+    """How many all-reduces the schedule's update verdicts ran on this rank."""
+    return sched._setup.step_end.gate.meetings
+
+
+def non_finite_case(name: str, **options) -> Case:
+    """No loss scaler; stage 1 (pipeline rank 1) of the last replica alone makes its gradients
+    infinite: every rank of the mesh skips the update (weights unchanged everywhere), warns
+    once, reports ``finite: False``; with clipping the norm's own meeting carries the verdict,
+    without it one small meeting does; ``error_if_nonfinite=True`` raises on every rank; the
+    next finite step equals the reference."""
+
+    def run(ctx: Rank) -> None:
+        gated, micro, dp = 1, 4, ctx.mesh.dp_size
+        model, ref = build_gated(2 * ctx.pp, gated), build(2 * ctx.pp, "trainable")
+        sched = make(model, ctx, micro, scale_grads=True, **options)
+        optimizer = nn.SGD(sched.trainable_params(), learning_rate=0.5)
+        before = {p.name: crc(p) for p in sched.trainable_params()}
+        model.stages[gated].overflow(ctx.mesh.dp_rank == dp - 1 and ctx.pp_rank == gated % ctx.pp)
+        x_mine, labels_mine = share(ctx, *batch(2 * micro * dp, seed=90))
+        for max_norm in (1.0, None):
+            sched.run(x_mine, labels=labels_mine)
+            meetings = gate_meetings(sched)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                outcome = sched.step(optimizer, max_norm=max_norm)
+            step = f"{name}.max_norm_{max_norm}"
+            ctx.check(
+                f"{step}.skipped_everywhere",
+                outcome == {"finite": False, "grad_norm": None, "loss_scale": None},
+                f"{outcome}",
+            )
+            warned = [w for w in caught if issubclass(w.category, NonFiniteGradientWarning)]
+            ctx.check(f"{step}.warned_once", len(warned) == 1, f"{[str(w.message) for w in caught]}")
+            ctx.check(
+                f"{step}.weights_unchanged", {p.name: crc(p) for p in sched.trainable_params()} == before
+            )
+            want = (ctx.pp > 1) + (dp > 1)  # one meeting: pipeline, then the flags over the replicas
+            ctx.check(
+                f"{step}.one_meeting",
+                gate_meetings(sched) - meetings == want,
+                f"{meetings} -> {gate_meetings(sched)}",
+            )
+        sched.run(x_mine, labels=labels_mine)
+        try:
+            sched.step(optimizer, max_norm=1.0, error_if_nonfinite=True)
+            ctx.check(f"{name}.error_if_nonfinite_raises_everywhere", False, "no error")
+        except NonFiniteGradientError as exc:
+            ctx.check(
+                f"{name}.error_if_nonfinite_raises_everywhere", "gradient norm is" in str(exc), str(exc)
+            )
+        sched.zero_grad()
+        model.stages[gated].overflow(False)
+        full = next_step_is_exact(ctx, sched, ref, name, micro, seed=91)
+        outcome = sched.step(optimizer, max_norm=1e6)
+        ctx.check(
+            f"{name}.next.applied",
+            outcome["finite"] is True and math.isclose(outcome["grad_norm"], global_norm(full), rel_tol=1e-5),
+            f"{outcome}",
+        )
+        ctx.check(f"{name}.next.weights_moved", {p.name: crc(p) for p in sched.trainable_params()} != before)
+
+    return Case(name, run)
+
+
+def bad_optimizer_on_one_rank(name: str, **options) -> Case:
+    """The last pipeline rank's optimizer also holds stage 0's parameters, which it does not
+    train: it raises its ValueError, every other rank a RemoteRankError naming it, nothing is
+    applied anywhere; then a good optimizer steps on every rank (the schedule is still usable),
+    and a second step with it needs no meeting with a loss scaler (the verdict came with run())."""
+
+    def run(ctx: Rank) -> None:
+        model = build(2 * ctx.pp, "trainable")
+        sched = make(model, ctx, 4, scale_grads=True, loss_scaler=amp.StaticLossScaler(1), **options)
+        good = nn.SGD(sched.trainable_params(), learning_rate=0.5)
+        held = sched.trainable_params() + (model.stages[0].trainable_params() if ctx.last else [])
+        optimizer = nn.SGD(held, learning_rate=0.5)
+        bad_rank = (
+            ctx.mesh.pp_size - 1 + ctx.mesh.dp_rank * ctx.mesh.pp_size if ctx.mesh.dp_size == 1 else None
+        )
+        x_mine, labels_mine = share(ctx, *batch(8 * ctx.mesh.dp_size, seed=92))
+        sched.run(x_mine, labels=labels_mine)
+        before = {p.name: crc(p) for p in sched.trainable_params()}
+        try:
+            sched.step(optimizer)
+            ctx.check(f"{name}.raises_on_every_rank", False, "no error")
+        except ValueError as exc:
+            ctx.check(f"{name}.raises_on_every_rank", ctx.last and "does not train" in str(exc), str(exc))
+        except RemoteRankError as exc:
+            named = bad_rank is None or f"ranks [{bad_rank}] failed in step()" in str(exc)
+            ctx.check(f"{name}.raises_on_every_rank", not ctx.last and named, str(exc))
+        ctx.check(f"{name}.nothing_applied", {p.name: crc(p) for p in sched.trainable_params()} == before)
+        outcome = sched.step(good)
+        ctx.check(f"{name}.still_usable", outcome["finite"] is True, f"{outcome}")
+        sched.run(x_mine, labels=labels_mine)
+        meetings = gate_meetings(sched)
+        sched.step(good)
+        ctx.check(f"{name}.steady_step_meets_nobody", gate_meetings(sched) == meetings)
+
+    return Case(name, run)
+
+
+def clip_fails_on_one_rank(name: str) -> Case:
+    """Rank 0's share of the norm raises (its kernel broken, simulated): it raises its own
+    error, every other rank a RemoteRankError naming it, in the same meeting; nothing is
+    scaled anywhere, and the next clip works on every rank."""
+
+    def run(ctx: Rank) -> None:
+        model, ref = build(2 * ctx.pp, "trainable"), build(2 * ctx.pp, "trainable")
+        sched = make(model, ctx, 4, scale_grads=True)
+        x, labels = batch(8, seed=94)
+        sched.run(x, labels=labels)
+        _, full = reference(ref, x, labels, 4, scale=1 / 4)
+        executor = sched._setup.executor
+        honest = executor.grad_norm_part
+
+        def broken(names, norm_type):
+            raise RuntimeError("this rank's norm kernel broke")
+
+        if ctx.pp_rank == 0:
+            executor.grad_norm_part = broken
+        try:
+            sched.clip_grad_norm(1e-3)
+            ctx.check(f"{name}.raises_on_every_rank", False, "no error")
+        except RuntimeError as exc:
+            if isinstance(exc, RemoteRankError):
+                ok = ctx.pp_rank != 0 and "ranks [0] failed in clip_grad_norm()" in str(exc)
+            else:
+                ok = ctx.pp_rank == 0 and "norm kernel broke" in str(exc)
+            ctx.check(f"{name}.raises_on_every_rank", ok, f"{type(exc).__name__}: {exc}")
+        executor.grad_norm_part = honest
+        ctx.close(f"{name}.nothing_scaled", grads_numpy(sched), trained(sched, full))
+        norm = sched.clip_grad_norm(math.inf)
+        ctx.check(f"{name}.next_clip", math.isclose(norm, global_norm(full), rel_tol=1e-5), f"{norm}")
+
+    return Case(name, run)
+
+
+class FailingSGD(nn.SGD):
+    """An SGD whose update raises on the ranks told so (after the mesh's verdict)."""
+
+    def __init__(self, params, fail: bool) -> None:
+        super().__init__(params, learning_rate=0.5)
+        self.fail = fail
+
+    def construct(self, gradients):
+        if self.fail:
+            raise RuntimeError("this rank's optimizer broke while applying the update")
+        return super().construct(gradients)
+
+
+def optimizer_fails_after_the_verdict(name: str) -> Case:
+    """The last pipeline rank's optimizer raises while applying the update (nothing to agree
+    on any more): that rank refuses further steps and tells its peers, whose next run() names
+    its failure instead of timing out. Runs last: it ends the schedule."""
+
+    def run(ctx: Rank) -> None:
+        model = build(2 * ctx.pp, "none")
+        sched = make(model, ctx, 4, scale_grads=True)
+        optimizer = FailingSGD(sched.trainable_params(), fail=ctx.last)
+        x, labels = batch(8, seed=93)
+        sched.run(x, labels=labels)
+        try:
+            sched.step(optimizer)
+            stepped = None
+        except RuntimeError as exc:
+            stepped = str(exc)
+        if ctx.last:
+            ctx.check(
+                f"{name}.raised_here", stepped is not None and "broke while applying" in stepped, f"{stepped}"
+            )
+            try:
+                sched.run(x, labels=labels)
+                ctx.check(f"{name}.refuses_further_steps", False, "no error")
+            except GraphExecError as exc:
+                ctx.check(f"{name}.refuses_further_steps", "an earlier step failed" in str(exc), str(exc))
+            return
+        ctx.check(f"{name}.applied_here", stepped is None, f"{stepped}")
+        try:
+            sched.run(x, labels=labels)
+            ctx.check(f"{name}.peers_hear_of_it", False, "no error")
+        except GraphExecError as exc:
+            text = f"{exc} {exc.__cause__}"
+            ctx.check(f"{name}.peers_hear_of_it", "broke while applying" in text, text)
+
+    return Case(name, run)
+
+
 SUITES: dict[str, list[Case]] = {
     "p2": [
         clip_case("clip_v2_trainable_central_graph", vpp=2),
@@ -497,6 +700,17 @@ SUITES: dict[str, list[Case]] = {
         token_case("token_mesh_pynative", mode="pynative"),
         evaluate_case("evaluate_mesh_pynative", vpp=2, mode="pynative"),
     ],
+    "gate": [
+        non_finite_case("non_finite_graph"),
+        non_finite_case("non_finite_owner_pynative", backward="owner", mode="pynative"),
+        bad_optimizer_on_one_rank("bad_optimizer_graph"),
+        clip_fails_on_one_rank("clip_fails_on_one_rank"),
+        optimizer_fails_after_the_verdict("optimizer_fails_after_the_verdict"),
+    ],
+    "gate_mesh": [
+        non_finite_case("non_finite_mesh_graph"),
+        bad_optimizer_on_one_rank("bad_optimizer_mesh_pynative", mode="pynative"),
+    ],
     # Run with GRAPH_EXEC_CPU_FAST_PATHS=0 (tests/multirank/test_device_path.py): the broadcast
     # writes a bfloat16 preprocess back with MindSpore ops, where CPU's Assign has no kernel.
     "device_low_precision": [
@@ -510,7 +724,7 @@ def main() -> int:
     prepare_mindspore("CPU")
     init()
     suite = sys.argv[1]
-    mesh = ge.DeviceMesh(dp=2, pp=2) if suite == "mesh" else ge.DeviceMesh()
+    mesh = ge.DeviceMesh(dp=2, pp=2) if suite in ("mesh", "gate_mesh") else ge.DeviceMesh()
     ctx = Rank(Checker(get_rank()), mesh)
     print(f"SUITE {suite} cases: {' '.join(case.name for case in SUITES[suite])}", flush=True)
     return run_suite(SUITES[suite], lambda case: case.run(ctx), ctx.checker)
