@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # the models import MindSpore: `graph-exec run --help` must n
 EXAMPLES = {
     "vl_tower": "graph_exec.examples.vl_tower",
     "embed_lm": "graph_exec.examples.embed_lm",
-    # MindSpore ONE models (pip install 'graph-exec[models]')
+    # MindSpore ONE models (pip install -e '.[models]')
     "qwen2vl": "graph_exec.examples.qwen2vl",
     "llama": "graph_exec.examples.llama",
 }

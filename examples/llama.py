@@ -2,7 +2,7 @@
 
 The model is ``mindone.transformers.LlamaForCausalLM`` built from a small random config (no
 weights are downloaded) and cut by :func:`graph_exec.models.split_model`; the last stage holds
-the final norm and the LM head. Needs ``pip install 'graph-exec[models]'``.
+the final norm and the LM head. Needs ``pip install -e '.[models]'``.
 
 Synthetic task (as ``embed_lm``): each sequence counts upward with a stride of 1, 2 or 3 from a
 random start, modulo the vocabulary; the model learns to continue it.
@@ -109,7 +109,7 @@ def build(
 
 EXAMPLE = Example(
     "llama",
-    "MindSpore ONE Llama, its token embedding as the preprocess (needs graph-exec[models])",
+    "MindSpore ONE Llama, its token embedding as the preprocess (needs pip install -e '.[models]')",
     build,
     trainable_by_default=True,
 )

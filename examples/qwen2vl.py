@@ -4,7 +4,7 @@ The model is ``mindone.transformers.Qwen2VLForConditionalGeneration`` built from
 config (no weights are downloaded) and cut by :func:`graph_exec.models.split_model`: the vision
 tower and patch merger are the preprocess, replicated on every rank; stage 0 embeds the tokens
 and puts the image embeddings in the image positions; the last stage holds the final norm and
-the LM head. Needs ``pip install 'graph-exec[models]'``.
+the LM head. Needs ``pip install -e '.[models]'``.
 
 Synthetic task: every image is a noisy pattern of one of ``CLASSES`` kinds; the text after it
 counts upward from an offset set by that kind, so the loss falls as the model learns to read
@@ -195,7 +195,7 @@ def build(
 
 EXAMPLE = Example(
     "qwen2vl",
-    "MindSpore ONE Qwen2-VL, its vision tower as the preprocess (needs graph-exec[models])",
+    "MindSpore ONE Qwen2-VL, its vision tower as the preprocess (needs pip install -e '.[models]')",
     build,
     trainable_by_default=False,
 )

@@ -1,4 +1,4 @@
-"""Every device-dependent decision of the library, made in one place, once per process.
+"""Every device-dependent decision of the library, made in one place, once per device target.
 
 The library runs on MindSpore's CPU, GPU and Ascend targets. Most of its code is the same on
 all of them; where it is not, the choice is a named field of :class:`DevicePolicy`, and every
@@ -28,8 +28,9 @@ policy is first needed, so this module is importable anywhere.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 #: Environment variable that turns the CPU fast paths off (``0``); read once per process.
@@ -159,33 +160,46 @@ class DevicePolicy:
 
 _chosen: DevicePolicy | None = None
 _fast_paths: bool | None = None
+#: Reads MindSpore's device target (bound at the first :func:`current_target`).
+_read_target: Callable[[], str] | None = None
 
 
 def current_target() -> str:
-    """MindSpore's device target now (imports MindSpore; costs tens of microseconds)."""
-    import mindspore as ms
+    """MindSpore's device target now, what ``mindspore.get_context("device_target")`` returns.
 
-    return str(ms.get_context("device_target"))
+    Read straight from MindSpore's context (``MSContext.get_param``, the value ``get_context``
+    returns after validating its argument): well under a microsecond against about 18 us, so
+    that :func:`policy` can read it on every call. Imports MindSpore at the first call.
+    """
+    global _read_target
+    if _read_target is None:
+        from mindspore._c_expression import MSContext, ms_ctx_param
+
+        _read_target = partial(MSContext.get_instance().get_param, ms_ctx_param.device_target)
+    return _read_target()
 
 
 def policy() -> DevicePolicy:
-    """This process's policy, made at the first call for MindSpore's device target then.
+    """This process's policy, for MindSpore's device target now.
 
-    The fast-path switch is read from the environment once. Asking MindSpore for its target
-    costs tens of microseconds, too much for the hot paths that ask here, so the policy is kept;
-    :func:`graph_exec.msenv.prepare_mindspore` makes it again after it selected a device (a
-    MindSpore device cannot change once the runtime has started).
+    The target is read on every call (:func:`current_target`, well under a microsecond) and the
+    policy made again when it differs from the one the policy was made for: a script that asked
+    before it chose its device (``import graph_exec.models`` does) gets the chosen device's
+    policy from then on, not the CPU's of MindSpore's default. The fast-path switch is read from
+    the environment once.
     """
     global _chosen, _fast_paths
-    if _chosen is None:
+    target = current_target()
+    if _chosen is None or _chosen.target != target:
         if _fast_paths is None:
             _fast_paths = fast_paths_requested()
-        _chosen = DevicePolicy.for_target(current_target(), _fast_paths)
+        _chosen = DevicePolicy.for_target(target, _fast_paths)
     return _chosen
 
 
 def choose_again() -> DevicePolicy:
-    """Make the policy again for MindSpore's device target now (after ``mindspore.set_device``)."""
+    """Make the policy again for MindSpore's device target now (:func:`policy` also does when
+    the target changed)."""
     global _chosen
     _chosen = None
     return policy()

@@ -1,9 +1,11 @@
 """Real models from MindSpore ONE (``mindone.transformers``) cut into pipeline stages.
 
-``pip install 'graph-exec[models]'`` brings the pinned ``mindone`` and ``transformers``. Import
-this package before ``mindone``: on CPU it first installs the stand-ins for the ``mint`` ops
-that have no CPU kernel in MindSpore 2.10 (:mod:`graph_exec.models.cpu_ops`; nothing is patched
-on other devices). Then build the model as usual and cut it::
+``pip install -e '.[models]'`` (from a clone) brings the pinned ``mindone`` and ``transformers``.
+Import this package before ``mindone``: it first installs the stand-ins for the ``mint`` ops that
+have no CPU kernel in MindSpore 2.10 (:mod:`graph_exec.models.cpu_ops`). Each decides where it is
+used, from MindSpore's device target then: on CPU it computes with ``ops`` primitives, elsewhere
+it calls the original op, so choosing the device before or after this import is the same. Then
+build the model as usual and cut it::
 
     import graph_exec.models as gm
 

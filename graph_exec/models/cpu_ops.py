@@ -5,9 +5,18 @@ On CPU, the first call of each of these fails inside MindSpore's kernel selectio
 ``SelectKernel``) with the error named in its entry below; Llama, Qwen2 and Qwen2-VL from
 ``mindone.transformers`` all hit several of them. Each stand-in computes the same thing with the
 older ``ops`` primitive that does have a CPU kernel (forward, backward and under ``jit``).
-:func:`apply` installs them as attributes of ``mindspore.mint``, ``mint.nn``,
-``mint.nn.functional`` and ``mindspore.ops`` only when :func:`graph_exec.device.policy` says the
-target is CPU: on Ascend (and GPU) the native ops are used and nothing is touched.
+
+The choice is made where the op is used, not where the stand-ins are installed: :func:`apply`
+puts them in place as attributes of ``mindspore.mint``, ``mint.nn``, ``mint.nn.functional`` and
+``mindspore.ops`` on every target, and each one asks, at every call (and, under
+``mindspore.jit``, while the graph is compiled: a compiled graph holds one branch only), whether
+MindSpore's device target is the CPU now (:func:`needed`, which reads the target afresh). Off
+CPU it hands the call, arguments as given, to the original op. So a GPU or Ascend script that
+imports ``graph_exec.models`` before it chooses its device runs the native ops on that device;
+off CPU a pynative call of a replaced op costs one Python call and a read of the target more.
+A stand-in refuses the arguments it does not implement (``embedding``'s ``max_norm`` and
+``scale_grad_by_freq``, ``Conv3d``'s ``padding_mode`` and ``"same"`` padding) with an error
+naming the value, instead of ignoring them.
 
 Order matters once: ``mindone``'s Qwen2-VL module binds ``from mindspore.mint.nn import
 LayerNorm`` when it is imported, and some of its cells call ``mint.arange`` while they are
@@ -26,6 +35,17 @@ from mindspore import Tensor, mint, nn, ops
 from mindspore.mint.nn import functional as mint_functional
 
 from graph_exec.device import policy
+
+
+def needed() -> bool:
+    """Whether MindSpore's device target now lacks the kernels (it is the CPU)."""
+    return policy().target == "CPU"
+
+
+#: :func:`needed` as ``mindspore.jit`` sees it: a constant evaluated while a graph is compiled
+#: (a ``constexpr``; a plain call in pynative), so a compiled stand-in holds only the branch of
+#: its target and never selects a kernel the target lacks.
+_on_cpu = ops.constexpr(needed, reuse_result=False)
 
 # -- functions ----------------------------------------------------------------------------------
 # Plain ``def``s (jit parses a function's source; lambdas on a shared line fail to parse).
@@ -92,7 +112,19 @@ def embedding(
     norm_type: float = 2.0,
     scale_grad_by_freq: bool = False,
 ) -> Tensor:
-    """A row gather; rows of ``padding_idx`` tokens get no gradient, as the native op's."""
+    """A row gather; rows of ``padding_idx`` tokens get no gradient, as the native op's.
+    ``max_norm`` (renormalising the rows looked up) and ``scale_grad_by_freq`` are not
+    implemented: refused (``norm_type`` matters only with ``max_norm``)."""
+    if max_norm is not None:
+        raise ValueError(
+            f"embedding: max_norm={max_norm} is not implemented by graph_exec's CPU stand-in "
+            "(MindSpore 2.10 has no CPU Embedding kernel); use max_norm=None"
+        )
+    if scale_grad_by_freq:
+        raise ValueError(
+            f"embedding: scale_grad_by_freq={scale_grad_by_freq} is not implemented by graph_exec's "
+            "CPU stand-in (MindSpore 2.10 has no CPU Embedding kernel); use scale_grad_by_freq=False"
+        )
     rows = ops.gather(weight, input, 0)
     if padding_idx is None:
         return rows
@@ -107,19 +139,28 @@ def rms_norm(input: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tenso
 
 
 # -- layers ---------------------------------------------------------------------------------------
+# Each overrides ``construct`` only (same parameters and attributes as the original class, which
+# it subclasses): off CPU it is the original's.
 
 
 class Embedding(nn.EmbeddingExt):
-    """``mint.nn.Embedding`` through :func:`embedding` (kernel ``Embedding``)."""
+    """``mint.nn.Embedding`` through :func:`embedding` (kernel ``Embedding``) on CPU."""
 
     def construct(self, input: Tensor) -> Tensor:
-        return embedding(input, self.weight, self.padding_idx)
+        if not _on_cpu():
+            return super().construct(input)
+        return embedding(
+            input, self.weight, self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq
+        )
 
 
 class LayerNorm(nn.LayerNormExt):
-    """``mint.nn.LayerNorm`` through the ``LayerNorm`` primitive (kernel mod ``LayerNormExt``)."""
+    """``mint.nn.LayerNorm`` through the ``LayerNorm`` primitive (kernel mod ``LayerNormExt``)
+    on CPU."""
 
     def construct(self, input: Tensor) -> Tensor:
+        if not _on_cpu():
+            return super().construct(input)
         axis = -len(self.normalized_shape)
         layer_norm = ops.LayerNorm(axis, axis, self.eps)
         if self.weight is None:
@@ -131,9 +172,17 @@ class LayerNorm(nn.LayerNormExt):
 
 
 class Conv3d(mint.nn.Conv3d):
-    """``mint.nn.Conv3d`` through ``ops.conv3d`` (kernel ``Conv3DExt``); zero padding only."""
+    """``mint.nn.Conv3d`` through ``ops.conv3d`` (kernel ``Conv3DExt``) on CPU: zero padding
+    given as numbers or ``"valid"``; another ``padding_mode`` or ``padding="same"`` is refused."""
 
     def construct(self, input: Tensor) -> Tensor:
+        if not _on_cpu():
+            return super().construct(input)
+        if self.padding_mode != "zeros":
+            raise ValueError(
+                f"Conv3d: padding_mode={self.padding_mode!r} is not implemented by graph_exec's CPU "
+                "stand-in (MindSpore 2.10 has no CPU Conv3DExt kernel); use padding_mode='zeros'"
+            )
         out = ops.conv3d(
             input,
             self.weight,
@@ -151,6 +200,13 @@ class Conv3d(mint.nn.Conv3d):
 
 def _three(padding: Any) -> tuple[int, int, int]:
     """The layer's zero padding as the ``(d, h, w)`` that ``ops.conv3d`` takes."""
+    if isinstance(padding, str):
+        if padding != "valid":
+            raise ValueError(
+                f"Conv3d: padding={padding!r} is not implemented by graph_exec's CPU stand-in "
+                "(MindSpore 2.10 has no CPU Conv3DExt kernel); use 'valid' or numbers"
+            )
+        return (0, 0, 0)
     if isinstance(padding, int):
         return (padding,) * 3
     return tuple(padding)
@@ -161,7 +217,7 @@ def _three(padding: Any) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Replacement:
-    """``owner.name`` becomes ``stand_in`` on CPU; ``error`` is what the original raises there."""
+    """``owner.name`` is ``stand_in`` on CPU; ``error`` is what the original raises there."""
 
     owner: Any
     name: str
@@ -209,40 +265,60 @@ REPLACEMENTS: tuple[Replacement, ...] = (
 _originals: dict[tuple[int, str], Any] = {}
 
 
-def needed() -> bool:
-    """Whether this process's device target lacks the kernels (it is the CPU)."""
-    return policy().target == "CPU"
+def _dispatching(stand_in: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """A function that calls ``stand_in`` on CPU and ``original`` elsewhere, deciding at each
+    call (at compile time under ``mindspore.jit``, which parses this function's source).
+    Not ``functools.wraps``: ``jit`` follows ``__wrapped__`` and would compile the stand-in
+    alone."""
+
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if _on_cpu():
+            return stand_in(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    dispatch.__name__ = stand_in.__name__
+    dispatch.__qualname__ = stand_in.__qualname__
+    dispatch.__doc__ = f"On CPU :func:`{stand_in.__module__}.{stand_in.__name__}`, else the original op."
+    return dispatch
 
 
-def apply() -> bool:
-    """Install every stand-in when the target is CPU (idempotent); ``True`` if they are in place."""
-    if not needed():
-        return False
+def apply() -> None:
+    """Install every stand-in (idempotent). On any target: each decides at its use whether the
+    target is the CPU (a layer is its own class, a function a dispatcher to the original)."""
     for r in REPLACEMENTS:
         key = (id(r.owner), r.name)
-        if key not in _originals:
-            _originals[key] = getattr(r.owner, r.name)
+        if key in _originals:
+            continue
+        original = getattr(r.owner, r.name)
+        _originals[key] = original
+        if isinstance(original, type):
             setattr(r.owner, r.name, r.stand_in)
-    return True
+        else:
+            setattr(r.owner, r.name, _dispatching(r.stand_in, original))
 
 
 def applied() -> bool:
     return bool(_originals)
 
 
+def original(r: Replacement) -> Any:
+    """What ``r.owner.r.name`` was before :func:`apply` (``KeyError`` before it)."""
+    return _originals[(id(r.owner), r.name)]
+
+
 def _layer_classes() -> Iterator[tuple[type, type]]:
     """``(original class, stand-in)`` for every replaced layer."""
     for r in REPLACEMENTS:
-        original = _originals.get((id(r.owner), r.name))
-        if isinstance(original, type):
-            yield original, r.stand_in  # type: ignore[misc]
+        replaced = _originals.get((id(r.owner), r.name))
+        if isinstance(replaced, type):
+            yield replaced, r.stand_in  # type: ignore[misc]
 
 
 def adopt(cell: nn.Cell) -> int:
-    """On CPU, turn every layer of ``cell`` built from a replaced class into its stand-in (same
-    parameters, same attributes: the stand-ins only override ``construct``); returns how many."""
-    if not apply():
-        return 0
+    """Turn every layer of ``cell`` built from a replaced class into its stand-in (same
+    parameters, same attributes: the stand-ins only override ``construct``, and off CPU call
+    the original's); returns how many."""
+    apply()
     pairs = dict(_layer_classes())
     changed = 0
     for _, sub in cell.cells_and_names():
@@ -258,4 +334,4 @@ def describe() -> list[str]:
     return [f"{r.where}: {r.error}" for r in REPLACEMENTS]
 
 
-__all__ = ["REPLACEMENTS", "Replacement", "adopt", "applied", "apply", "describe", "needed"]
+__all__ = ["REPLACEMENTS", "Replacement", "adopt", "applied", "apply", "describe", "needed", "original"]

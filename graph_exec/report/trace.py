@@ -14,7 +14,7 @@ from graph_exec.report.records import RankRecord
 from graph_exec.schedule import StepKind
 from graph_exec.schedule.steps import BODY_KINDS
 
-PLOT_EXTRA_HINT = "pip install 'graph-exec[plot]'"
+PLOT_EXTRA_HINT = "pip install -e '.[plot]' (in the root of the graph_exec clone)"
 
 
 def category(token: str) -> str:

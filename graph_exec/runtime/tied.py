@@ -33,14 +33,21 @@ Pair = tuple[str, str]
 
 
 def check_pairs(pairs: Any) -> tuple[Pair, ...]:
-    """``tied_parameters`` as a tuple of name pairs; a clear ``TypeError``/``ValueError`` else."""
+    """``tied_parameters`` as a tuple of name pairs; a clear ``TypeError``/``ValueError`` else.
+
+    One pair may be given bare, ``("embed.weight", "head.weight")`` (what
+    ``SplitModel.tied_weights`` holds): two names cannot be read as a list of pairs, so a
+    sequence of exactly two strings is one pair.
+    """
     if pairs is None:
         return ()
     if isinstance(pairs, str) or not isinstance(pairs, Sequence):
         raise TypeError(
-            f"tied_parameters must be a list of (name, name) pairs, got {type(pairs).__name__}: "
-            "e.g. tied_parameters=[('embed.weight', 'head.weight')]"
+            f"tied_parameters must be one (name, name) pair or a list of (name, name) pairs, got "
+            f"{type(pairs).__name__}: e.g. tied_parameters=[('embed.weight', 'head.weight')]"
         )
+    if len(pairs) == 2 and all(isinstance(name, str) for name in pairs):
+        pairs = [pairs]
     checked: list[Pair] = []
     seen: dict[str, Pair] = {}
     for pair in pairs:

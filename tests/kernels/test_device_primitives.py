@@ -31,6 +31,8 @@ def waits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def use(monkeypatch: pytest.MonkeyPatch, target: str, fast: bool) -> None:
+    """Act as a process whose MindSpore target is ``target`` (the policy follows the target)."""
+    monkeypatch.setattr(device, "current_target", lambda: target)
     monkeypatch.setattr(device, "_chosen", DevicePolicy.for_target(target, fast))
 
 

@@ -63,13 +63,22 @@ def failed_checks(result: LaunchResult) -> list[str]:
     ]
 
 
-def policy_problems(result: LaunchResult, expected: DevicePolicy) -> list[str]:
-    """Workers whose ``POLICY`` line (see ``tests.models.common.announce_policy``) is not ``expected``'s."""
+def policy_problems(result: LaunchResult, expected: DevicePolicy, nproc: int) -> list[str]:
+    """Ranks whose ``POLICY`` line (see ``tests.models.common.announce_policy``) is not
+    ``expected``'s. On the device path (``expected`` has the CPU fast paths off) a rank that
+    printed none is one too: such a launch must prove that its workers took that path."""
     want = f"POLICY {expected.describe()}"
     problems = []
-    for rank, log in sorted(result.worker_logs.items()):
+    for rank in sorted(set(range(nproc)) | set(result.worker_logs)):
+        log = result.worker_logs.get(rank, "")
         lines = [line.strip() for line in log.splitlines() if line.startswith("POLICY ")]
-        if lines and lines[0] != want:
+        if not lines:
+            if not expected.cpu_fast_paths:
+                problems.append(
+                    f"rank {rank} printed no POLICY line, so nothing shows it ran with {want!r}: "
+                    "a device-path worker must call tests.models.common.announce_policy()"
+                )
+        elif lines[0] != want:
             problems.append(f"rank {rank} ran with {lines[0]!r}, not {want!r}")
     return problems
 
@@ -97,8 +106,9 @@ def run_launch(
 ) -> LaunchResult:
     """Launch ``workers/script`` on ``nproc`` ranks and fail the test on any :func:`launch_problems`
     or :func:`policy_problems`. ``device_path``: the workers run with the CPU fast paths off
-    (``GRAPH_EXEC_CPU_FAST_PATHS=0``), the path every GPU and Ascend rank takes; otherwise they
-    inherit the switch from this process's environment."""
+    (``GRAPH_EXEC_CPU_FAST_PATHS=0``), the path every GPU and Ascend rank takes, and each must
+    say so (a ``POLICY`` line); otherwise they inherit the switch from this process's
+    environment."""
     # Workers import shared test models as `tests.…`: put the repository root on their path. The
     # back end's wait limit comes from the workers' own time-outs unless a test passes one.
     full_env = {
@@ -109,7 +119,7 @@ def run_launch(
     }
     result = launch(WORKERS / script, args, nproc=nproc, log_dir=log_dir, timeout_s=timeout_s, env=full_env)
     expected = DevicePolicy.for_target("CPU", fast_paths_requested(full_env))
-    problems = launch_problems(result, expect_ok) + policy_problems(result, expected)
+    problems = launch_problems(result, expect_ok) + policy_problems(result, expected, nproc)
     if problems:
         pytest.fail("\n".join([*problems, result.describe()]), pytrace=False)
     return result

@@ -1,34 +1,94 @@
-"""The CPU stand-ins of ``graph_exec.models.cpu_ops``: installed on CPU only, each equal to the op
-it replaces (checked against numpy, since the op itself has no CPU kernel to compare with)."""
+"""The CPU stand-ins of ``graph_exec.models.cpu_ops``: each equal to the op it replaces on CPU
+(checked against numpy, since the op itself has no CPU kernel to compare with), the original op
+off CPU whichever order the device and the import came in, and a clear refusal of what a
+stand-in does not implement."""
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
+import pytest
 from mindspore import mint, nn, ops
 
-from graph_exec.device import DevicePolicy
 from graph_exec.models import cpu_ops
+
+PROBE = Path(__file__).with_name("stand_ins_off_cpu.py")
+ROOT = Path(__file__).parents[2]
 
 
 def f32(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def test_installed_on_cpu_with_the_error_each_avoids():
+def test_installed_with_the_error_each_avoids():
     assert cpu_ops.needed() and cpu_ops.applied()
     for r in cpu_ops.REPLACEMENTS:
-        assert getattr(r.owner, r.name) is r.stand_in, r.where
+        installed = getattr(r.owner, r.name)
+        if isinstance(r.stand_in, type):
+            assert installed is r.stand_in and issubclass(r.stand_in, cpu_ops.original(r)), r.where
+        else:
+            assert installed is not cpu_ops.original(r) and installed.__name__ == r.stand_in.__name__
         assert r.error.startswith("RuntimeError: ") and "kernel" in r.error.lower()
     assert len(cpu_ops.describe()) == len(cpu_ops.REPLACEMENTS)
-    assert cpu_ops.apply()  # idempotent
+    installed = [getattr(r.owner, r.name) for r in cpu_ops.REPLACEMENTS]
+    cpu_ops.apply()  # idempotent
+    assert [getattr(r.owner, r.name) for r in cpu_ops.REPLACEMENTS] == installed
 
 
-def test_nothing_is_touched_off_cpu(monkeypatch):
-    monkeypatch.setattr(cpu_ops, "policy", lambda: DevicePolicy.for_target("Ascend"))
-    assert not cpu_ops.needed()
-    assert not cpu_ops.apply()
-    assert cpu_ops.adopt(nn.SequentialCell(nn.LayerNormExt(4))) == 0
+@pytest.mark.parametrize(("order", "target"), [("after", "Ascend"), ("before", "GPU"), ("after", "CPU")])
+def test_the_original_ops_run_off_cpu_whenever_the_device_was_chosen(order, target, tmp_path):
+    """A fresh process acting as a script on ``target`` that chose its device ``order``
+    ``import graph_exec.models`` (MindSpore's target faked where the library reads it: this
+    MindSpore has CPU kernels only). Off CPU every replaced op, eager or compiled, is the
+    original: it raises here the missing-kernel error of its table entry. On CPU each computes."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "GLOG_v": "3"}
+    done = subprocess.run(
+        [sys.executable, str(PROBE), order, target],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,  # where MindSpore writes its reports of the failed compiles
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["policy"] == target  # read again after the import asked for it
+    assert all(report["originals kept"].values()), report["originals kept"]
+    results = report["results"]
+    for r in cpu_ops.REPLACEMENTS:
+        if target == "CPU":
+            assert results[r.where] == "computed", r.where
+        else:
+            assert r.error.startswith(results[r.where].rstrip(".")), (r.where, results[r.where])
+    compiled = {results["jit(function)"], results["jit(mint.nn.LayerNorm)"]}
+    assert compiled == ({"computed"} if target == "CPU" else {"RuntimeError: - Kernel select failed:"})
+
+
+def test_unimplemented_arguments_are_refused_naming_the_value(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a refused compile writes its report to rank_0/
+    ids = ms.Tensor(np.array([1, 2], np.int32))
+    weight = ms.Tensor(f32(4, 3))
+    with pytest.raises(ValueError, match=r"embedding: max_norm=1.0 is not implemented .*use max_norm=None"):
+        mint.nn.functional.embedding(ids, weight, max_norm=1.0)
+    with pytest.raises(ValueError, match="scale_grad_by_freq=True is not implemented"):
+        mint.nn.functional.embedding(ids, weight, scale_grad_by_freq=True)
+    with pytest.raises(ValueError, match=r"max_norm=2\.0 is not implemented"):
+        mint.nn.Embedding(4, 3, max_norm=2.0)(ids)
+    with pytest.raises(ValueError, match=r"(?i)scale_grad_by_freq=true is not implemented"):  # jit: "true"
+        ms.jit(mint.nn.Embedding(4, 3, scale_grad_by_freq=True))(ids)
+    images = ms.Tensor(f32(1, 3, 4, 4, 4))
+    with pytest.raises(ValueError, match=r"padding_mode='reflect' is not implemented .*'zeros'"):
+        mint.nn.Conv3d(3, 2, 3, padding=1, padding_mode="reflect")(images)
+    with pytest.raises(ValueError, match=r"padding='same' is not implemented"):
+        mint.nn.Conv3d(3, 2, 3, padding="same")(images)
+    valid = mint.nn.Conv3d(3, 2, 3, padding="valid", bias=False)
+    assert valid(images).shape == (1, 2, 2, 2, 2)
 
 
 def test_functions_equal_numpy():
@@ -98,7 +158,7 @@ def test_adopt_converts_layers_built_from_the_original_classes():
 
 
 def shifted_range(n):
-    return cpu_ops.arange(0, 4) + n
+    return mint.arange(0, 4) + n
 
 
 def test_stand_ins_compile():

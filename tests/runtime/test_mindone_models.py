@@ -8,6 +8,7 @@ split is exact: pynative differences are 0). Two ranks: tests/multirank/test_min
 
 from types import SimpleNamespace
 
+import mindspore as ms
 import numpy as np
 import pytest
 
@@ -100,6 +101,37 @@ def test_tied_embedding_and_head_are_reported_and_their_gradients_add_up():
     assert set(grads) == set(ref_grads)
     for key, grad in grads.items():
         np.testing.assert_allclose(grad, ref_grads[key], atol=1e-5, rtol=1e-4, err_msg=key)
+
+
+def test_the_readme_snippet_trains_a_tied_model_as_the_whole_model():
+    """README "Real models: MindSpore ONE", as written there, with a ``tie_word_embeddings=True``
+    Llama: ``tied_parameters=split.tied_weights`` (one bare pair) through a schedule holding
+    every stage, compiled (the default mode). Losses and every gradient equal the whole model's
+    (atol 1e-5, rtol 1e-4): each copy of the tied weight gets the sum of both uses' gradients,
+    the whole model's gradient of its one matrix."""
+    from graph_exec.examples import llama
+
+    config = llama.config(llama.SIZES["tiny"], 4, tie_word_embeddings=True)
+    ref = mm.whole("llama", tie_word_embeddings=True)
+    P, V, M = 2, 1, 2  # the README's names
+    ms.set_seed(0)  # the reference's seed: the same random weights
+    model = gm.mindone().LlamaForCausalLM(config)
+    split = gm.split_model(model, P * V)
+    mine = [ge.PipelineStage(cell, k, P * V) for k, cell in enumerate(split.stages)]
+    sched = ge.ScheduleMPipeTranspose(
+        mine,
+        M,
+        split.preprocess,
+        split.num_transpose_layers,
+        loss_fn=gm.causal_lm_loss,
+        tied_parameters=split.tied_weights,
+    )
+    ids, labels = llama.make_tokens(0, 4, llama.SIZES["tiny"].vocab)
+    losses = sched.run(*gm.lm_inputs(ids), labels=labels)
+    inputs = tuple(ms.Tensor(a) for a in gm.lm_inputs(ids))
+    ref_losses, ref_grads = mm.reference("llama", ref, inputs, ms.Tensor(labels), M)
+    embedding = ref_grads["model.embed_tokens.weight"]
+    assert_matches(sched, losses, ref_losses, ref_grads | {"lm_head.weight": embedding})
 
 
 def test_untied_model_reports_no_pair():

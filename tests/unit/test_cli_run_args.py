@@ -126,12 +126,12 @@ def test_plot_without_matplotlib_says_how_to_install(
     )
     code, err = _exit(["run", "embed_lm", "--plot", str(tmp_path / "t.png")], capsys)
     assert code == 2
-    assert "pip install 'graph-exec[plot]'" in err
+    assert "pip install -e '.[plot]'" in err
 
 
 def test_plot_timeline_import_error_carries_the_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ImportError, match=r"pip install 'graph-exec\[plot\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[plot\]'"):
         plot_timeline(_records(*_simulated()), 0, tmp_path / "t.png", "x")
 
 

@@ -77,16 +77,26 @@ def test_the_switch_reads_the_environment(
     assert device.fast_paths_requested() is on
 
 
-def test_the_policy_is_made_once_and_again_after_a_device_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_policy_follows_mindspores_target_and_reads_the_switch_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script that asked before choosing its device (``import graph_exec.models`` does) gets
+    the chosen device's policy afterwards, not a CPU policy kept from MindSpore's default."""
+    targets = ["CPU"]
     monkeypatch.setattr(device, "_fast_paths", None)
     monkeypatch.setattr(device, "_chosen", None)
-    monkeypatch.setattr(device, "current_target", lambda: "CPU")
+    monkeypatch.setattr(device, "current_target", lambda: targets[0])
     monkeypatch.setenv(device.FAST_PATHS_ENV, "0")
     first = device.policy()
     monkeypatch.setenv(device.FAST_PATHS_ENV, "1")  # too late: read at the first call
-    assert device.policy() is first
+    assert device.policy() is first  # the same target: the same policy
     assert not first.cpu_fast_paths
-    monkeypatch.setattr(device, "current_target", lambda: "Ascend")
-    assert device.policy() is first  # kept: asking MindSpore costs tens of microseconds
-    again = device.choose_again()  # what prepare_mindspore does after mindspore.set_device
-    assert again.target == "Ascend" and device.policy() is again
+    targets[0] = "Ascend"  # mindspore.set_device("Ascend") after the first read
+    again = device.policy()
+    assert again.target == "Ascend" and again.has_streams and device.policy() is again
+
+
+def test_the_target_read_is_mindspores_own() -> None:
+    import mindspore as ms
+
+    assert device.current_target() == ms.get_context("device_target") == "CPU"

@@ -6,6 +6,7 @@ checks take milliseconds. ``tests/multirank/test_harness.py`` proves the same wi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,7 @@ def fake_launch(monkeypatch: pytest.MonkeyPatch):
         return outcome["result"]
 
     monkeypatch.setattr(harness, "launch", launch)
+    monkeypatch.delenv(harness.FAST_PATHS_ENV, raising=False)  # fast paths unless device_path
     return outcome
 
 
@@ -86,3 +88,27 @@ def test_run_workers_passes_a_clean_job(fake_launch, tmp_path: Path) -> None:
     assert harness.checks(harness.run_launch(tmp_path, "any.py", 2), 1) == {"beta"}
     fake_launch["result"] = result(CLEAN, returncode=1)
     assert harness.run_launch(tmp_path, "any.py", 2, expect_ok=False).returncode == 1
+
+
+DEVICE_PATH = "POLICY CPU (device path: GRAPH_EXEC_CPU_FAST_PATHS=0)\n"
+
+
+@pytest.mark.parametrize(
+    ("logs", "problem"),
+    [
+        (CLEAN, "rank 0 printed no POLICY line"),  # nothing proves the path
+        ({0: DEVICE_PATH + CLEAN[0]}, "rank 1 printed no POLICY line"),  # one rank silent
+        ({0: DEVICE_PATH, 1: "POLICY CPU (fast paths)\n"}, "rank 1 ran with 'POLICY CPU (fast paths)'"),
+    ],
+)
+def test_a_device_path_launch_needs_every_rank_to_show_the_device_path(
+    fake_launch, tmp_path: Path, logs: dict[int, str], problem: str
+) -> None:
+    fake_launch["result"] = result(logs)
+    with pytest.raises(pytest.fail.Exception, match=re.escape(problem)):
+        harness.run_launch(tmp_path, "any.py", 2, device_path=True)
+
+
+def test_a_device_path_launch_whose_ranks_show_it_passes(fake_launch, tmp_path: Path) -> None:
+    fake_launch["result"] = result({rank: DEVICE_PATH + log for rank, log in CLEAN.items()})
+    assert harness.checks(harness.run_launch(tmp_path, "any.py", 2, device_path=True), 1) == {"beta"}

@@ -24,6 +24,7 @@ import graph_exec as ge
 import graph_exec.models as gm
 from graph_exec.msenv import prepare_mindspore
 from tests.models import mindone_models as mm
+from tests.models.common import announce_policy
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, run_suite
 
 GRID = (1, 4, 4)
@@ -108,6 +109,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
 
 def main() -> int:
     prepare_mindspore("CPU")
+    announce_policy()
     init()
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)

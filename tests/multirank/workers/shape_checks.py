@@ -27,7 +27,7 @@ import graph_exec as ge
 from graph_exec.examples import embed_lm
 from graph_exec.examples.lm import masked_lm_cross_entropy
 from graph_exec.msenv import prepare_mindspore
-from tests.models.common import ATOL, RTOL
+from tests.models.common import ATOL, RTOL, announce_policy
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, run_suite
 
 BUCKETS = {1: (8, 16, 32)}
@@ -188,6 +188,7 @@ CASES = [
 
 def main() -> int:
     prepare_mindspore("CPU")
+    announce_policy()
     init()
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)

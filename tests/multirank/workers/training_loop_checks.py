@@ -37,7 +37,7 @@ from graph_exec.errors import (
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.runtime.grad_norm import NonFiniteGradientWarning
 from graph_exec.transport import all_gather_objects
-from tests.models.common import ATOL, RTOL, loss_fn
+from tests.models.common import ATOL, RTOL, announce_policy, loss_fn
 from tests.models.pipeline import batch, build, reference, sgd_step
 from tests.models.training import (
     LOW_PRECISION_TOLERANCE,
@@ -722,6 +722,7 @@ SUITES: dict[str, list[Case]] = {
 
 def main() -> int:
     prepare_mindspore("CPU")
+    announce_policy()
     init()
     suite = sys.argv[1]
     mesh = ge.DeviceMesh(dp=2, pp=2) if suite in ("mesh", "gate_mesh") else ge.DeviceMesh()
