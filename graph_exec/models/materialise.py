@@ -121,6 +121,8 @@ def load_split(
     if split.preprocess is not None:
         held.append(split.preprocess)
     mine = {id(p): p for cell in held for p in cell.get_parameters()}
+    if rank == 0:
+        mine.update({id(p): p for p in split.unplaced.values()})
     try:
         for param in mine.values():
             key = source_of[param.name]

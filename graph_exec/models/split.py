@@ -14,7 +14,7 @@ mask and M-RoPE index code reads tensor values), and a pipeline needs the layers
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mindspore import Parameter, nn
@@ -56,6 +56,9 @@ class SplitModel:
     #: ``{parameter name: its Hugging Face name in a pretrained file}`` of every parameter of the
     #: whole model, each once (a tied pair under the embedding's name): what an export writes.
     checkpoint_names: dict[str, str] | None = None
+    #: The model's parameters no cell holds (buffers the chunks recompute, such as Qwen2-VL's
+    #: rotary ``inv_freq``): pipeline rank 0 loads and exports them, so an export is complete.
+    unplaced: dict[str, Parameter] = field(default_factory=dict)
 
 
 def family_of(model: Any) -> Family:
@@ -182,9 +185,12 @@ def split_model(
             )
         )
         start += count
+    placed = set()
     for cell in [*stages, *([pre] if pre is not None else [])]:
         for param in cell.get_parameters():
             param.name = names.get(id(param), param.name)
+            placed.add(id(param))
+    unplaced = {names[id(p)]: p for p in model.get_parameters() if id(p) not in placed}
     return SplitModel(
         pre,
         transpose_layers,
@@ -194,6 +200,7 @@ def split_model(
         family.model_type,
         model.config,
         checkpoint_names=file_names,
+        unplaced=unplaced,
     )
 
 
