@@ -26,7 +26,6 @@ import copy
 import json
 import os
 import shutil
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +138,8 @@ def export_pretrained(
             mine_by_name = dict(mine)
             for k, names in enumerate(plan[position]):
                 weight_map.update(_write_shard(temp, shard_file(first + k, count), names, mine_by_name))
-    except Exception:  # reported to every rank below, so none waits for a rank that failed
-        error = traceback.format_exc(limit=3)
+    except Exception as exc:  # reported to every rank below, so none waits for a rank that failed
+        error = f"{type(exc).__name__}: {exc}"
     results = exchange.gather((split.rank, error, weight_map)) if exchange else [(0, error, weight_map)]
     failed = [(rank, text) for rank, text, _ in results if text]
     if not failed and lead:
@@ -152,8 +151,8 @@ def export_pretrained(
                 {k: v for _, _, part in results for k, v in part.items()},
                 sizes_of(everyone),
             )
-        except Exception:
-            failed = [(0, traceback.format_exc(limit=3))]
+        except Exception as exc:
+            failed = [(0, f"{type(exc).__name__}: {exc}")]
     if exchange:
         failed = exchange.gather(failed)[0]  # rank 0's verdict, on every rank
     if failed:
