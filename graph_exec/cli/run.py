@@ -105,7 +105,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--mode", choices=("graph", "pynative"), default="graph", help="executor (default graph)"
     )
     group.add_argument(
-        "--steps", metavar="K", type=positive_int, default=8, help="training steps (default 8)"
+        "--steps",
+        metavar="K",
+        type=non_negative_int,
+        default=8,
+        help="training steps (default 8; 0 with --export: load then export, a round trip)",
     )
     group.add_argument("--overflow", choices=OVERFLOW, help="micro-batches beyond NT (default full)")
     group.add_argument("--backward", choices=BACKWARD, help="preprocess backward (default central)")
@@ -177,8 +181,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="when a rank dies or times out, relaunch the job from the latest complete checkpoint, at "
         "most N times (needs --checkpoint-dir; default 0)",
     )
+    pretrained = parser.add_argument_group("pretrained weights (llama, qwen2vl)")
+    pretrained.add_argument(
+        "--pretrained",
+        metavar="DIR",
+        type=Path,
+        help="start from this save_pretrained directory (each rank reads only its own share)",
+    )
+    pretrained.add_argument(
+        "--export",
+        metavar="DIR",
+        type=Path,
+        help="after the last step, write the model here (save_pretrained)",
+    )
+    pretrained.add_argument("--overwrite", action="store_true", help="let --export replace a non-empty DIR")
     add_launch_arguments(parser, timeout_s=300)
     parser.set_defaults(func=lambda args: _run(args, parser))
+
+
+#: The examples that load and export pretrained directories.
+PRETRAINED_EXAMPLES = ("llama", "qwen2vl")
+
+
+def pretrained_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The job's ``model_options`` and export fields for ``--pretrained``/``--export``; a flag
+    that cannot work exits with code 2 before anything launches."""
+    wanted = args.pretrained is not None or args.export is not None
+    if wanted and args.example not in PRETRAINED_EXAMPLES:
+        parser.error(
+            f"--pretrained and --export need one of {', '.join(PRETRAINED_EXAMPLES)}, not {args.example}"
+        )
+    if args.steps == 0 and args.export is None:
+        parser.error("--steps 0 trains nothing: it needs --export DIR (load, then export)")
+    if args.pretrained is not None and not (args.pretrained / "config.json").is_file():
+        parser.error(
+            f"--pretrained {str(args.pretrained)!r} is not a pretrained directory: it has no config.json"
+        )
+    out = args.export
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
+        parser.error(
+            f"--export {str(out)!r} exists and is not empty: choose another directory or pass --overwrite"
+        )
+    return {
+        "model_options": {"pretrained": str(args.pretrained.resolve())} if args.pretrained else None,
+        "export_dir": str(out.resolve()) if out is not None else None,
+        "export_overwrite": args.overwrite,
+    }
 
 
 def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -266,8 +314,10 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     shapes = shape_options(args, parser)
     first = first_step(args, parser)
     steps, warmup = _split(max(args.steps - first, 1))  # the caller stops before launching when none remain
+    if args.steps == 0:
+        steps, warmup = 0, 0
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=steps, warmup=warmup)
-    job = dataclasses.replace(job, **shapes)
+    job = dataclasses.replace(job, **shapes, **pretrained_options(args, parser))
     if args.checkpoint_dir is None:
         return job
     return dataclasses.replace(
@@ -329,7 +379,7 @@ def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     job = job_from_args(args, parser)
-    if job.first_step >= args.steps:
+    if job.first_step >= args.steps and args.steps:
         print(f"nothing to do: the latest checkpoint is step {job.first_step}, --steps is {args.steps}")
         return 0
     total = job.end_step
@@ -377,6 +427,11 @@ def _report(
 ) -> None:
     """The summary, the trace and the plot of a finished run (of its last attempt's steps)."""
     total, first = job.end_step, job.first_step
+    if job.export_dir is not None:
+        print(f"exported to {job.export_dir}")
+    if job.total_steps == 0:
+        print(f"done: loaded and exported, no training, on {job.mesh} in {total_s:.1f} s")
+        return
     records = read_run(run_dir, "run", job.ranks)
     summary = summarize(records, job.warmup, job.pp * job.vpp - 1)
     restarts = len(attempts) - 1

@@ -62,6 +62,8 @@ class Trainer:
         longest = max(job.seq_len_range or (0, 0))
         if longest:  # positions and the causal mask must reach the longest sequence
             options["max_seq"] = max(longest, *(job.shape_buckets or (0,)))
+        if options.get("pretrained"):  # each rank reads only its own share of the directory
+            options.update(rank=mesh.pp_rank, pp=pp)
         self.model: ExampleModel = load(job.example).build(
             self.num_stages, trainable_preprocess=spec.trainable, seed=job.seed, size=job.size, **options
         )
@@ -336,6 +338,18 @@ def train(job: JobSpec, run_dir: Path) -> None:
                 record = trainer.step(index)
                 saved = trainer.save(index + 1) if checkpoint_due(job, index + 1) else None
                 trainer.report(record, saved)
+    if job.export_dir is not None:
+        from graph_exec.models import export_pretrained
+
+        announce("exporting")
+        for trainer in trainers:
+            export_pretrained(
+                trainer.model.split,
+                job.export_dir,
+                overwrite=job.export_overwrite,
+                replica=mesh.dp_rank,
+                timeout_s=job.timeout_s,
+            )
     announce("finishing")
     for trainer in trainers:
         trainer.finish(run_dir)

@@ -59,6 +59,9 @@ class SplitModel:
     #: The model's parameters no cell holds (buffers the chunks recompute, such as Qwen2-VL's
     #: rotary ``inv_freq``): pipeline rank 0 loads and exports them, so an export is complete.
     unplaced: dict[str, Parameter] = field(default_factory=dict)
+    #: The whole model the split was cut from (after :func:`load_split`, a skeleton whose other
+    #: ranks' parameters have no data): what ``vlm_inputs`` reads the M-RoPE index code from.
+    model: Any = None
 
 
 def family_of(model: Any) -> Family:
@@ -201,6 +204,7 @@ def split_model(
         model.config,
         checkpoint_names=file_names,
         unplaced=unplaced,
+        model=model,
     )
 
 
