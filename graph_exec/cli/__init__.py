@@ -17,6 +17,7 @@ COMMANDS = {
     "simulate": ".simulate",
     "run": ".run",
     "bench": ".bench",
+    "export": ".export",
 }
 
 

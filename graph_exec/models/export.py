@@ -77,6 +77,17 @@ def shard_file(index: int, count: int) -> str:
     return SINGLE_FILE if count == 1 else f"model-{index + 1:05d}-of-{count:05d}.safetensors"
 
 
+def check_out_dir(out_dir: str | Path, overwrite: bool) -> Path:
+    """``out_dir`` as a path, or ``FileExistsError`` if it is not empty and not to be replaced."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
+        raise FileExistsError(
+            f"export directory {str(out)!r} exists and is not empty: choose another, or pass overwrite=True "
+            "(--overwrite)"
+        )
+    return out
+
+
 def export_pretrained(
     split: SplitModel,
     out_dir: str | Path,
@@ -103,12 +114,7 @@ def export_pretrained(
     Returns ``out_dir``. A failure on any rank raises ``RuntimeError`` naming it on every rank
     and leaves ``out_dir`` as it was.
     """
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
-        raise FileExistsError(
-            f"export directory {str(out)!r} exists and is not empty: choose another, or pass overwrite=True "
-            "(--overwrite)"
-        )
+    out = check_out_dir(out_dir, overwrite)
     if split.config is None:
         raise ValueError("this SplitModel has no config: make it with split_model or load_split")
     if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 1:
@@ -137,20 +143,15 @@ def export_pretrained(
         if writes:
             mine_by_name = dict(mine)
             for k, names in enumerate(plan[position]):
-                weight_map.update(_write_shard(temp, shard_file(first + k, count), names, mine_by_name))
+                weight_map.update(write_shard(temp, shard_file(first + k, count), names, mine_by_name))
     except Exception as exc:  # reported to every rank below, so none waits for a rank that failed
         error = f"{type(exc).__name__}: {exc}"
     results = exchange.gather((split.rank, error, weight_map)) if exchange else [(0, error, weight_map)]
     failed = [(rank, text) for rank, text, _ in results if text]
     if not failed and lead:
         try:
-            _finish(
-                temp,
-                out,
-                split,
-                {k: v for _, _, part in results for k, v in part.items()},
-                sizes_of(everyone),
-            )
+            weights = {k: v for _, _, part in results for k, v in part.items()}
+            finish(temp, out, split.config, split.family, weights, sizes_of(everyone))
         except Exception as exc:
             failed = [(0, f"{type(exc).__name__}: {exc}")]
     if exchange:
@@ -168,7 +169,7 @@ def sizes_of(everyone: list[tuple[int, bool, list[tuple[str, int]]]]) -> int:
     return sum(size for _, wrote, entries in everyone if wrote for _, size in entries)
 
 
-def _write_shard(folder: Path, file: str, names: list[str], params: dict[str, Any]) -> dict[str, str]:
+def write_shard(folder: Path, file: str, names: list[str], params: dict[str, Any]) -> dict[str, str]:
     """Write one shard (only its tensors are gathered into host memory) and return its entries."""
     from safetensors.numpy import save_file
 
@@ -177,14 +178,14 @@ def _write_shard(folder: Path, file: str, names: list[str], params: dict[str, An
     return dict.fromkeys(names, file)
 
 
-def _finish(temp: Path, out: Path, split: SplitModel, weight_map: dict[str, str], total: int) -> None:
-    """Rank 0: the index and ``config.json``, then the rename that makes the export visible."""
+def finish(temp: Path, out: Path, config: Any, family: str, weight_map: dict[str, str], total: int) -> None:
+    """The index and ``config.json`` into ``temp``, then the rename that makes it ``out``."""
     files = set(weight_map.values())
     if len(files) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (temp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    config = copy.deepcopy(split.config)
-    config.architectures = [MODEL_CLASSES[split.family]]
+    config = copy.deepcopy(config)
+    config.architectures = [MODEL_CLASSES[family]]
     config.save_pretrained(str(temp))
     old = out.parent / f".{out.name}.replaced"
     if out.exists():

@@ -197,8 +197,8 @@ def test_a_failed_export_leaves_nothing_from_pretrained_accepts(pretrained, tmp_
             raise OSError("disk full")
         return original(folder, file, names, params)
 
-    original = export._write_shard
-    monkeypatch.setattr(export, "_write_shard", dies)
+    original = export.write_shard
+    monkeypatch.setattr(export, "write_shard", dies)
     with pytest.raises(RuntimeError, match=r"failed on pipeline rank 0.*disk full"):
         gm.export_pretrained(parts, tmp_path / "out", max_shard_size=100_000)
     assert list(tmp_path.iterdir()) == []
@@ -255,3 +255,43 @@ def test_bad_ranks_are_named(pretrained):
         gm.load_split(pretrained["llama"], 3, rank=0, pp=2)
     with pytest.raises(ValueError, match="pp must be an integer >= 1"):
         gm.load_split(pretrained["llama"], 4, pp=0)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2vl"])
+def test_offline_export_of_a_checkpoint_equals_the_live_export(pretrained, tmp_path, name, capsys):
+    """``graph-exec export`` of a saved step writes what ``export_pretrained`` writes live."""
+    import mindspore as ms
+
+    from graph_exec.cli import main
+
+    parts = gm.load_split(pretrained[name], 2, **options(name))
+    sched = schedule(parts, "pynative")
+    inputs, labels = mm.batch(name, parts.model, 4)
+    sched.run(*inputs, labels=labels)
+    optimizer = ms.nn.Adam(sched.trainable_params(), learning_rate=1e-2)
+    sched.step(optimizer)
+    ge.save_checkpoint(sched, tmp_path / "ckpt", 1, optimizer=optimizer)
+    live = gm.export_pretrained(parts, tmp_path / "live")
+    argv = [
+        "export",
+        str(tmp_path / "ckpt"),
+        "--config-from",
+        str(pretrained[name]),
+        "--out",
+        str(tmp_path / "off"),
+    ]
+    assert main(argv) == 0
+    assert "exported to" in capsys.readouterr().out
+    a, b = tensors_of(live), tensors_of(tmp_path / "off")
+    assert sorted(a) == sorted(b) == sorted(tensors_of(pretrained[name]))
+    assert all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+    assert any(a[k].tobytes() != v.tobytes() for k, v in tensors_of(pretrained[name]).items())  # trained
+    reference(tmp_path / "off")  # mindone reads it
+    with pytest.raises(SystemExit):
+        main(argv)  # --out is not empty now
+    assert "exists and is not empty" in capsys.readouterr().err
+    rank_file = next((tmp_path / "ckpt" / "step_1").glob("rank_*.ckpt"))
+    rank_file.write_bytes(rank_file.read_bytes()[:-8] + b"corrupt!")
+    assert main([*argv[:-1], str(tmp_path / "again")]) == 1
+    assert "does not match its checksum" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()
