@@ -101,13 +101,16 @@ def build(
 
     preset = SIZES[size]
     if pretrained is not None:
+        from graph_exec.models.pretrained import load_config, model_type_of
+
+        family = model_type_of(load_config(pretrained))
+        if family not in ("llama", "qwen2"):
+            raise ValueError(
+                f"the llama example takes a Llama or Qwen2 directory; {pretrained!r} holds {family}"
+            )
         split = gm.load_split(
             pretrained, num_stages, rank=rank, pp=pp, layers=layers, trainable_preprocess=trainable_preprocess
         )
-        if split.family not in ("llama", "qwen2"):
-            raise ValueError(
-                f"the llama example takes a Llama or Qwen2 directory; {pretrained!r} is {split.family}"
-            )
         width, vocab = split.config.hidden_size, split.config.vocab_size
     else:
         total = max(preset.layers, num_stages) if layers is None else sum(layers)

@@ -295,3 +295,24 @@ def test_offline_export_of_a_checkpoint_equals_the_live_export(pretrained, tmp_p
     assert main([*argv[:-1], str(tmp_path / "again")]) == 1
     assert "does not match its checksum" in capsys.readouterr().err
     assert not (tmp_path / "again").exists()
+
+
+def test_examples_build_from_a_directory(pretrained):
+    """What ``graph-exec run llama|qwen2vl --pretrained DIR`` builds on a rank: its share, the
+    directory's values, the batches of the example."""
+    from graph_exec.examples import llama, qwen2vl
+
+    built = llama.build(4, pretrained=str(pretrained["qwen2"]), rank=1, pp=2)
+    assert built.split.rank == 1 and built.split.family == "qwen2" and "from" in built.summary
+    head = built.stages[3].head.weight
+    np.testing.assert_array_equal(
+        head.asnumpy(), tensors_of(pretrained["qwen2"])["model.embed_tokens.weight"]
+    )
+    assert all(p.has_init for p in built.stages[0].blocks.get_parameters() if p.name.endswith("proj.weight"))
+    inputs, labels = built.batch(0, 4)
+    assert inputs[0].shape == labels.shape == (4, llama.SEQ)
+    vision = qwen2vl.build(2, pretrained=str(pretrained["qwen2vl"]))
+    inputs, _ = vision.batch(0, 2)
+    assert tuple(inputs[0].shape) == (2, 16, 96)
+    with pytest.raises(ValueError, match=r"takes a Llama or Qwen2 directory.*holds qwen2_vl"):
+        llama.build(4, pretrained=str(pretrained["qwen2vl"]))
