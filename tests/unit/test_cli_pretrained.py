@@ -69,3 +69,18 @@ def test_flags_that_cannot_work_exit_before_launching(directory, tmp_path, capsy
     )
     job = _job(["run", "llama", "--export", str(full), "--overwrite"])
     assert job.export_overwrite
+
+
+def test_export_arguments_that_cannot_work_exit_2(directory: Path, tmp_path: Path, capsys) -> None:
+    out = ["--out", str(tmp_path / "out")]
+    assert "is not a directory" in _exit(
+        ["export", str(tmp_path / "none"), "--config-from", str(directory), *out], capsys
+    )
+    assert "has no config.json" in _exit(
+        ["export", str(tmp_path), "--config-from", str(tmp_path), *out], capsys
+    )
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    argv = ["export", str(tmp_path), "--config-from", str(directory), "--out", str(full)]
+    assert "exists and is not empty" in _exit(argv, capsys)
