@@ -123,16 +123,12 @@ def load_split(
     mine = {id(p): p for cell in held for p in cell.get_parameters()}
     if rank == 0:
         mine.update({id(p): p for p in split.unplaced.values()})
-    try:
-        for param in mine.values():
-            key = source_of[param.name]
-            if directory is not None:
-                _give(param, directory.read(key))
-            elif param.has_init:
-                _give(param, seeded_value(param, seed, key))
-    finally:
+    for param in mine.values():
+        key = source_of[param.name]
         if directory is not None:
-            directory.close()
+            _give(param, directory.read(key))
+        elif param.has_init:
+            _give(param, seeded_value(param, seed, key))
     split.config, split.rank, split.pp = config, rank, pp
     split.checkpoint_names = {name: names[0] for name, names in candidates.items()}
     return split

@@ -166,7 +166,6 @@ class PretrainedDirectory:
                     f"{INDEX_FILE} of {str(self.path)!r} names tensors their shard does not hold: "
                     f"{absent[:5]}{' …' if len(absent) > 5 else ''}"
                 )
-        self._open: dict[str, Any] = {}
 
     def resolve(self, expected: dict[str, tuple[tuple[str, ...], tuple[int, ...]]]) -> dict[str, str]:
         """``{parameter: the tensor here that holds it}`` for ``{parameter: (candidate names,
@@ -201,14 +200,10 @@ class PretrainedDirectory:
         return found  # type: ignore[return-value]
 
     def read(self, name: str) -> np.ndarray:
-        """Tensor ``name``, read from its shard (only its own bytes)."""
+        """Tensor ``name``, read from its shard (only its own bytes). The shard is opened for this
+        one tensor and closed again: ``safe_open`` maps the file, and pages of a mapping that
+        stays open count in the process's resident memory next to the copies already made."""
         from safetensors import safe_open
 
-        file = self.tensors[name][0]
-        if file not in self._open:
-            self._open[file] = safe_open(str(self.path / file), framework="np")
-        return self._open[file].get_tensor(name)
-
-    def close(self) -> None:
-        """Close the shards opened by :meth:`read`."""
-        self._open.clear()
+        with safe_open(str(self.path / self.tensors[name][0]), framework="np") as handle:
+            return handle.get_tensor(name)

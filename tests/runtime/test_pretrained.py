@@ -217,7 +217,6 @@ def rewrite_shard(folder: Path, change) -> None:
     file = index["weight_map"]["model.norm.weight"]
     shards = PretrainedDirectory(folder)
     tensors = {k: shards.read(k) for k, (f, _, _) in shards.tensors.items() if f == file}
-    shards.close()
     save_file(change(tensors), str(folder / file))
 
 
