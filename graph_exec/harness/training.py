@@ -16,6 +16,7 @@ loads its ``first_step`` checkpoint before training and saves (schedule and Adam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -342,9 +343,9 @@ def train(job: JobSpec, run_dir: Path) -> None:
         from graph_exec.models import export_pretrained
 
         announce("exporting")
-        for trainer in trainers:
+        for trainer in trainers:  # a whole-model split holds everything: each rank writes its share
             export_pretrained(
-                trainer.model.split,
+                dataclasses.replace(trainer.model.split, rank=mesh.pp_rank, pp=mesh.pp_size),
                 job.export_dir,
                 overwrite=job.export_overwrite,
                 replica=mesh.dp_rank,
