@@ -154,7 +154,12 @@ def _numpy_seed(value: int):
 
 
 def _give(param: Parameter, value: np.ndarray) -> None:
-    """Set ``param``'s data (its first allocation) to ``value``, in ``param``'s dtype."""
+    """Set ``param``'s data (its first allocation) to ``value``, in ``param``'s dtype. ``value``
+    is a fresh writable array no one else holds (read from a shard, or drawn): the Parameter
+    takes it over (``Tensor.from_numpy`` shares its memory) instead of copying it, so a rank's
+    peak host memory does not hold a second copy of its largest tensor."""
     want = ms.dtype_to_nptype(param.dtype)
     array = value if value.dtype == want else value.astype(want)
-    param.set_data(Tensor(array))
+    if not (array.flags.writeable and array.flags.c_contiguous):
+        array = np.ascontiguousarray(array).copy()
+    param.set_data(Tensor.from_numpy(array))
