@@ -27,6 +27,8 @@ class ExampleModel:
     summary: str
     #: ``loss_fn`` with a padding mask after the labels (for ``shapes="buckets"``), if it has one.
     masked_loss_fn: Callable[..., Tensor] | None = None
+    #: The ``graph_exec.models.SplitModel`` of a mindone example (what an export writes).
+    split: Any = None
 
     def batch(
         self, step: int, batch_size: int, length: int | None = None
@@ -43,7 +45,13 @@ class ExampleModel:
         from graph_exec.models import causal_lm_loss
 
         return cls(
-            split.preprocess, split.num_transpose_layers, split.stages, causal_lm_loss, make_batch, summary
+            split.preprocess,
+            split.num_transpose_layers,
+            split.stages,
+            causal_lm_loss,
+            make_batch,
+            summary,
+            split=split,
         )
 
 

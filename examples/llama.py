@@ -69,13 +69,14 @@ def model(size: str = "tiny", layers: int | None = None, seed: int = 0, tie_word
     return gm.mindone().LlamaForCausalLM(config(preset, layers or preset.layers, tie_word_embeddings))
 
 
-def batch(step: int, batch_size: int, size: str = "tiny"):
-    """``(inputs, labels)`` of step ``step`` (see :func:`graph_exec.models.lm_inputs`)."""
+def batch(step: int, batch_size: int, size: str = "tiny", vocab: int | None = None):
+    """``(inputs, labels)`` of step ``step`` (see :func:`graph_exec.models.lm_inputs`); ``vocab``:
+    the model's vocabulary (default the preset's)."""
     import mindspore as ms
 
     import graph_exec.models as gm
 
-    ids, labels = make_tokens(step, batch_size, SIZES[size].vocab)
+    ids, labels = make_tokens(step, batch_size, vocab or SIZES[size].vocab)
     return tuple(ms.Tensor(a) for a in gm.lm_inputs(ids)), ms.Tensor(labels)
 
 
@@ -86,24 +87,47 @@ def build(
     size: str = "tiny",
     *,
     layers: Sequence[int] | None = None,
+    pretrained: str | None = None,
+    rank: int = 0,
+    pp: int = 1,
 ) -> ExampleModel:
-    """Llama of preset ``size`` cut into ``num_stages`` chunks after the embedding preprocess."""
+    """Llama of preset ``size`` cut into ``num_stages`` chunks after the embedding preprocess.
+
+    ``pretrained``: a pretrained directory (a Llama or Qwen2) instead of the preset's random
+    model; pipeline rank ``rank`` of ``pp`` then reads only its own share
+    (:func:`graph_exec.models.load_split`), and the preset gives only the sequence length.
+    """
     import graph_exec.models as gm
 
     preset = SIZES[size]
-    total = max(preset.layers, num_stages) if layers is None else sum(layers)
-    split = gm.split_model(
-        model(size, total, seed), num_stages, layers=layers, trainable_preprocess=trainable_preprocess
-    )
+    if pretrained is not None:
+        from graph_exec.models.pretrained import load_config, model_type_of
+
+        family = model_type_of(load_config(pretrained))
+        if family not in ("llama", "qwen2"):
+            raise ValueError(
+                f"the llama example takes a Llama or Qwen2 directory; {pretrained!r} holds {family}"
+            )
+        split = gm.load_split(
+            pretrained, num_stages, rank=rank, pp=pp, layers=layers, trainable_preprocess=trainable_preprocess
+        )
+        width, vocab = split.config.hidden_size, split.config.vocab_size
+    else:
+        total = max(preset.layers, num_stages) if layers is None else sum(layers)
+        split = gm.split_model(
+            model(size, total, seed), num_stages, layers=layers, trainable_preprocess=trainable_preprocess
+        )
+        width, vocab = preset.hidden, preset.vocab
 
     def make_batch(step: int, batch_size: int):
-        return batch(step, batch_size, size)
+        return batch(step, batch_size, size, vocab)
 
     return ExampleModel.of_split(
         split,
         make_batch,
-        f"mindone Llama: embedding ({'trainable' if trainable_preprocess else 'frozen'}) as preprocess, "
-        f"width {preset.hidden}, layers per stage {list(split.layers)}, vocab {preset.vocab}, sequence {SEQ}",
+        f"mindone Llama{f' from {pretrained}' if pretrained else ''}: embedding "
+        f"({'trainable' if trainable_preprocess else 'frozen'}) as preprocess, width {width}, layers per stage "
+        f"{list(split.layers)}, vocab {vocab}, sequence {SEQ}",
     )
 
 

@@ -99,6 +99,24 @@ def config(size: Size, layers: int, vision_depth: int):  # -> Qwen2VLConfig
     )
 
 
+def check_data_layout(config, preset: Size, where: str) -> None:
+    """``ValueError`` unless ``config`` reads this example's batches: the preset's vocabulary,
+    special tokens and image patching."""
+    vision = config.vision_config
+    want = {
+        "vocab_size": (config.text_config.vocab_size, preset.vocab),
+        "image_token_id": (config.image_token_id, IMAGE_TOKEN),
+        "vision_start_token_id": (config.vision_start_token_id, VISION_START),
+        "vision_end_token_id": (config.vision_end_token_id, VISION_END),
+        "patch_size": (vision.patch_size, preset.patch),
+        "temporal_patch_size": (vision.temporal_patch_size, preset.temporal),
+        "spatial_merge_size": (vision.spatial_merge_size, preset.merge),
+    }
+    wrong = [f"{key} {got} (the example needs {need})" for key, (got, need) in want.items() if got != need]
+    if wrong:
+        raise ValueError(f"{where!r} does not fit the qwen2vl example's batches: {', '.join(wrong)}")
+
+
 def images(kinds: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """``(B, 3, size, size)``: the pattern of each sample's kind plus noise."""
     grid = np.linspace(0, np.pi * 2, size, dtype=np.float32)
@@ -169,17 +187,43 @@ def build(
     *,
     layers: Sequence[int] | None = None,
     vision_depth: int | None = None,
+    pretrained: str | None = None,
+    rank: int = 0,
+    pp: int = 1,
 ) -> ExampleModel:
-    """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked."""
+    """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked.
+
+    ``pretrained``: a Qwen2-VL pretrained directory instead of the random model, whose images and
+    special tokens are the preset's (``make_pretrained --model qwen2vl --size SIZE`` writes one);
+    pipeline rank ``rank`` of ``pp`` then reads only its own share
+    (:func:`graph_exec.models.load_split`).
+    """
     import graph_exec.models as gm
 
     preset = SIZES[size]
-    depth = preset.vision_depth if vision_depth is None else vision_depth
-    total = max(preset.layers, num_stages) if layers is None else sum(layers)
-    whole = model(size, total, depth, seed)
-    split = gm.split_model(
-        whole, num_stages, layers=layers, trainable_preprocess=trainable_preprocess, image_grid=preset.grid
-    )
+    if pretrained is not None:
+        split = gm.load_split(
+            pretrained,
+            num_stages,
+            rank=rank,
+            pp=pp,
+            layers=layers,
+            trainable_preprocess=trainable_preprocess,
+            image_grid=preset.grid,
+        )
+        check_data_layout(split.config, preset, pretrained)
+        whole, depth = split.model, split.config.vision_config.depth
+    else:
+        depth = preset.vision_depth if vision_depth is None else vision_depth
+        total = max(preset.layers, num_stages) if layers is None else sum(layers)
+        whole = model(size, total, depth, seed)
+        split = gm.split_model(
+            whole,
+            num_stages,
+            layers=layers,
+            trainable_preprocess=trainable_preprocess,
+            image_grid=preset.grid,
+        )
 
     def make_batch(step: int, batch_size: int):
         return batch(whole, step, batch_size, size)

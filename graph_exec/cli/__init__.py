@@ -21,6 +21,7 @@ COMMANDS = {
     "run": ".run",
     "bench": ".bench",
     "tune": ".tune",
+    "export": ".export",
 }
 
 

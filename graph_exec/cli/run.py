@@ -103,6 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_shape_arguments(parser)
     _add_output_arguments(parser)
     _add_checkpoint_arguments(parser)
+    _add_pretrained_arguments(parser)
     add_launch_arguments(parser, timeout_s=300)
     parser.set_defaults(func=lambda args: _run(args, parser))
 
@@ -113,7 +114,11 @@ def _add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
         "--mode", choices=("graph", "pynative"), default="graph", help="executor (default graph)"
     )
     group.add_argument(
-        "--steps", metavar="K", type=positive_int, default=8, help="training steps (default 8)"
+        "--steps",
+        metavar="K",
+        type=non_negative_int,
+        default=8,
+        help="training steps (default 8; 0 with --export: load then export, a round trip)",
     )
     group.add_argument(
         "--run-ahead",
@@ -215,6 +220,53 @@ def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_pretrained_arguments(parser: argparse.ArgumentParser) -> None:
+    pretrained = parser.add_argument_group("pretrained weights (llama, qwen2vl)")
+    pretrained.add_argument(
+        "--pretrained",
+        metavar="DIR",
+        type=Path,
+        help="start from this save_pretrained directory (each rank reads only its own share)",
+    )
+    pretrained.add_argument(
+        "--export",
+        metavar="DIR",
+        type=Path,
+        help="after the last step, write the model here (save_pretrained)",
+    )
+    pretrained.add_argument("--overwrite", action="store_true", help="let --export replace a non-empty DIR")
+
+
+#: The examples that load and export pretrained directories.
+PRETRAINED_EXAMPLES = ("llama", "qwen2vl")
+
+
+def pretrained_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The job's ``model_options`` and export fields for ``--pretrained``/``--export``; a flag
+    that cannot work exits with code 2 before anything launches."""
+    wanted = args.pretrained is not None or args.export is not None
+    if wanted and args.example not in PRETRAINED_EXAMPLES:
+        parser.error(
+            f"--pretrained and --export need one of {', '.join(PRETRAINED_EXAMPLES)}, not {args.example}"
+        )
+    if args.steps == 0 and args.export is None:
+        parser.error("--steps 0 trains nothing: it needs --export DIR (load, then export)")
+    if args.pretrained is not None and not (args.pretrained / "config.json").is_file():
+        parser.error(
+            f"--pretrained {str(args.pretrained)!r} is not a pretrained directory: it has no config.json"
+        )
+    out = args.export
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
+        parser.error(
+            f"--export {str(out)!r} exists and is not empty: choose another directory or pass --overwrite"
+        )
+    return {
+        "model_options": {"pretrained": str(args.pretrained.resolve())} if args.pretrained else None,
+        "export_dir": str(out.resolve()) if out is not None else None,
+        "export_overwrite": args.overwrite,
+    }
+
+
 def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: JobSpec) -> ResumePoint:
     """Where this run starts: with ``--resume`` the latest usable checkpoint, with
     ``--resume-step K`` step K, else 0 (see :mod:`graph_exec.cli.resume`).
@@ -301,10 +353,10 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     )
     shapes = shape_options(args, parser)
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=args.steps, warmup=0)
-    job = dataclasses.replace(job, **shapes)
+    job = dataclasses.replace(job, **shapes, **pretrained_options(args, parser))
     point = first_step(args, parser, job)
-    # at least one step: the caller stops before launching when none remain
-    steps, warmup = _split(max(args.steps - point.step, 1))
+    # at least one step (the caller stops before launching when none remain), or none: load, export
+    steps, warmup = (0, 0) if args.steps == 0 else _split(max(args.steps - point.step, 1))
     job = dataclasses.replace(job, steps=steps, warmup=warmup)
     if args.checkpoint_dir is None:
         return job, point
@@ -378,7 +430,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     job, point = job_and_start(args, parser)
     for note in point.notes():
         print(f"graph-exec run: {note}", file=sys.stderr)
-    if job.first_step >= args.steps:
+    if job.first_step >= args.steps and args.steps:
         print(f"nothing to do: the latest checkpoint is step {job.first_step}, --steps is {args.steps}")
         return 0
     if args.checkpoint_dir is not None and args.node_rank == 0:  # one launcher renames (the dir is shared)
@@ -428,6 +480,11 @@ def _report(
 ) -> None:
     """The summary, the trace and the plot of a finished run (of its last attempt's steps)."""
     total, first = job.end_step, job.first_step
+    if job.export_dir is not None:
+        print(f"exported to {job.export_dir}")
+    if job.total_steps == 0:
+        print(f"done: loaded and exported, no training, on {job.mesh} in {total_s:.1f} s")
+        return
     records = read_run(run_dir, "run", job.ranks)
     summary = summarize(records, job.warmup, job.pp * job.vpp - 1)
     restarts = len(attempts) - 1

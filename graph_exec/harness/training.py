@@ -16,6 +16,7 @@ loads its ``first_step`` checkpoint before training and saves (schedule and Adam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -62,6 +63,8 @@ class Trainer:
         longest = max(job.seq_len_range or (0, 0))
         if longest:  # positions and the causal mask must reach the longest sequence
             options["max_seq"] = max(longest, *(job.shape_buckets or (0,)))
+        if options.get("pretrained"):  # each rank reads only its own share of the directory
+            options.update(rank=mesh.pp_rank, pp=pp)
         self.model: ExampleModel = load(job.example).build(
             self.num_stages, trainable_preprocess=spec.trainable, seed=job.seed, size=job.size, **options
         )
@@ -341,6 +344,18 @@ def train(job: JobSpec, run_dir: Path) -> None:
                 record = trainer.step(index)
                 saved = trainer.save(index + 1) if checkpoint_due(job, index + 1) else None
                 trainer.report(record, saved)
+    if job.export_dir is not None:
+        from graph_exec.models import export_pretrained
+
+        announce("exporting")
+        for trainer in trainers:  # a whole-model split holds everything: each rank writes its share
+            export_pretrained(
+                dataclasses.replace(trainer.model.split, rank=mesh.pp_rank, pp=mesh.pp_size),
+                job.export_dir,
+                overwrite=job.export_overwrite,
+                replica=mesh.dp_rank,
+                timeout_s=job.timeout_s,
+            )
     announce("finishing")
     for trainer in trainers:
         trainer.finish(run_dir)

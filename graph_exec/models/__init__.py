@@ -20,8 +20,11 @@ from graph_exec.models import cpu_ops
 cpu_ops.apply()
 
 from graph_exec.balance import rank_loads, rebalanced_layers  # noqa: E402
+from graph_exec.models.export import export_pretrained  # noqa: E402
 from graph_exec.models.inputs import image_patches, lm_inputs, vlm_inputs  # noqa: E402
 from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss  # noqa: E402
+from graph_exec.models.materialise import load_split  # noqa: E402
+from graph_exec.models.pretrained import model_class  # noqa: E402
 from graph_exec.models.split import SplitModel, even_layers, split_model  # noqa: E402
 
 
@@ -40,9 +43,12 @@ __all__ = [
     "causal_lm_loss",
     "cpu_ops",
     "even_layers",
+    "export_pretrained",
     "image_patches",
     "lm_inputs",
+    "load_split",
     "mindone",
+    "model_class",
     "rank_loads",
     "rebalanced_layers",
     "split_model",

@@ -14,10 +14,12 @@ mask and M-RoPE index code reads tensor values), and a pipeline needs the layers
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mindspore import Parameter, nn
+from mindspore.common.initializer import initializer
+from mindspore.nn.utils import no_init_parameters
 
 from graph_exec.models import cpu_ops
 from graph_exec.models.chunks import (
@@ -28,6 +30,7 @@ from graph_exec.models.chunks import (
     MultimodalRotary,
     VisionPreprocess,
 )
+from graph_exec.models.pretrained import checkpoint_names, model_type_of
 
 PREPROCESS = ("embedding", "vision", "none")
 
@@ -45,11 +48,25 @@ class SplitModel:
     #: option keeps equal. ``None`` when the model does not tie them.
     tied_weights: tuple[str, str] | None
     family: str  #: ``config.model_type``: ``llama``, ``qwen2`` or ``qwen2_vl``
+    config: Any = None  #: the model's transformers config (written by an export)
+    #: This rank's pipeline rank and the pipeline's size: set by
+    #: :func:`graph_exec.models.load_split`; a whole-model ``split_model`` holds everything (0 of 1).
+    rank: int = 0
+    pp: int = 1
+    #: ``{parameter name: its Hugging Face name in a pretrained file}`` of every parameter of the
+    #: whole model, each once (a tied pair under the embedding's name): what an export writes.
+    checkpoint_names: dict[str, str] | None = None
+    #: The model's parameters no cell holds (buffers the chunks recompute, such as Qwen2-VL's
+    #: rotary ``inv_freq``): pipeline rank 0 loads and exports them, so an export is complete.
+    unplaced: dict[str, Parameter] = field(default_factory=dict)
+    #: The whole model the split was cut from (after :func:`load_split`, a skeleton whose other
+    #: ranks' parameters have no data): what ``vlm_inputs`` reads the M-RoPE index code from.
+    model: Any = None
 
 
 def family_of(model: Any) -> Family:
     """The :class:`Family` of a mindone model, or ``TypeError`` naming the supported ones."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    model_type = model_type_of(getattr(model, "config", None))
     family = FAMILIES.get(model_type)
     if family is None or not hasattr(model, "lm_head"):
         raise TypeError(
@@ -128,6 +145,7 @@ def split_model(
     if not vlm and image_grid is not None:
         raise ValueError("image_grid applies to Qwen2-VL only")
     cpu_ops.adopt(model)
+    file_names = {name: names[0] for name, names in checkpoint_names(model).items()}
     names = {id(p): p.name for p in model.get_parameters()}
     decoder = model.model.language_model if vlm else model.model
     blocks = list(decoder.layers)
@@ -170,10 +188,24 @@ def split_model(
             )
         )
         start += count
+    placed = set()
     for cell in [*stages, *([pre] if pre is not None else [])]:
         for param in cell.get_parameters():
             param.name = names.get(id(param), param.name)
-    return SplitModel(pre, transpose_layers, stages, counts, tied, family.model_type)
+            placed.add(id(param))
+    unplaced = {names[id(p)]: p for p in model.get_parameters() if id(p) not in placed}
+    return SplitModel(
+        pre,
+        transpose_layers,
+        stages,
+        counts,
+        tied,
+        family.model_type,
+        model.config,
+        checkpoint_names=file_names,
+        unplaced=unplaced,
+        model=model,
+    )
 
 
 def _vision(visual: nn.Cell, grid: tuple[int, int, int]) -> VisionPreprocess:
@@ -195,5 +227,11 @@ def _untie(embed: nn.Cell, head: nn.Cell) -> tuple[str, str]:
     """Give the head its own copy of the weight it shares with the embedding (the two are in
     different cells, possibly on different ranks); returns the pair's names."""
     weight = _embedding_weight(embed)
-    head.weight = Parameter(weight.value().copy(), name="lm_head.weight", requires_grad=weight.requires_grad)
+    if weight.has_init:  # built under no_init_parameters: the copy stays an initializer too
+        with no_init_parameters():
+            copy = Parameter(initializer(weight.init, weight.shape, weight.dtype))
+    else:
+        copy = Parameter(weight.value().copy())
+    copy.name, copy.requires_grad = "lm_head.weight", weight.requires_grad
+    head.weight = copy
     return weight.name, "lm_head.weight"

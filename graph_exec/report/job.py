@@ -78,6 +78,9 @@ class JobSpec:
     #: The schedules' ``shapes`` (``"static"``, ``"buckets"``, ``"dynamic"``), and the buckets.
     shapes: str = "static"
     shape_buckets: tuple[int, ...] | None = None
+    #: After the last step, every rank exports the model here (``graph_exec.models.export_pretrained``).
+    export_dir: str | None = None
+    export_overwrite: bool = False
 
     @property
     def pp(self) -> int:

@@ -50,8 +50,8 @@ def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
             "argument --ranks: invalid value '0': must be a positive int",
         ),
         (
-            ["run", "embed_lm", "--steps", "0"],
-            "argument --steps: invalid value '0': must be a positive int",
+            ["run", "embed_lm", "--steps", "-1"],
+            "argument --steps: invalid value '-1'",
         ),
         (["run", "embed_lm", "--steps", "-2"], "argument --steps: invalid value '-2'"),
         (["run", "embed_lm", "--micro", "4", "--batch", "6"], "--batch 6 is not a multiple of --micro 4"),

@@ -1,0 +1,207 @@
+"""Write a split model back as one Hugging Face ``save_pretrained`` directory, from every rank.
+
+:func:`export_pretrained` is called on every rank of the pipeline with the rank's
+:class:`~graph_exec.models.SplitModel` (the schedules train its Parameters in place). Each
+parameter is written once, by one rank: a chunk's by its own rank; the replicated preprocess,
+the embedding and the buffers no chunk holds by pipeline rank 0; the head's copy of a tied pair not at all (the tied pair
+is one tensor, the embedding's, as a tied checkpoint holds it). Names are Hugging Face's
+(:func:`graph_exec.models.pretrained.checkpoint_names`).
+
+Streaming. Shards never cross ranks: each rank packs its own tensors into shards of at most
+``max_shard_size`` bytes and writes them one at a time, from its own parameters, so no host
+ever holds more than one shard beyond its share and no tensor data travels between ranks.
+Only the list of names and sizes is exchanged (one small all-gather), so that every rank
+numbers the shards the same way.
+
+Safety. Everything is written into a temporary sibling directory (``.NAME.exporting``), then
+rank 0 writes the index and ``config.json`` and renames it to ``out_dir``: a crash leaves no
+directory that ``from_pretrained`` would accept under ``out_dir``. The safetensors metadata
+says ``format: pt``: PyTorch ``transformers`` refuses anything else (mindone's own
+``save_pretrained`` writes ``np``), and mindone's ``from_pretrained`` reads either.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from graph_exec.models.pretrained import INDEX_FILE, MODEL_CLASSES, SINGLE_FILE
+from graph_exec.models.split import SplitModel
+
+#: Bytes per shard unless told (Hugging Face's default is 5 GB; smaller shards stream better).
+DEFAULT_SHARD_BYTES = 2 * 2**30
+
+
+def written_here(split: SplitModel) -> list[tuple[str, Any]]:
+    """``[(file name, Parameter)]`` this rank writes, in the model's parameter order."""
+    names = split.checkpoint_names
+    if names is None:
+        raise ValueError("this SplitModel has no checkpoint names: make it with split_model or load_split")
+    cells = [split.stages[s] for s in range(split.rank, len(split.stages), split.pp)]
+    if split.rank == 0 and split.preprocess is not None:
+        cells.append(split.preprocess)
+    head_copy = split.tied_weights[1] if split.tied_weights else None
+    mine = {id(p): p for cell in cells for p in cell.get_parameters() if p.name != head_copy}
+    if split.rank == 0:
+        mine.update({id(p): p for p in split.unplaced.values()})
+    order = {name: k for k, name in enumerate(names)}
+    unknown = sorted(p.name for p in mine.values() if p.name not in order)
+    if unknown:
+        raise ValueError(f"parameters {unknown[:5]} are not the model's: cannot name them in an export")
+    return [(names[p.name], p) for p in sorted(mine.values(), key=lambda p: order[p.name])]
+
+
+def shard_plan(sizes_by_rank: list[list[tuple[str, int]]], max_shard_size: int) -> list[list[list[str]]]:
+    """Each rank's shards (lists of names), packed in order, a shard at most ``max_shard_size``
+    bytes unless one tensor alone is larger; shards never cross ranks."""
+    plan = []
+    for sizes in sizes_by_rank:
+        shards: list[list[str]] = []
+        used = 0
+        for name, size in sizes:
+            if not shards or used + size > max_shard_size:
+                shards.append([])
+                used = 0
+            shards[-1].append(name)
+            used += size
+        plan.append(shards)
+    return plan
+
+
+def shard_file(index: int, count: int) -> str:
+    """Hugging Face's name of shard ``index`` (0-based) of ``count``."""
+    return SINGLE_FILE if count == 1 else f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+
+
+def check_out_dir(out_dir: str | Path, overwrite: bool) -> Path:
+    """``out_dir`` as a path, or ``FileExistsError`` if it is not empty and not to be replaced."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
+        raise FileExistsError(
+            f"export directory {str(out)!r} exists and is not empty: choose another, or pass overwrite=True "
+            "(--overwrite)"
+        )
+    return out
+
+
+def export_pretrained(
+    split: SplitModel,
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    max_shard_size: int = DEFAULT_SHARD_BYTES,
+    replica: int = 0,
+    timeout_s: float = 300.0,
+) -> Path:
+    """Write ``split`` (this rank's share, every rank calling) as one ``save_pretrained``
+    directory ``out_dir`` loadable by mindone's and PyTorch ``transformers``' ``from_pretrained``.
+
+    Args:
+        split: what :func:`graph_exec.models.load_split` returned on this rank (``split.rank``
+            of ``split.pp``), or a whole-model :func:`split_model` on one process.
+        out_dir: the directory to write; on a filesystem every rank of the pipeline sees.
+        overwrite: replace a non-empty ``out_dir`` (else ``FileExistsError``, on every rank,
+            before any rank communicates).
+        max_shard_size: bytes per shard (a larger tensor is a shard of its own).
+        replica: the data-parallel replica of this rank; only replica 0 writes, every rank of
+            the job takes part in the exchanges.
+        timeout_s: bound on each wait for the other ranks.
+
+    Returns ``out_dir``. A failure on any rank raises ``RuntimeError`` naming it on every rank
+    and leaves ``out_dir`` as it was.
+    """
+    out = check_out_dir(out_dir, overwrite)
+    if split.config is None:
+        raise ValueError("this SplitModel has no config: make it with split_model or load_split")
+    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 1:
+        raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+    writes = replica == 0
+    mine = written_here(split) if writes else []
+    together = split.pp > 1 or replica > 0
+    exchange = _Exchange(timeout_s) if together else None
+    sizes = [(name, int(p.size) * p.itemsize) for name, p in mine]
+    everyone = exchange.gather((split.rank, writes, sizes)) if exchange else [(0, True, sizes)]
+    writers = sorted((rank, entries) for rank, wrote, entries in everyone if wrote)
+    plan = shard_plan([entries for _, entries in writers], max_shard_size)
+    count = sum(len(shards) for shards in plan)
+    position = [rank for rank, _ in writers].index(split.rank) if writes else len(plan)
+    first = sum(len(shards) for shards in plan[:position])  # the number of this rank's first shard
+    lead = split.rank == 0 and writes
+    temp = out.parent / f".{out.name}.exporting"
+    if lead:
+        shutil.rmtree(temp, ignore_errors=True)
+        temp.mkdir(parents=True)
+    if exchange:
+        exchange.gather(None)  # the temporary directory exists before anyone writes into it
+    error = None
+    weight_map: dict[str, str] = {}
+    try:
+        if writes:
+            mine_by_name = dict(mine)
+            for k, names in enumerate(plan[position]):
+                weight_map.update(write_shard(temp, shard_file(first + k, count), names, mine_by_name))
+    except Exception as exc:  # reported to every rank below, so none waits for a rank that failed
+        error = f"{type(exc).__name__}: {exc}"
+    results = exchange.gather((split.rank, error, weight_map)) if exchange else [(0, error, weight_map)]
+    failed = [(rank, text) for rank, text, _ in results if text]
+    if not failed and lead:
+        try:
+            weights = {k: v for _, _, part in results for k, v in part.items()}
+            finish(temp, out, split.config, split.family, weights, sizes_of(everyone))
+        except Exception as exc:
+            failed = [(0, f"{type(exc).__name__}: {exc}")]
+    if exchange:
+        failed = exchange.gather(failed)[0]  # rank 0's verdict, on every rank
+    if failed:
+        if lead:
+            shutil.rmtree(temp, ignore_errors=True)
+        rank, text = failed[0]
+        raise RuntimeError(f"export to {str(out)!r} failed on pipeline rank {rank}: {text}")
+    return out
+
+
+def sizes_of(everyone: list[tuple[int, bool, list[tuple[str, int]]]]) -> int:
+    """Total bytes written, over every writing rank."""
+    return sum(size for _, wrote, entries in everyone if wrote for _, size in entries)
+
+
+def write_shard(folder: Path, file: str, names: list[str], params: dict[str, Any]) -> dict[str, str]:
+    """Write one shard (only its tensors are gathered into host memory) and return its entries."""
+    from safetensors.numpy import save_file
+
+    tensors = {name: params[name].asnumpy() for name in names}
+    save_file(tensors, str(folder / file), metadata={"format": "pt"})
+    return dict.fromkeys(names, file)
+
+
+def finish(temp: Path, out: Path, config: Any, family: str, weight_map: dict[str, str], total: int) -> None:
+    """The index and ``config.json`` into ``temp``, then the rename that makes it ``out``."""
+    files = set(weight_map.values())
+    if len(files) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (temp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    config = copy.deepcopy(config)
+    config.architectures = [MODEL_CLASSES[family]]
+    config.save_pretrained(str(temp))
+    old = out.parent / f".{out.name}.replaced"
+    if out.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+    os.replace(temp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class _Exchange:
+    """Small all-gathers of Python objects over every rank of the job, each bounded in time."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+
+    def gather(self, value: Any) -> list[Any]:
+        from graph_exec.transport import all_gather_objects
+
+        return all_gather_objects(value, self.timeout_s, "export_pretrained")

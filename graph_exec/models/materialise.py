@@ -1,0 +1,165 @@
+"""Build and cut a model on one rank, allocating parameter memory only for what the rank holds.
+
+:func:`load_split` builds the whole mindone model under MindSpore's
+``mindspore.nn.utils.no_init_parameters`` (every Parameter keeps its initializer and no data),
+cuts it with :func:`graph_exec.models.split_model`, and then gives data only to the parameters
+of the cells this rank holds: its chunks (stages ``rank, rank + P, …``), the preprocess (which
+the schedules replicate on every rank) and, for a tied embedding and head, the head's copy in
+the last stage. Everything else stays an initializer: no host memory.
+
+Where the data comes from:
+
+- **a pretrained directory**: the rank reads only its own tensors from the shards, through the
+  index (:class:`~graph_exec.models.pretrained.PretrainedDirectory`, safetensors ``safe_open``).
+  Before anything is built, every tensor the model needs is checked against the config on every
+  rank (name present, shape equal), so a bad directory fails the same way on all ranks before
+  any rank communicates. The head copy of a tied pair is read from the embedding's tensor (the
+  only copy a tied checkpoint holds).
+- **a config**: each parameter is drawn by its own initializer (the one the model chose)
+  from a numpy generator seeded by ``(seed, its checkpoint name)``: the value depends on nothing
+  but the seed and the name, so every rank that holds a parameter gets the same value, whatever
+  else it holds. The head copy of a tied pair is drawn under the embedding's name (equal to it).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn
+from mindspore.nn.utils import no_init_parameters
+
+from graph_exec.models.pretrained import (
+    PretrainedDirectory,
+    checkpoint_names,
+    load_config,
+    model_class,
+)
+from graph_exec.models.split import SplitModel, split_model
+
+
+def _check_rank(num_stages: Any, rank: Any, pp: Any) -> None:
+    for what, value, low in (("num_stages", num_stages, 1), ("pp", pp, 1), ("rank", rank, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
+    if rank >= pp:
+        raise ValueError(f"rank {rank} is not a pipeline rank of pp={pp}: choose 0 … {pp - 1}")
+    if num_stages % pp:
+        raise ValueError(f"num_stages={num_stages} is not a multiple of pp={pp} (P x V chunks)")
+
+
+def load_split(
+    source: str | Path | Any,
+    num_stages: int,
+    *,
+    rank: int = 0,
+    pp: int = 1,
+    seed: int = 0,
+    layers: Sequence[int] | None = None,
+    preprocess: str | None = None,
+    trainable_preprocess: bool | None = None,
+    image_grid: tuple[int, int, int] | None = None,
+    attn_implementation: str = "eager",
+) -> SplitModel:
+    """What :func:`split_model` returns for pipeline rank ``rank`` of ``pp``, with parameter
+    data only where this rank holds the cell.
+
+    Args:
+        source: a pretrained directory (``config.json`` + safetensors, sharded with an index or
+            not) or a transformers config (``LlamaConfig``, ``Qwen2Config``, ``Qwen2VLConfig``):
+            then every parameter is initialised from ``seed``, equal on every rank.
+        num_stages: ``P × V`` chunks; stage ``s`` lives on rank ``s mod pp``.
+        rank, pp: this rank's pipeline rank and the pipeline's size (``pp=1``: everything).
+        seed: the seed of the config path (not used with a directory).
+        layers, preprocess, trainable_preprocess, image_grid: as for :func:`split_model`.
+        attn_implementation: the attention a directory's config is read with (``"eager"``: the
+            one that runs on CPU).
+
+    The returned ``SplitModel`` holds every chunk, but only this rank's (and the preprocess)
+    have data: hand ``stages[rank::pp]`` to the schedule. ``split.config``, ``rank``, ``pp`` and
+    ``checkpoint_names`` are what :func:`graph_exec.models.export_pretrained` needs.
+
+    Raises (each on every rank, before any communication): ``TypeError`` for a family the
+    split does not know; ``FileNotFoundError`` for a directory without ``config.json``, without
+    weights or with a missing shard; ``ValueError`` for a missing tensor, a tensor whose shape
+    differs from the config, a bad ``rank``/``pp``/``num_stages``, and what ``split_model``
+    refuses.
+    """
+    _check_rank(num_stages, rank, pp)
+    directory = None
+    if isinstance(source, str | Path):
+        config = load_config(source, attn_implementation)
+        cls = model_class(config)
+        directory = PretrainedDirectory(source)
+    else:
+        config, cls = source, model_class(source)
+    with no_init_parameters():
+        model = cls(config)
+    candidates = checkpoint_names(model)  # a tied pair once, under the embedding's name
+    shapes = {p.name: tuple(p.shape) for p in model.get_parameters()}
+    if directory is not None:
+        keys = directory.resolve({name: (names, shapes[name]) for name, names in candidates.items()})
+    else:
+        keys = {name: names[0] for name, names in candidates.items()}
+    split = split_model(
+        model,
+        num_stages,
+        layers=layers,
+        preprocess=preprocess,
+        trainable_preprocess=trainable_preprocess,
+        image_grid=image_grid,
+    )
+    source_of = dict(keys)
+    if split.tied_weights is not None:  # the head's copy is read (drawn) as the embedding
+        source_of[split.tied_weights[1]] = keys[split.tied_weights[0]]
+    held: list[nn.Cell] = [split.stages[s] for s in range(rank, num_stages, pp)]
+    if split.preprocess is not None:
+        held.append(split.preprocess)
+    mine = {id(p): p for cell in held for p in cell.get_parameters()}
+    if rank == 0:
+        mine.update({id(p): p for p in split.unplaced.values()})
+    for param in mine.values():
+        key = source_of[param.name]
+        if directory is not None:
+            _give(param, directory.read(key))
+        elif param.has_init:
+            _give(param, seeded_value(param, seed, key))
+    split.config, split.rank, split.pp = config, rank, pp
+    split.checkpoint_names = {name: names[0] for name, names in candidates.items()}
+    return split
+
+
+def seeded_value(param: Parameter, seed: int, key: str) -> np.ndarray:
+    """``param``'s own initializer drawn from a generator seeded by ``(seed, key)`` alone."""
+    data = np.ndarray(tuple(param.shape), dtype=ms.dtype_to_nptype(param.dtype))
+    with _numpy_seed(zlib.crc32(f"{seed}/{key}".encode())):
+        param.init(data)
+    return data
+
+
+@contextmanager
+def _numpy_seed(value: int):
+    """MindSpore's initializers draw from numpy's global generator: seed it, then restore it."""
+    state = np.random.get_state()
+    np.random.seed(value)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
+def _give(param: Parameter, value: np.ndarray) -> None:
+    """Set ``param``'s data (its first allocation) to ``value``, in ``param``'s dtype. ``value``
+    is a fresh writable array no one else holds (read from a shard, or drawn): the Parameter
+    takes it over (``Tensor.from_numpy`` shares its memory) instead of copying it, so a rank's
+    peak host memory does not hold a second copy of its largest tensor."""
+    want = ms.dtype_to_nptype(param.dtype)
+    array = value if value.dtype == want else value.astype(want)
+    if not (array.flags.writeable and array.flags.c_contiguous):
+        array = np.ascontiguousarray(array).copy()
+    param.set_data(Tensor.from_numpy(array))

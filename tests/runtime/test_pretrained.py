@@ -1,0 +1,317 @@
+"""Pretrained directories in, one directory out: ``load_split`` and ``export_pretrained`` on one process.
+
+The directories are written by ``graph_exec.examples.make_pretrained`` (mindone's own
+``save_pretrained``, several shards and an index). The reference is the whole mindone model
+loaded by mindone's ``from_pretrained`` from the same directory, run by its own ``construct``
+under ``value_and_grad`` per micro-batch. Two ranks: tests/multirank/test_pretrained.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graph_exec as ge
+import graph_exec.models as gm
+from graph_exec.examples.make_pretrained import config_of, make_pretrained
+from graph_exec.models.pretrained import PretrainedDirectory
+from tests.models import mindone_models as mm
+from tests.runtime.test_mindone_models import GRID, frozen_in_reference
+
+FAMILIES = ("llama", "qwen2", "qwen2vl")
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pretrained")
+    return {name: make_pretrained(name, root / name, seed=3) for name in FAMILIES}
+
+
+def reference(folder: Path):
+    """The whole model, as mindone's ``from_pretrained`` loads it."""
+    config = gm.pretrained.load_config(folder)
+    return gm.model_class(config).from_pretrained(str(folder), attn_implementation="eager")
+
+
+def options(name: str) -> dict:
+    return {"image_grid": GRID} if name == "qwen2vl" else {}
+
+
+def schedule(parts, mode: str, micro: int = 2):
+    num = len(parts.stages)
+    stages = [ge.PipelineStage(cell, k, num) for k, cell in enumerate(parts.stages)]
+    return ge.ScheduleMPipeTranspose(
+        stages,
+        micro,
+        parts.preprocess,
+        parts.num_transpose_layers,
+        mode=mode,
+        loss_fn=gm.causal_lm_loss,
+        scale_grads=True,
+    )
+
+
+def tensors_of(folder: Path) -> dict[str, np.ndarray]:
+    shards = PretrainedDirectory(folder)
+    return {name: shards.read(name) for name in shards.tensors}
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [("llama", "pynative"), ("qwen2", "pynative"), ("qwen2vl", "pynative"), ("llama", "graph")],
+)
+def test_pipeline_from_a_directory_matches_from_pretrained(pretrained, name, mode):
+    """First step's losses and every gradient: pynative exactly, graph mode to 1e-6. Qwen2 is
+    tied: the embedding's and the head copy's gradients add up to the tied one (to 1e-7: the
+    reference adds the two contributions inside one backward, in another order)."""
+    parts = gm.load_split(pretrained[name], 4, **options(name))
+    ref = reference(pretrained[name])
+    frozen_in_reference(ref, parts)
+    sched = schedule(parts, mode)
+    inputs, labels = mm.batch(name, ref, 4)
+    ref_losses, ref_grads = mm.reference(name, ref, inputs, labels, 2, scale=0.5)
+    losses = [float(x.asnumpy()) for x in sched.run(*inputs, labels=labels)]
+    tol = {"atol": 0, "rtol": 0} if mode == "pynative" else {"atol": 1e-6, "rtol": 1e-5}
+    np.testing.assert_allclose(losses, ref_losses, **tol)
+    grads = {k: v.asnumpy() for k, v in sched.grads().items()}
+    tied = None
+    if parts.tied_weights is not None:
+        tied, head = parts.tied_weights
+        grads[tied] = grads[tied] + grads.pop(head)
+    assert set(grads) == set(ref_grads)
+    for key, grad in grads.items():
+        limits = {"atol": 1e-7, "rtol": 0} if key == tied else tol
+        np.testing.assert_allclose(grad, ref_grads[key], err_msg=key, **limits)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_rank_gets_data_only_for_what_it_holds(pretrained, name):
+    """At pp=2 a rank's chunks and the preprocess have the file's values; the other rank's
+    weights stay initializers (no data), all but the norms' small constant vectors."""
+    ref = {p.name: p for p in reference(pretrained[name]).get_parameters()}
+    for rank in range(2):
+        parts = gm.load_split(pretrained[name], 4, rank=rank, pp=2, **options(name))
+        held = [parts.stages[s] for s in (rank, rank + 2)] + [parts.preprocess]
+        mine = {id(p): p for cell in held for p in cell.get_parameters()}
+        for param in mine.values():
+            source = (
+                parts.tied_weights[0] if parts.tied_weights and param.name == parts.tied_weights[1] else None
+            )
+            np.testing.assert_array_equal(
+                param.asnumpy(), ref[source or param.name].asnumpy(), err_msg=param.name
+            )
+        others = [
+            p for s in (1 - rank, 3 - rank) for p in parts.stages[s].get_parameters() if id(p) not in mine
+        ]
+        assert others
+        unallocated = sum(int(p.size) for p in others if p.has_init)
+        assert unallocated >= 0.98 * sum(int(p.size) for p in others)
+
+
+def test_a_config_gives_every_rank_the_same_seeded_values():
+    config = config_of("qwen2")  # tied: the head copy equals the embedding
+    whole = gm.load_split(config, 4, seed=7)
+    values = {
+        p.name: p.asnumpy() for cell in [whole.preprocess, *whole.stages] for p in cell.get_parameters()
+    }
+    embed, head = whole.tied_weights
+    np.testing.assert_array_equal(values[embed], values[head])
+    for rank in range(2):
+        parts = gm.load_split(config, 4, seed=7, rank=rank, pp=2)
+        for cell in [parts.preprocess, parts.stages[rank], parts.stages[rank + 2]]:
+            for param in cell.get_parameters():
+                np.testing.assert_array_equal(param.asnumpy(), values[param.name], err_msg=param.name)
+    other = gm.load_split(config, 4, seed=8)
+    assert not np.array_equal(other.preprocess.embed.embedding_table.asnumpy(), values[embed])
+    assert float(np.std(values[embed])) > 0  # drawn, not left as zeros
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_load_then_export_reproduces_the_directory_bit_for_bit(pretrained, tmp_path, name):
+    source = tensors_of(pretrained[name])
+    parts = gm.load_split(pretrained[name], 2, **options(name))
+    out = gm.export_pretrained(parts, tmp_path / "out", max_shard_size=100_000)
+    exported = tensors_of(out)
+    assert sorted(exported) == sorted(source)
+    for key, value in source.items():
+        assert exported[key].dtype == value.dtype and exported[key].shape == value.shape, key
+        assert exported[key].tobytes() == value.tobytes(), key
+    assert len(list(out.glob("*.safetensors"))) > 1 and (out / "model.safetensors.index.json").is_file()
+    from safetensors import safe_open
+
+    for shard in out.glob("*.safetensors"):
+        with safe_open(str(shard), framework="np") as handle:
+            assert handle.metadata() == {"format": "pt"}
+    config = json.loads((out / "config.json").read_text())
+    written = (
+        config.get("architectures") or config["text_config"]["architectures"]
+    )  # Qwen2-VL: in text_config
+    assert written == [gm.pretrained.MODEL_CLASSES[parts.family]]
+    assert not list(tmp_path.glob(".out.*"))  # the temporary directory was renamed
+    again = reference(out)  # mindone reads the export back
+    if parts.tied_weights:
+        assert again.lm_head.weight is again.model.embed_tokens.embedding_table
+
+
+def test_trained_export_gives_the_pipelines_logits(pretrained, tmp_path):
+    """One Adam step, export, from_pretrained: its logits equal the pipeline's ``evaluate``."""
+    parts = gm.load_split(pretrained["llama"], 2)
+    sched = schedule(parts, "pynative")
+    inputs, labels = mm.batch("llama", None, 4)
+    sched.run(*inputs, labels=labels)
+    sched.step(__import__("mindspore").nn.Adam(sched.trainable_params(), learning_rate=1e-2))
+    out = gm.export_pretrained(parts, tmp_path / "trained")
+    evaluated = sched.evaluate(*inputs)
+    mine = np.concatenate([x.asnumpy() for x in evaluated])
+    theirs = mm.logits_of("llama", reference(out), inputs).asnumpy()
+    np.testing.assert_allclose(mine, theirs, atol=1e-5, rtol=0)
+    before = mm.logits_of("llama", reference(pretrained["llama"]), inputs).asnumpy()
+    assert np.abs(before - theirs).max() > 1e-4  # the step changed the weights
+
+
+def test_export_refuses_a_non_empty_directory_unless_overwrite(pretrained, tmp_path):
+    parts = gm.load_split(pretrained["llama"], 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "note.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"exists and is not empty.*overwrite=True"):
+        gm.export_pretrained(parts, out)
+    assert (out / "note.txt").read_text() == "mine"
+    gm.export_pretrained(parts, out, overwrite=True)
+    assert not (out / "note.txt").exists() and (out / "config.json").is_file()
+
+
+def test_a_failed_export_leaves_nothing_from_pretrained_accepts(pretrained, tmp_path, monkeypatch):
+    from graph_exec.models import export
+
+    parts = gm.load_split(pretrained["llama"], 2)
+    calls = []
+
+    def dies(folder, file, names, params):
+        calls.append(file)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return original(folder, file, names, params)
+
+    original = export.write_shard
+    monkeypatch.setattr(export, "write_shard", dies)
+    with pytest.raises(RuntimeError, match=r"failed on pipeline rank 0.*disk full"):
+        gm.export_pretrained(parts, tmp_path / "out", max_shard_size=100_000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def broken_copy(source: Path, folder: Path) -> Path:
+    shutil.copytree(source, folder)
+    return folder
+
+
+def rewrite_shard(folder: Path, change) -> None:
+    """Rewrite the shard holding ``model.norm.weight`` with ``change(tensors)`` applied."""
+    from safetensors.numpy import save_file
+
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    file = index["weight_map"]["model.norm.weight"]
+    shards = PretrainedDirectory(folder)
+    tensors = {k: shards.read(k) for k, (f, _, _) in shards.tensors.items() if f == file}
+    save_file(change(tensors), str(folder / file))
+
+
+def test_bad_directories_are_named_before_anything_is_built(pretrained, tmp_path):
+    missing_shard = broken_copy(pretrained["llama"], tmp_path / "a")
+    next(missing_shard.glob("model-00002-*.safetensors")).unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing shard\(s\) \['model-00002-of-0000"):
+        gm.load_split(missing_shard, 2)
+    missing_tensor = broken_copy(pretrained["llama"], tmp_path / "b")
+    rewrite_shard(missing_tensor, lambda t: {k: v for k, v in t.items() if k != "model.norm.weight"})
+    index = json.loads((missing_tensor / "model.safetensors.index.json").read_text())
+    del index["weight_map"]["model.norm.weight"]
+    (missing_tensor / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"lacks 1 tensor\(s\) the model needs: \['model.norm.weight'\]"):
+        gm.load_split(missing_tensor, 2)
+    wrong_shape = broken_copy(pretrained["llama"], tmp_path / "c")
+    rewrite_shard(wrong_shape, lambda t: {**t, "model.norm.weight": np.ones(63, np.float32)})
+    with pytest.raises(ValueError, match=r"model.norm.weight: \[63\] in the file, \[64\] from the config"):
+        gm.load_split(wrong_shape, 2)
+    unknown = broken_copy(pretrained["llama"], tmp_path / "d")
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    with pytest.raises(
+        TypeError, match="model_type 'gpt2' is not a family the split knows; choose one of llama"
+    ):
+        gm.load_split(unknown, 2)
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
+        gm.load_split(tmp_path / "nowhere", 2)
+
+
+def test_bad_ranks_are_named(pretrained):
+    with pytest.raises(ValueError, match=r"rank 2 is not a pipeline rank of pp=2: choose 0 … 1"):
+        gm.load_split(pretrained["llama"], 4, rank=2, pp=2)
+    with pytest.raises(ValueError, match="num_stages=3 is not a multiple of pp=2"):
+        gm.load_split(pretrained["llama"], 3, rank=0, pp=2)
+    with pytest.raises(ValueError, match="pp must be an integer >= 1"):
+        gm.load_split(pretrained["llama"], 4, pp=0)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2vl"])
+def test_offline_export_of_a_checkpoint_equals_the_live_export(pretrained, tmp_path, name, capsys):
+    """``graph-exec export`` of a saved step writes what ``export_pretrained`` writes live."""
+    import mindspore as ms
+
+    from graph_exec.cli import main
+
+    parts = gm.load_split(pretrained[name], 2, **options(name))
+    sched = schedule(parts, "pynative")
+    inputs, labels = mm.batch(name, parts.model, 4)
+    sched.run(*inputs, labels=labels)
+    optimizer = ms.nn.Adam(sched.trainable_params(), learning_rate=1e-2)
+    sched.step(optimizer)
+    ge.save_checkpoint(sched, tmp_path / "ckpt", 1, optimizer=optimizer)
+    live = gm.export_pretrained(parts, tmp_path / "live")
+    argv = [
+        "export",
+        str(tmp_path / "ckpt"),
+        "--config-from",
+        str(pretrained[name]),
+        "--out",
+        str(tmp_path / "off"),
+    ]
+    assert main(argv) == 0
+    assert "exported to" in capsys.readouterr().out
+    a, b = tensors_of(live), tensors_of(tmp_path / "off")
+    assert sorted(a) == sorted(b) == sorted(tensors_of(pretrained[name]))
+    assert all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+    assert any(a[k].tobytes() != v.tobytes() for k, v in tensors_of(pretrained[name]).items())  # trained
+    reference(tmp_path / "off")  # mindone reads it
+    with pytest.raises(SystemExit):
+        main(argv)  # --out is not empty now
+    assert "exists and is not empty" in capsys.readouterr().err
+    rank_file = next((tmp_path / "ckpt" / "step_1").glob("rank_*.ckpt"))
+    rank_file.write_bytes(rank_file.read_bytes()[:-8] + b"corrupt!")
+    assert main([*argv[:-1], str(tmp_path / "again")]) == 1
+    assert "does not match its checksum" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()
+
+
+def test_examples_build_from_a_directory(pretrained):
+    """What ``graph-exec run llama|qwen2vl --pretrained DIR`` builds on a rank: its share, the
+    directory's values, the batches of the example."""
+    from graph_exec.examples import llama, qwen2vl
+
+    built = llama.build(4, pretrained=str(pretrained["qwen2"]), rank=1, pp=2)
+    assert built.split.rank == 1 and built.split.family == "qwen2" and "from" in built.summary
+    head = built.stages[3].head.weight
+    np.testing.assert_array_equal(
+        head.asnumpy(), tensors_of(pretrained["qwen2"])["model.embed_tokens.weight"]
+    )
+    assert all(p.has_init for p in built.stages[0].blocks.get_parameters() if p.name.endswith("proj.weight"))
+    inputs, labels = built.batch(0, 4)
+    assert inputs[0].shape == labels.shape == (4, llama.SEQ)
+    vision = qwen2vl.build(2, pretrained=str(pretrained["qwen2vl"]))
+    inputs, _ = vision.batch(0, 2)
+    assert tuple(inputs[0].shape) == (2, 16, 96)
+    with pytest.raises(ValueError, match=r"takes a Llama or Qwen2 directory.*holds qwen2_vl"):
+        llama.build(4, pretrained=str(pretrained["qwen2vl"]))
