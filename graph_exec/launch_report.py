@@ -37,6 +37,12 @@ def worker_exits(msrun_output: str, rank_of_pid: Mapping[int, int]) -> dict[int,
     return exits
 
 
+def is_stack_dump(code: int, timed_out: bool) -> bool:
+    """Whether exit ``code`` is the launcher's own doing: after a time-out it sends every worker
+    SIGABRT for a stack dump (``PYTHONFAULTHANDLER``), so a SIGABRT then says nothing of the rank."""
+    return timed_out and code == -signal.SIGABRT
+
+
 def exit_words(code: int) -> str:
     """``-9`` -> "killed by signal 9 (SIGKILL)", ``1`` -> "exited with code 1"."""
     if code < 0:
