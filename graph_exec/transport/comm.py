@@ -185,8 +185,8 @@ class _ExitBarrier:
     A message's sender may still be waiting for the receiver's acknowledgement when the
     receiver has already returned from its last receive; if the receiver's process exits at
     that moment, the sender fails with "Send failed" (seen with MCCL on CPU). Registered once,
-    run with the most recent transport; skipped if its communication is already broken, or if
-    it aborted a step: a peer may then still sit in a collective, which this barrier (itself a
+    run with the most recent transport; skipped if its communication is already broken (or a
+    job-wide barrier or collective timed out), or if it aborted a step: a peer may then still sit in a collective, which this barrier (itself a
     collective on CPU) would join and complete with wrong data, as seen with a rank that failed
     just before ``GRADreduce``.
     Registered when the first transport exists, hence after MindSpore's own exit handlers,
@@ -205,6 +205,8 @@ class _ExitBarrier:
         transport = self.latest
         if transport is None or transport._worker.broken is not None or transport.aborted:
             return
+        if _module_worker is not None and _module_worker.broken is not None:
+            return  # a job-wide barrier or collective timed out: a peer is gone or hung
         from mindspore.communication import GlobalComm
 
         try:
