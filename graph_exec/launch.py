@@ -34,7 +34,7 @@ from pathlib import Path
 
 from graph_exec import checks
 from graph_exec.launch_report import failure_report, is_stack_dump, worker_exits
-from graph_exec.restarts import ATTEMPT_ENV, Attempt, run_attempts
+from graph_exec.restarts import ATTEMPT_ENV, HUNG, Attempt, classify, run_attempts
 
 #: Seconds the workers get to write their stack dumps before a timed-out job is killed.
 DUMP_GRACE_S = 2.0
@@ -120,7 +120,22 @@ class LaunchResult:
             tail_lines=tail_lines,
             last_step=last_step,
             timed_out=self.timed_out,
+            hung=self._hung(),
         )
+
+    def _hung(self) -> tuple[int, str] | None:
+        """``(rank, why)`` of the rank this attempt's record names as hung, if it names one."""
+        failure = classify(
+            returncode=self.returncode,
+            timed_out=self.timed_out,
+            exits=self.exits,
+            worker_logs=self.worker_logs,
+            msrun_output=self.output,
+            scheduler_log=self.scheduler_log,
+        )
+        if failure is None or failure.cause != HUNG or failure.rank is None:
+            return None
+        return failure.rank, failure.detail.split(": ", 1)[1]
 
 
 def msrun_executable() -> str:

@@ -43,3 +43,22 @@ def test_the_launchers_stack_dumps_are_not_reported_as_deaths():
     assert launch_module._failed_workers(output, ranks, {0: -6}, timed_out=True) == {}
     assert launch_module._failed_workers(output, ranks, {0: -9}, timed_out=True) == {0: -9}
     assert launch_module._failed_workers(output, ranks, {}, timed_out=False) == {1: -6}
+
+
+def test_a_failure_report_names_the_hung_rank_not_the_signals_that_ended_it(tmp_path):
+    waited = (
+        "graph_exec.errors.PeerTimeoutError: timed out after 20 s in a barrier [waiting for global rank 1] "
+        "(Recv failed.)"
+    )
+    result = launch_module.LaunchResult(
+        1,
+        False,
+        23.0,
+        tmp_path,
+        "Worker process 10 exit with exception. Error code: 1\n",
+        {0: f"Traceback (most recent call last):\n{waited}\n", 1: ""},
+        exits={0: 1},
+    )
+    report = result.describe()
+    assert "rank 1: hung (rank 0 timed out waiting for it (" in report, report
+    assert "rank 0: died, exited with code 1; its error: " in report, report

@@ -4,7 +4,9 @@
 launcher's ``GRAPH_EXEC_ATTEMPT``) rank ``RANK`` sends itself SIGKILL right before training step
 ``STEP`` (0-based) or, with ``:save``, while saving the checkpoint due after step ``STEP``: its
 rank file written under its temporary name, not yet published; with ``:stop`` it sends itself
-SIGSTOP instead, right before step ``STEP``: a hung rank (alive, silent, its heartbeat stopped).
+SIGSTOP instead, right before step ``STEP``: a hung rank (alive, silent, its heartbeat stopped);
+with ``:nan`` it lives on but every gradient of step ``STEP`` turns NaN on that rank, between the
+schedule's ``run()`` and the optimizer (a NaN step).
 The line it prints first ends with the wall-clock time (``at <time.time()>``). Only this test worker reads the variable;
 the library knows nothing of it. Without it, this is exactly ``graph_exec/harness/worker.py``.
 """
@@ -24,7 +26,7 @@ KILL_ENV = "GRAPH_EXEC_TEST_KILL"
 
 def planned_kill() -> tuple[int, str] | None:
     """``(step, how)`` at which this process must die or stop in this attempt, if any (``how``:
-    ``""``, ``"save"`` or ``"stop"``)."""
+    ``""``, ``"save"``, ``"stop"`` or ``"nan"``)."""
     attempt, rank = os.environ.get(ATTEMPT_ENV), os.environ.get("RANK_ID")
     for item in filter(None, os.environ.get(KILL_ENV, "").split(",")):
         when, who, step, *how = item.split(":")
@@ -40,6 +42,26 @@ def die(where: str, sig: signal.Signals = signal.SIGKILL) -> None:
     os.kill(os.getpid(), sig)
 
 
+def poison_next_run(schedule) -> None:
+    """Make every gradient of ``schedule``'s next ``run()`` NaN, in place, once it returns."""
+    import mindspore as ms
+
+    run = schedule.run
+
+    def poisoned(*args, **kwargs):
+        del schedule.run  # back to the method
+        out = run(*args, **kwargs)
+        for grad in schedule.grads().values():
+            grad.copy_(ms.ops.full_like(grad, float("nan")))
+        print(
+            f"TEST NAN: rank {os.environ['RANK_ID']} attempt {os.environ[ATTEMPT_ENV]} at {time.time():.3f}",
+            flush=True,
+        )
+        return out
+
+    schedule.run = poisoned
+
+
 def install(step: int, how: str) -> None:
     """Patch the harness (this process only) so that it dies where :func:`planned_kill` says."""
     from graph_exec.checkpoint import state
@@ -50,7 +72,9 @@ def install(step: int, how: str) -> None:
 
     def step_then_maybe_die(self: training.Trainer, index: int):
         current["step"] = index
-        if index == step and how != "save":
+        if index == step and how == "nan":
+            poison_next_run(self.schedule)
+        elif index == step and how != "save":
             die(f"before step {index}", signal.SIGSTOP if how == "stop" else signal.SIGKILL)
         return original_step(self, index)
 
