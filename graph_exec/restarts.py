@@ -1,8 +1,9 @@
 """Automatic restarts of a failed job: what an attempt died of, and whether a restart can fix it.
 
-A rank that is killed (a signal: the OOM killer, a crashed device driver, ``kill -9``) or a
-job that stops making progress (the launcher's time limit, or every failed rank reporting a
-peer that went silent) is worth a relaunch from the latest complete checkpoint. Anything a
+A rank that is killed (a signal: the OOM killer, a crashed device driver, ``kill -9``), a rank
+that hangs (its peers time out waiting for it and name it, or msrun's scheduler loses its
+heartbeat) or a job that stops making progress (the launcher's time limit, or every failed rank
+reporting a peer that went silent) is worth a relaunch from the latest complete checkpoint. Anything a
 relaunch would meet again is not: bad arguments (exit code 2), a job whose ranks disagree
 (:class:`~graph_exec.errors.ConfigurationMismatchError`), a corrupt or mismatching checkpoint,
 an exception in the program, and the same step failing twice in a row for the same cause.
