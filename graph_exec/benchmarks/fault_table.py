@@ -178,9 +178,12 @@ def main(argv: list[str]) -> int:
         results: dict[str, list[Outcome]] = {}
         for fault in chosen:
             for repeat in range(args.repeats):
-                results.setdefault(fault, []).append(
-                    measure(fault, Path(tmp) / f"{fault}-{repeat}", reference)
-                )
+                try:
+                    outcome = measure(fault, Path(tmp) / f"{fault}-{repeat}", reference)
+                except RuntimeError as err:  # one broken measurement must not lose the others
+                    outcome = Outcome(None, None, f"not measured: {str(err).splitlines()[0]}", None)
+                results.setdefault(fault, []).append(outcome)
+                print(f"fault_table: {fault} #{repeat + 1}: {outcome}", file=sys.stderr, flush=True)
     print(
         f"embed_lm tiny, 2 ranks, {STEPS} steps saving every {SAVE_EVERY}, --max-restarts 1 --peer-timeout 20; "
         f"fault right before step {FAULT_STEP + 1}; {args.repeats} run(s) each; reference final loss {want!r}"
