@@ -20,8 +20,8 @@ Per fault and repeat, from the job's output (each line stamped when it arrives) 
 - **record**: what the attempt record says the attempt died of (its cause, in words);
 - **bit-identical**: whether the job's final loss equals the reference's bit for bit.
 
-"corrupt latest checkpoint": the reference's first 20 steps, its step-20 rank 1 file damaged,
-then the job resumed (``--resume``): the fault is the launch. "NaN step": every gradient of
+"corrupt latest checkpoint": a fault-free job of 20 steps (checkpoints 18 and 20 kept), its
+step-20 rank 1 file damaged, then the job resumed to 40 (``--resume``): the fault is the launch. "NaN step": every gradient of
 rank 1's step 12 is NaN.
 """
 
@@ -112,11 +112,8 @@ def measure(fault: str, root: Path, reference: Path) -> Outcome:
     """One job with ``fault``."""
     _, plan = FAULTS[fault]
     argv = ["--steps", str(STEPS), "--max-restarts", "1"]
-    if fault == "corrupt":
-        shutil.copytree(reference / "ckpt", root / "ckpt")
-        for step_dir in (root / "ckpt").glob("step_*"):
-            if int(step_dir.name[len("step_") :]) > 20:
-                shutil.rmtree(step_dir)
+    if fault == "corrupt":  # the first 20 steps' checkpoints (18 and 20 kept), step 20's damaged
+        shutil.copytree(reference.with_name("first-20") / "ckpt", root / "ckpt")
         rank_file = root / "ckpt" / "step_20" / "rank_1.ckpt"
         data = bytearray(rank_file.read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -175,12 +172,16 @@ def main(argv: list[str]) -> int:
         if code != 0:
             raise RuntimeError("the reference job failed:\n" + "\n".join(line for _, line in lines))
         want = final_loss(reference / "job")
+        if "corrupt" in chosen:
+            lines, code, _ = run_job(Path(tmp) / "first-20", ["--steps", "20"], None)
+            if code != 0:
+                raise RuntimeError("the 20-step job failed:\n" + "\n".join(line for _, line in lines))
         results: dict[str, list[Outcome]] = {}
         for fault in chosen:
             for repeat in range(args.repeats):
                 try:
                     outcome = measure(fault, Path(tmp) / f"{fault}-{repeat}", reference)
-                except RuntimeError as err:  # one broken measurement must not lose the others
+                except (RuntimeError, OSError) as err:  # one broken measurement must not lose the others
                     outcome = Outcome(None, None, f"not measured: {str(err).splitlines()[0]}", None)
                 results.setdefault(fault, []).append(outcome)
                 print(f"fault_table: {fault} #{repeat + 1}: {outcome}", file=sys.stderr, flush=True)
