@@ -186,9 +186,9 @@ class _ExitBarrier:
     receiver has already returned from its last receive; if the receiver's process exits at
     that moment, the sender fails with "Send failed" (seen with MCCL on CPU). Registered once,
     run with the most recent transport; skipped if its communication is already broken (or a
-    job-wide barrier or collective timed out), or if it aborted a step: a peer may then still sit in a collective, which this barrier (itself a
-    collective on CPU) would join and complete with wrong data, as seen with a rank that failed
-    just before ``GRADreduce``.
+    job-wide barrier or collective timed out), or if it aborted a step: a peer may then still
+    sit in a collective, which this barrier (itself a collective on CPU) would join and complete
+    with wrong data, as seen with a rank that failed just before ``GRADreduce``.
     Registered when the first transport exists, hence after MindSpore's own exit handlers,
     which therefore run after it (exit handlers run last-registered first).
     """
