@@ -6,6 +6,9 @@ the plan step and the peer, because a pipeline error is useless without "where".
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 
 class GraphExecError(Exception):
     """Base class of every error this library raises on purpose."""
@@ -20,7 +23,27 @@ class CommunicationNotInitializedError(CommunicationError):
 
 
 class PeerTimeoutError(CommunicationError, TimeoutError):
-    """A blocking exchange did not complete in time: the peer is dead, stuck or out of step."""
+    """A blocking exchange did not complete in time: the peer is dead, stuck or out of step.
+
+    The transport ends its message with :func:`silent_peers_note`, so that whoever reads the
+    log of a waiting rank (the launcher's attempt record) learns which rank it waited for.
+    """
+
+
+_SILENT = re.compile(r"\[waiting for global ranks? ([\d, ]+)\]")
+
+
+def silent_peers_note(ranks: Iterable[int]) -> str:
+    """The words a :class:`PeerTimeoutError` ends with: the global ranks it waited for (one
+    peer of a transfer; every other member of a collective)."""
+    found = sorted(set(ranks))
+    return f"[waiting for global rank{'s' if len(found) != 1 else ''} {', '.join(map(str, found))}]"
+
+
+def silent_peers(text: str) -> frozenset[int]:
+    """The global ranks a :func:`silent_peers_note` in ``text`` names (empty: none)."""
+    match = _SILENT.search(text)
+    return frozenset(int(r) for r in match.group(1).split(",")) if match else frozenset()
 
 
 class RemoteRankError(CommunicationError):

@@ -32,8 +32,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from graph_exec.launch_report import failure_report, worker_exits
-from graph_exec.restarts import ATTEMPT_ENV, Attempt, run_attempts
+from graph_exec import checks
+from graph_exec.launch_report import failure_report, is_stack_dump, worker_exits
+from graph_exec.restarts import ATTEMPT_ENV, HUNG, Attempt, classify, run_attempts
 
 #: Seconds the workers get to write their stack dumps before a timed-out job is killed.
 DUMP_GRACE_S = 2.0
@@ -93,6 +94,8 @@ class LaunchResult:
     exits: dict[int, int] = field(default_factory=dict)
     timeout_s: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
+    #: msrun's scheduler's log: it names a worker whose heartbeat stopped (a stopped process).
+    scheduler_log: str = ""
 
     @property
     def ok(self) -> bool:
@@ -117,7 +120,22 @@ class LaunchResult:
             tail_lines=tail_lines,
             last_step=last_step,
             timed_out=self.timed_out,
+            hung=self._hung(),
         )
+
+    def _hung(self) -> tuple[int, str] | None:
+        """``(rank, why)`` of the rank this attempt's record names as hung, if it names one."""
+        failure = classify(
+            returncode=self.returncode,
+            timed_out=self.timed_out,
+            exits=self.exits,
+            worker_logs=self.worker_logs,
+            msrun_output=self.output,
+            scheduler_log=self.scheduler_log,
+        )
+        if failure is None or failure.cause != HUNG or failure.rank is None:
+            return None
+        return failure.rank, failure.detail.split(": ", 1)[1]
 
 
 def msrun_executable() -> str:
@@ -190,6 +208,9 @@ def launch(
     before each relaunch and may return a reason not to relaunch.
     """
     nodes = nodes or Nodes()
+    timeout_s = checks.positive_seconds("timeout_s", timeout_s)
+    if not Path(script).is_file():
+        raise FileNotFoundError(f"cannot launch {str(script)!r}: no such script file")
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     if nproc % nodes.count:
@@ -251,7 +272,29 @@ def _launch_once(
     port = nodes.master_port or (free_port() if nodes.count == 1 else DEFAULT_MASTER_PORT)
     for old in log_path.glob("*.log"):
         old.unlink()
-    cmd = [
+    cmd = _command(script, args, nproc, nodes, port, cluster_timeout_s, log_path)
+    job = _Job(cmd, _environment(env, attempt), log_path)
+    with _sigterm_as_exit():
+        try:
+            job.poll_until_done(timeout_s, poll)
+        finally:
+            gone = job.kill()
+    if poll is not None:
+        poll()
+    return job.collect(timeout_s), gone
+
+
+def _command(
+    script: str | os.PathLike[str],
+    args: Sequence[str],
+    nproc: int,
+    nodes: Nodes,
+    port: int,
+    cluster_timeout_s: int,
+    log_path: Path,
+) -> list[str]:
+    """msrun's command line for this host's share of the job."""
+    return [
         *msrun_command(nodes),
         f"--worker_num={nproc}",
         f"--local_worker_num={nproc // nodes.count}",
@@ -264,72 +307,101 @@ def _launch_once(
         str(script),
         *args,
     ]
+
+
+def _environment(env: Mapping[str, str] | None, attempt: int) -> dict[str, str]:
+    """The workers' environment: ``env`` (default: ours), this interpreter first on PATH
+    (msrun starts workers with the ``python`` found first), quiet unbuffered logs, stack dumps
+    on SIGABRT, and the attempt number."""
     child_env = dict(os.environ if env is None else env)
-    # msrun starts workers with the `python` found first on PATH: make it this interpreter.
     child_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), child_env.get("PATH", "")])
     child_env.setdefault("GLOG_v", "3")
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     child_env.setdefault("PYTHONFAULTHANDLER", "1")  # stack dumps on SIGABRT (time-outs) and crashes
     child_env[ATTEMPT_ENV] = str(attempt)
-    start = time.monotonic()
-    output_path = log_path / "msrun.out"
-    with output_path.open("w") as output:
-        proc = subprocess.Popen(
-            cmd, env=child_env, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    return child_env
+
+
+class _Job:
+    """One running msrun and what the launcher learns of its processes while it runs."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self.output_path = log_path / "msrun.out"
+        self.start = time.monotonic()
+        with self.output_path.open("w") as output:
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
+        self.started: dict[int, str] = {}  # pid -> start time, so that a reused pid is never killed
+        self.rank_of_pid: dict[int, int] = {}
+        self.seen_exits: dict[int, int] = {}  # rank -> exit code of the workers seen dead, in that order
+        self.timed_out = False
+        self.failed_at: float | None = None  # when msrun reported a failed worker
+
+    def poll_until_done(self, timeout_s: float, poll: Callable[[], None] | None) -> None:
+        """Watch the job about four times a second until msrun ends or :meth:`detect` ends it."""
+        while self.proc.poll() is None:
+            _record(self.proc.pid, self.started, self.rank_of_pid)
+            _note_deaths(self.rank_of_pid, self.started, self.seen_exits, self.output_path)
+            if poll is not None:
+                poll()
+            if self.detect(timeout_s):
+                return
+            time.sleep(0.25)
+
+    def detect(self, timeout_s: float) -> bool:
+        """Whether the job is over for the launcher: past its time limit (the workers are asked
+        for their stacks first), or :data:`FAILED_GRACE_S` after msrun reported a failed worker
+        (msrun has killed the workers and waits for its scheduler)."""
+        now = time.monotonic()
+        if now - self.start > timeout_s:
+            self.timed_out = True
+            _dump_stacks(self.started, self.rank_of_pid)
+            return True
+        if self.failed_at is None and _WORKER_FAILED in self.output_path.read_text(errors="replace"):
+            self.failed_at = now
+        return self.failed_at is not None and now - self.failed_at > FAILED_GRACE_S
+
+    def kill(self) -> bool:
+        """Kill whatever the job left (workers on a time-out or interrupt, msrun's ``tail -f``
+        followers always) and wait, bounded, until it is gone; whether it is.
+
+        msrun leads its own session, so killing its process group first also takes what it
+        started since the last look (under load, a SIGTERM during start-up left a late follower
+        behind); the recorded processes then cover any that left the group. msrun is not reaped
+        yet, so its group id is not reused.
+        """
+        if self.proc.poll() is None:
+            _record(self.proc.pid, self.started, self.rank_of_pid)
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        _kill(self.started)
+        self.proc.wait()
+        return _wait_gone(self.started, EXIT_WAIT_S)
+
+    def collect(self, timeout_s: float) -> LaunchResult:
+        """What the job left behind: msrun's exit code (1 when the launcher ended it after its
+        report of a failed worker), the logs, and the failed workers."""
+        logs = {
+            int(m.group(1)): p.read_text(errors="replace")
+            for p in self.log_path.glob("worker_*.log")
+            if (m := re.fullmatch(r"worker_(\d+)\.log", p.name))
+        }
+        scheduler = self.log_path / "scheduler.log"
+        output_text = self.output_path.read_text(errors="replace")
+        code = self.proc.returncode
+        return LaunchResult(
+            1 if self.failed_at is not None and code < 0 else code,
+            self.timed_out,
+            time.monotonic() - self.start,
+            self.log_path,
+            output_text,
+            logs,
+            exits=_failed_workers(output_text, self.rank_of_pid, self.seen_exits, self.timed_out),
+            timeout_s=timeout_s,
+            scheduler_log=scheduler.read_text(errors="replace") if scheduler.is_file() else "",
         )
-    started: dict[int, str] = {}  # pid -> start time, so that a reused pid is never killed
-    rank_of_pid: dict[int, int] = {}
-    seen_exits: dict[int, int] = {}  # rank -> exit code of the workers seen dead, in that order
-    timed_out = False
-    failed_at = None  # when msrun reported a failed worker
-    with _sigterm_as_exit():
-        try:
-            while proc.poll() is None:
-                _record(proc.pid, started, rank_of_pid)
-                _note_deaths(rank_of_pid, started, seen_exits, output_path)
-                if poll is not None:
-                    poll()
-                if time.monotonic() - start > timeout_s:
-                    timed_out = True
-                    _dump_stacks(started, rank_of_pid)
-                    break
-                if failed_at is None and _WORKER_FAILED in output_path.read_text(errors="replace"):
-                    failed_at = time.monotonic()
-                if failed_at is not None and time.monotonic() - failed_at > FAILED_GRACE_S:
-                    break  # msrun has killed the workers and waits for its scheduler: done here
-                time.sleep(0.25)
-        finally:
-            # Whatever the job left — workers on a time-out or interrupt, msrun's `tail -f`
-            # followers always — goes now. msrun leads its own session, so killing its process
-            # group first also takes what it started since the last look (under load, a SIGTERM
-            # during start-up left a late follower behind); the recorded processes then cover
-            # any that left the group. msrun is not reaped yet, so its group id is not reused.
-            if proc.poll() is None:
-                _record(proc.pid, started, rank_of_pid)
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            _kill(started)
-            proc.wait()
-            gone = _wait_gone(started, EXIT_WAIT_S)
-    if poll is not None:
-        poll()
-    logs = {
-        int(m.group(1)): p.read_text(errors="replace")
-        for p in log_path.glob("worker_*.log")
-        if (m := re.fullmatch(r"worker_(\d+)\.log", p.name))
-    }
-    output_text = output_path.read_text(errors="replace")
-    result = LaunchResult(
-        1 if failed_at is not None and proc.returncode < 0 else proc.returncode,  # msrun's own failure code
-        timed_out,
-        time.monotonic() - start,
-        log_path,
-        output_text,
-        logs,
-        exits=_failed_workers(output_text, rank_of_pid, seen_exits, timed_out),
-        timeout_s=timeout_s,
-    )
-    return result, gone
 
 
 def _failed_workers(
@@ -340,9 +412,7 @@ def _failed_workers(
     exits = {rank: code for rank, code in seen_exits.items() if code != 0}
     for rank, code in worker_exits(output, rank_of_pid).items():
         exits.setdefault(rank, code)
-    if timed_out:
-        exits = {rank: code for rank, code in exits.items() if code != -signal.SIGABRT}
-    return exits
+    return {rank: code for rank, code in exits.items() if not is_stack_dump(code, timed_out)}
 
 
 @contextmanager

@@ -37,6 +37,12 @@ def worker_exits(msrun_output: str, rank_of_pid: Mapping[int, int]) -> dict[int,
     return exits
 
 
+def is_stack_dump(code: int, timed_out: bool) -> bool:
+    """Whether exit ``code`` is the launcher's own doing: after a time-out it sends every worker
+    SIGABRT for a stack dump (``PYTHONFAULTHANDLER``), so a SIGABRT then says nothing of the rank."""
+    return timed_out and code == -signal.SIGABRT
+
+
 def exit_words(code: int) -> str:
     """``-9`` -> "killed by signal 9 (SIGKILL)", ``1`` -> "exited with code 1"."""
     if code < 0:
@@ -65,13 +71,17 @@ def failure_report(
     tail_lines: int,
     last_step: Callable[[str], str | None] | None = None,
     timed_out: bool = False,
+    hung: tuple[int, str] | None = None,
 ) -> str:
-    """The report: headline, one line per rank (fate, last step, own error), then log tails."""
+    """The report: headline, one line per rank (fate, last step, own error), then log tails;
+    ``hung``: ``(rank, why)`` of a rank that hung (whatever signal then ended it)."""
     parts = [headline]
     for rank in sorted(set(worker_logs) | set(exits)):
         log = worker_logs.get(rank, "")
         words = [f"rank {rank}:"]
-        if rank in exits:
+        if hung is not None and rank == hung[0]:
+            words.append(f"hung ({hung[1]})")
+        elif rank in exits:
             words.append(f"died, {exit_words(exits[rank])}")
         elif timed_out:
             words.append("still running at the time-out (its stack is in its log)")

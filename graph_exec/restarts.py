@@ -1,8 +1,9 @@
 """Automatic restarts of a failed job: what an attempt died of, and whether a restart can fix it.
 
-A rank that is killed (a signal: the OOM killer, a crashed device driver, ``kill -9``) or a
-job that stops making progress (the launcher's time limit, or every failed rank reporting a
-peer that went silent) is worth a relaunch from the latest complete checkpoint. Anything a
+A rank that is killed (a signal: the OOM killer, a crashed device driver, ``kill -9``), a rank
+that hangs (its peers time out waiting for it and name it, or msrun's scheduler loses its
+heartbeat) or a job that stops making progress (the launcher's time limit, or every failed rank
+reporting a peer that went silent) is worth a relaunch from the latest complete checkpoint. Anything a
 relaunch would meet again is not: bad arguments (exit code 2), a job whose ranks disagree
 (:class:`~graph_exec.errors.ConfigurationMismatchError`), a corrupt or mismatching checkpoint,
 an exception in the program, and the same step failing twice in a row for the same cause.
@@ -26,8 +27,8 @@ from typing import Protocol, TypeVar
 
 from graph_exec.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
 from graph_exec.checkpoint.layout import MANIFEST, latest_checkpoint, step_dir
-from graph_exec.errors import ConfigurationMismatchError
-from graph_exec.launch_report import exit_words, own_error, reported_exits
+from graph_exec.errors import ConfigurationMismatchError, silent_peers
+from graph_exec.launch_report import exit_words, is_stack_dump, own_error, reported_exits
 
 #: Environment variable the launcher sets for every worker: the attempt number, 0, 1, ...
 ATTEMPT_ENV = "GRAPH_EXEC_ATTEMPT"
@@ -40,14 +41,19 @@ EXIT_NOT_RETRYABLE = 3
 NOT_RETRYABLE_ERRORS = (ConfigurationMismatchError, CheckpointCorruptError, CheckpointMismatchError)
 
 #: Causes of a failed attempt, and which of them a restart may fix.
-SIGNAL, TIMEOUT, PEER_TIMEOUT = "signal", "timeout", "peer-timeout"
+SIGNAL, TIMEOUT, PEER_TIMEOUT, HUNG = "signal", "timeout", "peer-timeout", "hung"
 BAD_ARGUMENTS, NOT_RETRYABLE, ERROR = "bad-arguments", "not-retryable", "error"
-RETRYABLE = frozenset({SIGNAL, TIMEOUT, PEER_TIMEOUT})
+RETRYABLE = frozenset({SIGNAL, TIMEOUT, PEER_TIMEOUT, HUNG})
 
 _NOT_RETRYABLE_LINE = re.compile(
     r"^(?:[\w]+\.)*(" + "|".join(error.__name__ for error in NOT_RETRYABLE_ERRORS) + r")\b"
 )
-_PEER_TIMEOUT_LINE = re.compile(r"^(?:[\w]+\.)*PeerTimeoutError\b")
+#: A rank's own time-out waiting for a peer: the error itself, or the plan step it failed.
+_PEER_TIMEOUT_LINE = re.compile(
+    r"^(?:\w+\.)*(?:PeerTimeoutError|PipelineStepError: rank \d+, step [^:]*: PeerTimeoutError)\b"
+)
+#: msrun's scheduler naming the first worker whose heartbeat stopped (a stopped process).
+_HEARTBEAT_LOST = re.compile(r"worker (\d+) is the first one timed out")
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class Attempt:
     """One attempt of a launch, as :attr:`graph_exec.launch.LaunchResult.attempts` lists it.
 
     ``resumed_from``: the latest complete checkpoint step when the attempt started (``None``
-    without a checkpoint directory, 0 when there was none). For a failed attempt,
+    without a checkpoint directory, 0 when it held none). For a failed attempt,
     ``steps_redone`` is how many steps it had finished beyond the checkpoint the next attempt
     resumes from, and ``seconds_lost`` its wall time after that checkpoint was written (all of
     it when the checkpoint is older than the attempt): work thrown away plus the detection.
@@ -90,6 +96,7 @@ class Attempt:
     seconds_lost: float | None
     retried: bool
     reason: str  #: why it was or was not retried ("" when it succeeded)
+    began: float | None = None  #: when it started (wall clock, ``time.time()``)
 
     @property
     def ok(self) -> bool:
@@ -110,6 +117,154 @@ class Attempt:
         return f"attempt {self.index}: {self.detail}{start}{cost}; {self.reason}"
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What the launcher saw of one failed attempt, as :func:`classify`'s rules read it.
+
+    ``exits``: ``{rank: exit code}`` in the order the ranks died (negative: a signal), without
+    the SIGABRTs of the launcher's own stack dumps after a time-out; ``reported``: the exit codes
+    msrun logged, filtered alike; ``errors``: each rank's last exception line; ``steps``: steps
+    each rank finished (where the caller can read them from a log).
+    """
+
+    returncode: int
+    timed_out: bool
+    exits: Mapping[int, int]
+    reported: Sequence[int]
+    worker_logs: Mapping[int, str]
+    scheduler_log: str
+    errors: Mapping[int, str]
+    steps: Mapping[int, int | None]
+
+    def failure(self, cause: str, rank: int | None, code: int | None, what: str) -> Failure:
+        """The :class:`Failure`, with the step ``rank`` failed in (the least any rank finished
+        when no rank is named)."""
+        if rank is not None:
+            step = self.steps.get(rank)
+        else:
+            step = min((s for s in self.steps.values() if s is not None), default=None)
+        where = "" if step is None else f" in step {step + 1}"
+        return Failure(cause, rank, code, step, what + where)
+
+    @property
+    def timed_out_ranks(self) -> dict[int, str]:
+        """The ranks whose own error is a time-out waiting for a peer, and that error."""
+        return {rank: text for rank, text in self.errors.items() if _PEER_TIMEOUT_LINE.match(text)}
+
+
+#: One rule of :func:`classify`: the failure it recognises in the evidence, or ``None``.
+Rule = Callable[[Evidence], Failure | None]
+
+
+def _bad_arguments(ev: Evidence) -> Failure | None:
+    """A rank exited with code 2, or msrun did before starting any (argparse's code)."""
+    for rank, code in sorted(ev.exits.items()):
+        if code == EXIT_BAD_ARGUMENTS:
+            return ev.failure(BAD_ARGUMENTS, rank, code, f"rank {rank} exited with code 2 (bad arguments)")
+    if not ev.worker_logs and ev.returncode == EXIT_BAD_ARGUMENTS and not ev.timed_out:
+        return ev.failure(BAD_ARGUMENTS, None, ev.returncode, "msrun exited with code 2 (bad arguments)")
+    return None
+
+
+def _not_retryable_exit(ev: Evidence) -> Failure | None:
+    """A rank exited with :data:`EXIT_NOT_RETRYABLE` (the harness's code for such errors)."""
+    for rank, code in sorted(ev.exits.items()):
+        if code == EXIT_NOT_RETRYABLE:
+            said = f": {ev.errors[rank]}" if rank in ev.errors else ""
+            return ev.failure(NOT_RETRYABLE, rank, code, f"rank {rank} exited with code {code}{said}")
+    return None
+
+
+def _not_retryable_error(ev: Evidence) -> Failure | None:
+    """A rank's last error is one of :data:`NOT_RETRYABLE_ERRORS`, whatever its exit code."""
+    for rank, text in sorted(ev.errors.items()):
+        if _NOT_RETRYABLE_LINE.match(text):
+            return ev.failure(NOT_RETRYABLE, rank, ev.exits.get(rank), f"rank {rank} failed: {text}")
+    return None
+
+
+def _hung_rank(ev: Evidence) -> Failure | None:
+    """A rank that hung: its peers timed out waiting for it (their ``PeerTimeoutError`` names it,
+    :func:`graph_exec.errors.silent_peers`) and it did not itself time out, or msrun's scheduler
+    lost its heartbeat (a stopped process). Ahead of the signals, since the signals that end such
+    a job (msrun's kill of the others, its scheduler's SIGTERM, the launcher's stack dumps) say
+    nothing about its cause; but not a rank whose own death came first (a killed rank)."""
+    waiting = ev.timed_out_ranks
+    named = {peer for text in waiting.values() for peer in silent_peers(text)} - set(waiting)
+    heartbeat = _HEARTBEAT_LOST.search(ev.scheduler_log)
+    lost = int(heartbeat.group(1)) if heartbeat else None
+    rank = min(named) if named else lost
+    if rank is None:
+        return None
+    first = next(iter(ev.exits.items()), None)
+    if first is not None and first[0] == rank and first[1] < 0:
+        return None  # it died by itself first: the signal rule names it
+    waiters = sorted(r for r, text in waiting.items() if rank in silent_peers(text))
+    if waiters:
+        who = ", ".join(map(str, waiters))
+        why = f"rank{'s' if len(waiters) > 1 else ''} {who} timed out waiting for it ({waiting[waiters[0]]})"
+    else:
+        why = "msrun's scheduler lost its heartbeat"
+    return ev.failure(HUNG, rank, None, f"rank {rank} hung: {why}")
+
+
+def _killed(ev: Evidence) -> Failure | None:
+    """A rank killed by a signal (the first to die is named); or, before the launcher learnt
+    which rank a worker ran, the signal of msrun's own line."""
+    killed = [(rank, code) for rank, code in ev.exits.items() if code < 0]
+    if killed:
+        rank, code = killed[0]
+        return ev.failure(SIGNAL, rank, code, f"rank {rank} {exit_words(code)}")
+    if not ev.exits:
+        code = next((code for code in ev.reported if code < 0), None)
+        if code is not None:
+            return ev.failure(SIGNAL, None, code, f"a worker {exit_words(code)}")
+    return None
+
+
+def _time_limit(ev: Evidence) -> Failure | None:
+    """The launcher's time limit ended the job."""
+    return ev.failure(TIMEOUT, None, None, "the job ran past its time limit") if ev.timed_out else None
+
+
+def _peer_timeout(ev: Evidence) -> Failure | None:
+    """Every failed rank only saw a silent peer, without naming it."""
+    failed = sorted(ev.exits) or sorted(ev.errors)
+    waiting = ev.timed_out_ranks
+    if not failed or not all(rank in waiting for rank in failed):
+        return None
+    rank = failed[0]
+    return ev.failure(PEER_TIMEOUT, rank, ev.exits.get(rank), f"rank {rank} timed out: {ev.errors[rank]}")
+
+
+def _program_error(ev: Evidence) -> Failure:
+    """An error in the program: the rank with an error of its own rather than one that saw it
+    fail; else msrun's exit code."""
+    failed = sorted(ev.exits) or sorted(ev.errors)
+    if not failed:
+        return ev.failure(ERROR, None, ev.returncode, f"msrun {exit_words(ev.returncode)}")
+    rank = next((r for r in failed if r not in ev.timed_out_ranks), failed[0])
+    said = f": {ev.errors[rank]}" if rank in ev.errors else ""
+    code = ev.exits.get(rank)
+    how = exit_words(code) if code is not None else "failed"
+    return ev.failure(ERROR, rank, code, f"rank {rank} {how}{said}")
+
+
+#: :func:`classify`'s rules, first match wins: what no restart can fix, then a hung rank (before
+#: the signals and the time limit that end its job), a killed rank, the time limit, a silent
+#: peer nobody could name, and last an error in the program (which always matches).
+RULES: tuple[Rule, ...] = (
+    _bad_arguments,
+    _not_retryable_exit,
+    _not_retryable_error,
+    _hung_rank,
+    _killed,
+    _time_limit,
+    _peer_timeout,
+    _program_error,
+)
+
+
 def classify(
     *,
     returncode: int,
@@ -117,65 +272,36 @@ def classify(
     exits: Mapping[int, int],
     worker_logs: Mapping[int, str],
     msrun_output: str = "",
+    scheduler_log: str = "",
     steps_done: Callable[[str], int | None] | None = None,
 ) -> Failure | None:
-    """What an attempt died of (``None``: it succeeded), from what the launcher saw.
+    """What an attempt died of (``None``: it succeeded), from what the launcher saw: the first
+    of :data:`RULES` that recognises it.
 
-    In this order: bad arguments (a rank exited with code 2), a failure no restart can fix (exit
-    code :data:`EXIT_NOT_RETRYABLE`, or a rank's last error is one of :data:`NOT_RETRYABLE_ERRORS`),
-    a rank killed by a signal, the launcher's time limit, ranks that only saw a silent peer
-    (``PeerTimeoutError``), else an error in the program. ``exits`` is in the order msrun
-    reported the deaths (the first killed rank is named); ``steps_done(log)`` reads from a
-    worker's log how many steps it finished.
+    ``exits`` is in the order the ranks died (the first killed rank is named); after a time-out
+    the SIGABRTs of the launcher's stack dumps are left out of it and of msrun's reported exits
+    (:func:`~graph_exec.launch_report.is_stack_dump`). ``scheduler_log`` is msrun's scheduler's
+    log (it names a rank whose heartbeat stopped); ``steps_done(log)`` reads from a worker's log
+    how many steps it finished.
     """
     if returncode == 0 and not timed_out:
         return None
-    steps = {rank: steps_done(log) for rank, log in worker_logs.items()} if steps_done else {}
     errors = {rank: own_error(log) for rank, log in worker_logs.items()}
-    errors = {rank: text for rank, text in errors.items() if text is not None}
-
-    def failure(cause: str, rank: int | None, code: int | None, what: str) -> Failure:
-        if rank is not None:
-            step = steps.get(rank)
-        else:
-            step = min((s for s in steps.values() if s is not None), default=None)
-        where = "" if step is None else f" in step {step + 1}"
-        return Failure(cause, rank, code, step, what + where)
-
-    for rank, code in sorted(exits.items()):
-        if code == EXIT_BAD_ARGUMENTS:
-            return failure(BAD_ARGUMENTS, rank, code, f"rank {rank} exited with code 2 (bad arguments)")
-    if not worker_logs and returncode == EXIT_BAD_ARGUMENTS and not timed_out:
-        return failure(BAD_ARGUMENTS, None, returncode, "msrun exited with code 2 (bad arguments)")
-    for rank, code in sorted(exits.items()):
-        if code == EXIT_NOT_RETRYABLE:
-            said = f": {errors[rank]}" if rank in errors else ""
-            return failure(NOT_RETRYABLE, rank, code, f"rank {rank} exited with code {code}{said}")
-    for rank, text in sorted(errors.items()):
-        if _NOT_RETRYABLE_LINE.match(text):
-            return failure(NOT_RETRYABLE, rank, exits.get(rank), f"rank {rank} failed: {text}")
-    killed = [(rank, code) for rank, code in exits.items() if code < 0]  # msrun's order: the first died first
-    if killed:
-        rank, code = killed[0]
-        return failure(SIGNAL, rank, code, f"rank {rank} {exit_words(code)}")
-    if not exits:  # a worker died before the launcher saw which rank it ran: msrun's own line
-        codes = [code for _, code in reported_exits(msrun_output)]
-        if any(code < 0 for code in codes):
-            code = next(code for code in codes if code < 0)
-            return failure(SIGNAL, None, code, f"a worker {exit_words(code)}")
-    if timed_out:
-        return failure(TIMEOUT, None, None, "the job ran past its time limit")
-    failed = sorted(exits) or sorted(errors)
-    if failed and all(_PEER_TIMEOUT_LINE.match(errors.get(rank, "")) for rank in failed):
-        rank = failed[0]
-        return failure(PEER_TIMEOUT, rank, exits.get(rank), f"rank {rank} timed out: {errors[rank]}")
-    if failed:  # the rank with an error of its own, rather than one that saw it fail
-        rank = next((r for r in failed if not _PEER_TIMEOUT_LINE.match(errors.get(r, ""))), failed[0])
-        said = f": {errors[rank]}" if rank in errors else ""
-        code = exits.get(rank)
-        how = exit_words(code) if code is not None else "failed"
-        return failure(ERROR, rank, code, f"rank {rank} {how}{said}")
-    return failure(ERROR, None, returncode, f"msrun {exit_words(returncode)}")
+    evidence = Evidence(
+        returncode=returncode,
+        timed_out=timed_out,
+        exits={r: c for r, c in exits.items() if not is_stack_dump(c, timed_out)},
+        reported=[c for _, c in reported_exits(msrun_output) if not is_stack_dump(c, timed_out)],
+        worker_logs=worker_logs,
+        scheduler_log=scheduler_log,
+        errors={rank: text for rank, text in errors.items() if text is not None},
+        steps={rank: steps_done(log) for rank, log in worker_logs.items()} if steps_done else {},
+    )
+    for rule in RULES:
+        found = rule(evidence)
+        if found is not None:
+            return found
+    raise AssertionError("the last rule always matches")  # pragma: no cover
 
 
 R = TypeVar("R", bound="AttemptResult")
@@ -220,6 +346,7 @@ class AttemptResult(Protocol):
     output: str
     worker_logs: dict[int, str]
     exits: dict[int, int]
+    scheduler_log: str
 
 
 def run_attempts(
@@ -251,12 +378,25 @@ def run_attempts(
             exits=result.exits,
             worker_logs=result.worker_logs,
             msrun_output=result.output,
+            scheduler_log=result.scheduler_log,
             steps_done=steps_done,
         )
         if failure is None:
             attempts.append(
                 Attempt(
-                    index, "ok", None, None, None, "finished", resumed, None, result.seconds, None, False, ""
+                    index,
+                    "ok",
+                    None,
+                    None,
+                    None,
+                    "finished",
+                    resumed,
+                    None,
+                    result.seconds,
+                    None,
+                    False,
+                    "",
+                    began,
                 )
             )
             return result, attempts
@@ -322,4 +462,5 @@ def _failed_attempt(
         lost,
         retried,
         reason,
+        began,
     )

@@ -59,14 +59,40 @@ def log_directory(text: str) -> Path:
     return path
 
 
+#: The peer deadline's default: a third of the job's limit, at most this many seconds.
+PEER_TIMEOUT_CAP_S = 60.0
+
+
+def peer_timeout(args: argparse.Namespace, parser: argparse.ArgumentParser) -> float:
+    """The job's peer deadline: ``--peer-timeout``, default min(:data:`PEER_TIMEOUT_CAP_S`,
+    ``--timeout`` / 3); one that is not below ``--timeout`` exits with code 2 (the job's limit
+    would always strike first, and a hung rank would go unnamed)."""
+    if args.peer_timeout is None:
+        return min(PEER_TIMEOUT_CAP_S, args.timeout / 3)
+    if args.peer_timeout >= args.timeout:
+        parser.error(
+            f"--peer-timeout {args.peer_timeout:g} must be below --timeout {args.timeout:g}: a hung rank is "
+            "caught by its peers within the peer deadline, before the job's own limit"
+        )
+    return args.peer_timeout
+
+
 def add_launch_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> None:
-    """``--timeout``, ``--log-dir``, ``--verbose`` and ``--no-pin``, shared by ``run`` and ``bench``."""
+    """``--timeout``, ``--peer-timeout``, ``--log-dir``, ``--verbose`` and ``--no-pin``, shared by
+    ``run`` and ``bench``."""
     parser.add_argument(
         "--timeout",
         metavar="S",
         type=seconds,
         default=timeout_s,
         help=f"kill the whole job after S seconds (default {timeout_s:g})",
+    )
+    parser.add_argument(
+        "--peer-timeout",
+        metavar="S",
+        type=seconds,
+        help="a rank waits at most S seconds for another (a hung or stopped peer is then named and, with "
+        f"--max-restarts, the job restarts); below --timeout (default min({PEER_TIMEOUT_CAP_S:g}, --timeout / 3))",
     )
     parser.add_argument(
         "--log-dir",
@@ -148,7 +174,7 @@ def checked_job(
         warmup=warmup,
         runs=runs,
         lr=args.lr,
-        timeout_s=min(120.0, args.timeout),
+        timeout_s=peer_timeout(args, parser),
         pin_cores=args.pin_cores,
         calibrate=calibrate,
         dp=args.dp,

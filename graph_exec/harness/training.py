@@ -117,7 +117,7 @@ class Trainer:
         Prints nothing: :meth:`report` announces the step once a checkpoint due after it is written.
         """
         inputs, labels = self._replica_batch(index)
-        barrier()
+        barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
         start = time.perf_counter()
         losses = self.schedule.run(*inputs, labels=labels)
         end = time.perf_counter()

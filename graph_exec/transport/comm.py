@@ -27,6 +27,7 @@ from graph_exec.errors import (
     PeerTimeoutError,
     ProtocolError,
     RemoteRankError,
+    silent_peers_note,
 )
 from graph_exec.transport.comm_thread import CommWorker
 from graph_exec.transport.cpu_workarounds import (
@@ -98,15 +99,35 @@ def world_group_name() -> str:
     return str(GlobalComm.WORLD_COMM_GROUP)
 
 
-def barrier(group: CommGroup | None = None) -> None:
-    """Wait until every process of ``group`` (default: the whole job) gets here (no deadline:
-    for drivers and tools that line ranks up between steps, under a launcher that bounds the
-    whole job)."""
+def barrier(group: CommGroup | None = None, timeout_s: float | None = None) -> None:
+    """Wait until every process of ``group`` (default: the whole job) gets here, for drivers
+    and tools that line ranks up between steps.
+
+    With ``timeout_s``, a rank that does not come within it (dead, stopped, stuck) makes this
+    raise :class:`PeerTimeoutError` naming the ranks waited for; without it there is no deadline
+    beyond the back end's own, for callers under a launcher that bounds the whole job.
+    """
     require_initialized()
     import mindspore.mint.distributed as dist
 
     rebind_default_groups()
-    world_barrier(dist, world_group_name() if group is None else group.name)
+    name = world_group_name() if group is None else group.name
+    if timeout_s is None:
+        world_barrier(dist, name)
+        return
+    bound_backend_waits(timeout_s)
+    ranks = tuple(range(dist.get_world_size())) if group is None else group.ranks
+    others = silent_peers_note(r for r in ranks if r != dist.get_rank())
+    worker = _shared_worker()
+    run = worker.run_here if backend_ends_waits(timeout_s) else worker.run
+    run(lambda: world_barrier(dist, name), timeout_s, ("in a barrier", others))
+
+
+def _others_note() -> str:
+    """:func:`silent_peers_note` of every rank of the job but this one."""
+    from mindspore.communication import get_group_size, get_rank
+
+    return silent_peers_note(r for r in range(int(get_group_size())) if r != int(get_rank()))
 
 
 def _shared_worker() -> CommWorker:
@@ -130,7 +151,9 @@ def world_all_reduce_sum(values: np.ndarray, timeout_s: float, what: str) -> np.
     rebind_default_groups()
     bound_backend_waits(timeout_s)
     tensor = ms.Tensor(np.ascontiguousarray(values))
-    _shared_worker().run(lambda: dist.all_reduce(tensor, group=world_group_name()), timeout_s, what)
+    _shared_worker().run(
+        lambda: dist.all_reduce(tensor, group=world_group_name()), timeout_s, (what, _others_note())
+    )
     return tensor.asnumpy().copy()  # through the tensor: on a device the result is not in host memory
 
 
@@ -143,7 +166,9 @@ def all_gather_objects(value: Any, timeout_s: float, what: str) -> list[Any]:
     bound_backend_waits(timeout_s)
     out: list[Any] = [None] * dist.get_world_size()
     _shared_worker().run(
-        lambda: dist.all_gather_object(out, value, group=world_group_name()), timeout_s, what
+        lambda: dist.all_gather_object(out, value, group=world_group_name()),
+        timeout_s,
+        (what, _others_note()),
     )
     return out
 
@@ -160,10 +185,10 @@ class _ExitBarrier:
     A message's sender may still be waiting for the receiver's acknowledgement when the
     receiver has already returned from its last receive; if the receiver's process exits at
     that moment, the sender fails with "Send failed" (seen with MCCL on CPU). Registered once,
-    run with the most recent transport; skipped if its communication is already broken, or if
-    it aborted a step: a peer may then still sit in a collective, which this barrier (itself a
-    collective on CPU) would join and complete with wrong data, as seen with a rank that failed
-    just before ``GRADreduce``.
+    run with the most recent transport; skipped if its communication is already broken (or a
+    job-wide barrier or collective timed out), or if it aborted a step: a peer may then still
+    sit in a collective, which this barrier (itself a collective on CPU) would join and complete
+    with wrong data, as seen with a rank that failed just before ``GRADreduce``.
     Registered when the first transport exists, hence after MindSpore's own exit handlers,
     which therefore run after it (exit handlers run last-registered first).
     """
@@ -180,6 +205,8 @@ class _ExitBarrier:
         transport = self.latest
         if transport is None or transport._worker.broken is not None or transport.aborted:
             return
+        if _module_worker is not None and _module_worker.broken is not None:
+            return  # a job-wide barrier or collective timed out: a peer is gone or hung
         from mindspore.communication import GlobalComm
 
         try:
@@ -344,6 +371,9 @@ class Transport:
         self._inbound = [_Inbound() for _ in self.ranks]
         self._label_words: dict[str, list[int]] = {}
         self._p2p = point_to_point(dist, self.group, self.ranks)
+        #: What a time-out waiting for each peer, or for all of them, ends with (global ranks).
+        self._silent = [silent_peers_note([r]) for r in self.ranks]
+        self._silent_all = silent_peers_note(r for r in self.ranks if r != global_rank)
         _exit_barrier.track(self)
         if self.epoch > 0:
             self._resync()
@@ -380,7 +410,7 @@ class Transport:
         self._run(
             self._post_frame,
             self.timeout_s,
-            ("sending", label, "to rank", dst),
+            ("sending", label, "to rank", dst, self._silent[dst]),
             header_tensor,
             frame,
             staging,
@@ -401,7 +431,7 @@ class Transport:
         return self._run(
             self._fetch,
             self.timeout_s,
-            ("waiting for", expect, "from rank", src),
+            ("waiting for", expect, "from rank", src, self._silent[src]),
             src,
             expect,
             alloc or self.frames.allocate,
@@ -451,7 +481,7 @@ class Transport:
             if waited is not None:
                 raise PeerTimeoutError(
                     f"rank {self.rank}'s message to rank {dst} was not taken: MindSpore gave up after "
-                    f"{waited:.0f} s ({str(exc).strip()})"
+                    f"{waited:.0f} s ({str(exc).strip()}) {self._silent[dst]}"
                 ) from exc
             raise
         self.frames.reuse(staging)
@@ -492,7 +522,7 @@ class Transport:
             if waited is not None:
                 raise PeerTimeoutError(
                     f"rank {self.rank} got no message from rank {src} while waiting for {expect}: MindSpore "
-                    f"gave up after {waited:.0f} s ({str(exc).strip()})"
+                    f"gave up after {waited:.0f} s ({str(exc).strip()}) {self._silent[src]}"
                 ) from exc
             raise ProtocolError(
                 f"rank {self.rank} could not receive {expect} from rank {src} into {size} bytes "
@@ -565,7 +595,9 @@ class Transport:
                         kind, epoch = split_first_word(self.frames.words(buffer, 1)[0])
                     except RuntimeError as exc:  # a stale message larger than a control message
                         if _waited_out(start) is not None:
-                            raise PeerTimeoutError(f"rank {rank} sent no hello ({str(exc).strip()})") from exc
+                            raise PeerTimeoutError(
+                                f"rank {rank} sent no hello ({str(exc).strip()}) {self._silent[rank]}"
+                            ) from exc
                         kind, epoch = 0, 0
                     if kind == HELLO and epoch == self.epoch:
                         break
@@ -581,7 +613,7 @@ class Transport:
                         )
             return skipped
 
-        skipped = self._run(run, self.timeout_s, "exchanging hellos after a restart")
+        skipped = self._run(run, self.timeout_s, ("exchanging hellos after a restart", self._silent_all))
         self.stats.stale_skipped = skipped
         if skipped:
             print(
@@ -600,7 +632,7 @@ class Transport:
                 self._dist.broadcast(tensor, src=root, group=self.group)
             self._complete(tensors)
 
-        self._run(run, self.timeout_s, f"in broadcast from rank {src}")
+        self._run(run, self.timeout_s, ("in broadcast from rank", src, self._silent_all))
 
     def all_reduce_sum(self, tensors: Sequence[Any]) -> None:
         """Sum ``tensors`` over the group, in place."""
@@ -610,7 +642,7 @@ class Transport:
                 self._dist.all_reduce(tensor, group=self.group)
             self._complete(tensors)
 
-        self._run(run, self.timeout_s, "in all-reduce")
+        self._run(run, self.timeout_s, ("in all-reduce", self._silent_all))
         self.stats.all_reduces += 1
 
     def _complete(self, tensors: Sequence[Any]) -> None:
@@ -623,7 +655,9 @@ class Transport:
     def barrier(self) -> None:
         """Wait until every rank of the group gets here (with the transport's deadline)."""
         self._run(
-            lambda: world_barrier(self._dist, self.group, self._host_barrier), self.timeout_s, "in a barrier"
+            lambda: world_barrier(self._dist, self.group, self._host_barrier),
+            self.timeout_s,
+            ("in a barrier", self._silent_all),
         )
 
     # -- failure --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 COMMAND = [sys.executable, "-m", "graph_exec.cli"]
-#: Bound on every wait for a peer inside a step, in the job below (--timeout caps it).
+#: The job's limit below (its peer deadline, every wait for a peer, is a third of it).
 SCHEDULE_TIMEOUT_S = 100
 
 

@@ -11,12 +11,15 @@ tensor of the final checkpoint (parameters and Adam state) on both ranks.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import graph_exec.launch as launch_module
 from graph_exec.checkpoint import layout
 from graph_exec.cli import jobs, main
 from graph_exec.report.job import PROGRESS
@@ -25,7 +28,7 @@ from tests.multirank.conftest import WORKERS
 pytestmark = pytest.mark.timeout(900)
 
 STEPS = 12
-#: The per-attempt wall-clock limit; the schedule's peer deadline is the same (min(120, this)).
+#: The per-attempt wall-clock limit; the peer deadline is a third of it unless a test says.
 TIMEOUT_S = 90
 FLAGS = ["--ranks", "2", "--steps", str(STEPS), "--save-every", "3", "--no-pin", "--timeout", str(TIMEOUT_S)]
 
@@ -201,3 +204,36 @@ def test_nothing_usable_left_exits_2_before_launching(reference, tmp_path, capsy
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "--resume: no checkpoint in" in err and "rank_1.ckpt does not match" in err
     assert not (tmp_path / "job" / "logs").exists()  # msrun never started
+
+
+#: The peer deadline of the hung-rank test, and how soon after the stop the job must relaunch.
+PEER_TIMEOUT_S, RELAUNCHED_WITHIN_S = 20, 30
+
+
+@pytest.mark.parametrize("hung", [0, 1])
+def test_a_stopped_rank_is_named_hung_and_the_job_restarts_within_30_s(
+    hung, reference, killing_worker, tmp_path, capsys, monkeypatch
+):
+    """Rank ``hung`` stops (SIGSTOP) right before step 8: its peer times out waiting for it after
+    the peer deadline, the record names the stopped rank as hung (not as killed by msrun's or the
+    launcher's signals), and the relaunch from checkpoint 6 finishes bit-identical."""
+    launched = []
+    once = launch_module._launch_once
+    monkeypatch.setattr(launch_module, "_launch_once", lambda *a: launched.append(time.time()) or once(*a))
+    killing_worker(f"0:{hung}:7:stop")
+    code, out, err = graph_exec_run(
+        capsys, tmp_path, "--max-restarts", "1", "--peer-timeout", str(PEER_TIMEOUT_S)
+    )
+    assert code == 0, out + err
+    waiting = 1 - hung
+    line = next(x for x in out.splitlines() if x.startswith("  attempt 0: "))
+    assert line.startswith(f"  attempt 0: rank {hung} hung: rank {waiting} timed out waiting for it ("), out
+    assert f"[waiting for global rank {hung}]" in line and "in step 8; started from step 0;" in line, out
+    assert "1 step to redo; restarted (1 of 1)" in line, out
+    assert "  attempt 1: finished; resumed from checkpoint step 6;" in out, out
+    stop_log = (tmp_path / f"job/logs/attempt_0/worker_{hung}.log").read_text()
+    stopped = re.search(rf"TEST STOP: rank {hung} attempt 0 before step 7 at ([\d.]+)", stop_log)
+    assert stopped is not None, stop_log
+    assert len(launched) == 2
+    assert launched[1] - float(stopped.group(1)) < RELAUNCHED_WITHIN_S, (launched, stopped.group(1))
+    assert_equals_reference(reference, tmp_path)

@@ -259,7 +259,9 @@ def test_multi_node_launch_passes_msruns_own_flags(monkeypatch, tmp_path):
 
     monkeypatch.setattr(launcher.subprocess, "Popen", Done)
     monkeypatch.setattr(launcher, "msrun_executable", lambda: "msrun")
-    launcher.launch("w.py", nproc=4, log_dir=tmp_path, timeout_s=5, nodes=Nodes(2, 1, "10.0.0.5", 9000))
+    script = tmp_path / "w.py"
+    script.write_text("")  # launch() refuses a script that is not there before msrun starts
+    launcher.launch(script, nproc=4, log_dir=tmp_path, timeout_s=5, nodes=Nodes(2, 1, "10.0.0.5", 9000))
     assert seen[0][:2] == [launcher.sys.executable, "-c"]  # node 1 never starts the rendezvous
     assert seen[0][3:8] == [
         "--worker_num=4",
@@ -268,9 +270,9 @@ def test_multi_node_launch_passes_msruns_own_flags(monkeypatch, tmp_path):
         "--master_port=9000",
         "--node_rank=1",
     ]
-    launcher.launch("w.py", nproc=2, log_dir=tmp_path, timeout_s=5, nodes=Nodes(2, 0))
+    launcher.launch(script, nproc=2, log_dir=tmp_path, timeout_s=5, nodes=Nodes(2, 0))
     assert seen[1][0] == "msrun" and "--master_port=8118" in seen[1] and "--node_rank=0" in seen[1]
-    launcher.launch("w.py", nproc=2, log_dir=tmp_path, timeout_s=5)
+    launcher.launch(script, nproc=2, log_dir=tmp_path, timeout_s=5)
     assert "--local_worker_num=2" in seen[2] and not any(a.startswith("--node_rank") for a in seen[2])
     with pytest.raises(ValueError, match="node rank 2 is outside"):
         Nodes(2, 2)

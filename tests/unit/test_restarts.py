@@ -12,11 +12,13 @@ import pytest
 
 from graph_exec.checkpoint import layout
 from graph_exec.cli.jobs import last_finished_step, steps_finished
+from graph_exec.errors import silent_peers_note
 from graph_exec.report.job import PROGRESS
 from graph_exec.restarts import (
     BAD_ARGUMENTS,
     ERROR,
     EXIT_NOT_RETRYABLE,
+    HUNG,
     NOT_RETRYABLE,
     PEER_TIMEOUT,
     SIGNAL,
@@ -29,6 +31,24 @@ from graph_exec.restarts import (
 
 PEER_TIMEOUT_LINE = "graph_exec.errors.PeerTimeoutError: rank 0 waited 100 s for rank 1 (Frecv 1.0)"
 STEP_ERROR_LINE = "graph_exec.errors.PipelineStepError: rank 1 failed in F 1.0: ValueError: bad shape"
+
+
+#: A rank's last error after it waited in vain for rank ``peer`` (as the schedule raises it).
+def waited_for(rank: int, *peers: int) -> str:
+    return (
+        f"graph_exec.errors.PipelineStepError: rank {rank}, step F 1.2, peer rank {peers[0]}: PeerTimeoutError: "
+        f"rank {rank} got no message from rank {peers[0]} while waiting for Fsend1.2: MindSpore gave up after "
+        f"20 s (Recv failed.) {silent_peers_note(peers)}"
+    )
+
+
+#: msrun's scheduler, when worker 1 stopped sending heartbeats (as MindSpore 2.10 words it).
+HEARTBEAT_LOST = (
+    "[ERROR] DISTRIBUTED(7169,7fbc,python):2026-12-03-13:29:32.171.896 [meta_server_node.cc:548] "
+    "UpdateTopoState] The node: 1 is timed out. It may exit with exception, please check this node's log.\n"
+    "RuntimeError: The total number of timed out node is 1. Timed out node list is: [const vector]{1}, "
+    "worker 1 is the first one timed out, please check its log.\n"
+)
 CORRUPT_LINE = "graph_exec.checkpoint.errors.CheckpointCorruptError: ckpt/step_3/rank_1.ckpt does not match"
 
 
@@ -78,6 +98,67 @@ def test_ranks_that_only_saw_a_silent_peer_are_a_peer_timeout():
     found = failed(exits={0: 1}, worker_logs={0: log(PEER_TIMEOUT_LINE, steps=3), 1: log(steps=3)})
     assert (found.cause, found.rank, found.exit, found.retryable) == (PEER_TIMEOUT, 0, 1, True)
     assert "PeerTimeoutError" in found.detail
+
+
+def test_a_hung_rank_is_named_by_the_peer_that_timed_out_waiting_for_it():
+    """Rank 1 stopped: rank 0 timed out and exited 1, then msrun SIGKILLed the stopped rank 1."""
+    for waiting, hung in ((0, 1), (1, 0)):
+        found = failed(
+            exits={waiting: 1},
+            worker_logs={waiting: log(waited_for(waiting, hung), steps=7), hung: log(steps=7)},
+            msrun_output="Worker process 4242 exit with exception. Error code: 1\n",
+        )
+        assert (found.cause, found.rank, found.exit, found.step, found.retryable) == (
+            HUNG,
+            hung,
+            None,
+            7,
+            True,
+        )
+        assert found.detail.startswith(f"rank {hung} hung: rank {waiting} timed out waiting for it (")
+        assert found.detail.endswith(") in step 8")
+
+
+def test_a_hung_rank_wins_over_the_signals_and_the_time_limit_that_end_its_job():
+    logs = {0: log(waited_for(0, 1), steps=4), 1: log(steps=4)}
+    # msrun's scheduler lost the stopped rank's heartbeat and the healthy rank got a SIGTERM
+    found = failed(
+        exits={0: -15}, worker_logs={0: log(steps=4), 1: log(steps=4)}, scheduler_log=HEARTBEAT_LOST
+    )
+    assert (found.cause, found.rank, found.detail) == (
+        HUNG,
+        1,
+        "rank 1 hung: msrun's scheduler lost its heartbeat in step 5",
+    )
+    # the launcher's time limit struck while the waiting rank was being stack-dumped
+    found = failed(timed_out=True, returncode=-9, exits={0: -6}, worker_logs=logs)
+    assert (found.cause, found.rank) == (HUNG, 1)
+
+
+def test_a_rank_several_peers_waited_for_is_the_one_that_did_not_wait_itself():
+    logs = {0: log(waited_for(0, 1)), 1: log(waited_for(1, 2)), 2: log(), 3: log(waited_for(3, 2))}
+    found = failed(exits={1: 1, 0: 1, 3: 1}, worker_logs=logs)
+    assert (found.cause, found.rank) == (HUNG, 2)
+    assert found.detail.startswith("rank 2 hung: ranks 1, 3 timed out waiting for it (")
+
+
+def test_a_killed_rank_its_peer_timed_out_on_is_a_signal_not_a_hang():
+    logs = {0: log(waited_for(0, 1), steps=3), 1: log(steps=3)}
+    found = failed(exits={1: -9, 0: 1}, worker_logs=logs)
+    assert (found.cause, found.rank, found.exit) == (SIGNAL, 1, -9)
+
+
+def test_the_launchers_stack_dumps_are_never_a_cause():
+    """After a time-out the launcher SIGABRTs every worker: neither its exits nor msrun's line
+    about one (a worker whose rank it never learnt) names a rank killed by SIGABRT."""
+    output = "Worker process 4242 exit with exception. Error code: -6\n"
+    logs = {0: log(steps=2), 1: log(steps=2)}
+    found = failed(timed_out=True, returncode=-9, exits={}, worker_logs=logs, msrun_output=output)
+    assert (found.cause, found.rank, found.exit) == (TIMEOUT, None, None)
+    found = failed(timed_out=True, returncode=-9, exits={1: -6}, worker_logs=logs)
+    assert found.cause == TIMEOUT
+    found = failed(exits={}, worker_logs=logs, msrun_output=output)  # no time-out: a real SIGABRT
+    assert (found.cause, found.exit) == (SIGNAL, -6)
 
 
 @pytest.mark.parametrize(
@@ -179,6 +260,7 @@ class FakeResult:
     output: str = ""
     worker_logs: dict[int, str] = field(default_factory=dict)
     exits: dict[int, int] = field(default_factory=dict)
+    scheduler_log: str = ""
 
 
 def complete_step(directory: Path, step: int, at: float) -> None:

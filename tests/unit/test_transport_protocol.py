@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import graph_exec.transport.comm as comm
-from graph_exec.errors import ProtocolError, RemoteRankError
+from graph_exec.errors import PeerTimeoutError, ProtocolError, RemoteRankError, silent_peers
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport.frame_memory import HostFrames, TensorFrames, numpy_allocator, tensor_allocator
 from graph_exec.transport.meta import CONTROL_BYTES
@@ -50,6 +50,9 @@ class FakeLink:
     def __init__(self, device_like: bool = False) -> None:
         self.queues: dict[tuple[int, int], deque[bytes]] = defaultdict(deque)
         self.block_s = 0.0  # how long a receive waits for a message from another thread
+        #: A receive from a silent peer fails as the back end does at its limit ("Recv failed."),
+        #: rather than as a test error.
+        self.silent_fails = False
         self.device_like = device_like
 
     def endpoint(self, rank: int) -> FakeDist:
@@ -69,6 +72,8 @@ class FakeDist:
         deadline = time.monotonic() + self.link.block_s
         while not queue:  # a peer on another thread may still send
             if time.monotonic() > deadline:
+                if self.link.silent_fails:
+                    raise RuntimeError("Recv failed.")
                 raise AssertionError(f"rank {self.rank} would block: nothing from rank {src}")
             time.sleep(0.001)
         message = queue.popleft()
@@ -288,6 +293,17 @@ def test_a_frame_larger_than_the_posted_buffer_is_a_clear_error(pair):
     a.send((tensor(np.ones(4096)),), 1, "Fsend0.1")
     with pytest.raises(ProtocolError, match=r"could not receive Fsend0.0 .* larger message"):
         b.recv(0, "Fsend0.0")
+
+
+def test_a_silent_peer_is_a_time_out_naming_its_global_rank(pair, monkeypatch):
+    """What a launcher reads from the log of a rank that waited in vain: the rank it waited for."""
+    a, b, link = pair
+    link.silent_fails = True
+    monkeypatch.setattr(comm, "backend_wait_limit", lambda: 0.0)  # the back end gave up at its limit
+    for waiting, silent in ((b, 0), (a, 1)):
+        with pytest.raises(PeerTimeoutError, match=rf"\[waiting for global rank {silent}\]") as caught:
+            waiting.recv(silent, "Fsend0.0")
+        assert silent_peers(f"PipelineStepError: ...: PeerTimeoutError: {caught.value}") == {silent}
 
 
 def test_a_lost_message_is_caught_by_the_sequence_number(pair):
