@@ -98,3 +98,8 @@ def test_held_weight_gradients_are_dropped_on_abort():
     assert ex.kept() == [("weight_grads", 0, 0)]
     ex.drop_kept()
     assert not ex.kept()
+
+
+def test_a_bad_body_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"body must be one of 'interleaved', '1f1b', 'gpipe', 'zb', got 'zz'"):
+        schedule(build(2, "none"), 2, body="zz")
