@@ -101,5 +101,7 @@ def test_held_weight_gradients_are_dropped_on_abort():
 
 
 def test_a_bad_body_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match=r"body must be one of 'interleaved', '1f1b', 'gpipe', 'zb', got 'zz'"):
+    with pytest.raises(
+        ValueError, match=r"body must be one of 'interleaved', '1f1b', 'gpipe', 'zb', got 'zz'"
+    ):
         schedule(build(2, "none"), 2, body="zz")
