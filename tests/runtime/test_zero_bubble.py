@@ -52,7 +52,8 @@ def test_zb_fair_baseline_one_rank_matches_reference(mode):
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
 def test_split_hooks_equal_the_whole_backward(mode):
     """stage_backward_input + stage_backward_weight give stage_backward's gradients, with
-    forwards of several micro-batches in flight and the halves interleaved out of order."""
+    forwards of several micro-batches in flight and the halves out of order (weight gradients
+    up to the order of the adds, atol 1e-5 / rtol 1e-4)."""
     x, _ = batch(8)
     cot = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
     results = []
@@ -82,8 +83,8 @@ def test_split_hooks_equal_the_whole_backward(mode):
             )
         )
     (whole_in, whole_w), (split_in, split_w) = results
-    for m in whole_in:
-        np.testing.assert_allclose(split_in[m], whole_in[m], atol=ATOL, rtol=RTOL)
+    for m in whole_in:  # the same bprop: bit for bit
+        np.testing.assert_array_equal(split_in[m], whole_in[m])
     assert set(split_w) == set(whole_w)
     for name in whole_w:
         np.testing.assert_allclose(split_w[name], whole_w[name], atol=ATOL, rtol=RTOL, err_msg=name)
