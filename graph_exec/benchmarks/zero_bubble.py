@@ -166,6 +166,39 @@ def _simulated(args, f: float, i: float, w: float, b: float, tower: float) -> di
     return out
 
 
+def held_gradient_sets(plan) -> list[int]:
+    """Per rank, the most micro-batches whose weight gradients are held at once (``I`` run,
+    ``W`` not yet; on the last stage from its fused ``F``): what the split backward holds."""
+    from graph_exec.schedule import StepKind
+
+    peaks = []
+    for order in plan.orders:
+        held = peak = 0
+        for step in order:
+            last = step.stage == plan.last_stage
+            if (step.kind is StepKind.I and not last) or (step.kind is StepKind.F and last):
+                held += 1
+            elif step.kind is StepKind.W:
+                held -= 1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+def _memory_line(args) -> str:
+    """What the split holds between I and W, against what a per-layer deferral would save."""
+    from graph_exec.schedule import PlanConfig, build_plan
+
+    peaks = held_gradient_sets(build_plan(PlanConfig(pp=2, vpp=args.vpp, micro=args.micro, body="zb")))
+    grads = args.layers * (args.width * args.width + args.width) * 4 / 2**20
+    saved = args.layers * 2 * args.rows * args.width * 4 / 2**20
+    return (
+        f"held from I to W: at most {peaks} weight-gradient sets per rank (ranks 0, 1) of {grads:.2f} MiB "
+        f"each (one chunk's parameters, float32); a per-layer deferral would hold the layer inputs "
+        f"and output gradients instead: {saved:.2f} MiB per micro-batch"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.worker:
@@ -212,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:4s} {', '.join(f'{v:.2f}' for v in values)}")
     fm, bm, im, wm, tm = (statistics.median(v) for v in (f, b, i, w, tower))
     print(f"  I + W - B = {im + wm - bm:.2f} ms")
+    print(_memory_line(args))
     measured = _simulated(args, fm, im, wm, bm, tm)
     device_like = _simulated(args, fm, bm / 2, bm / 2, bm, tm)
     for label, sim in (("measured costs", measured), ("device-like I = W = B/2", device_like)):
