@@ -395,7 +395,9 @@ def check_split(case: Case, sched, checker: Checker) -> None:
     """What ran under body="zb": one I and one W per local stage and micro-batch, no B, and each
     W after its I (the last stage's I only ships what its fused F computed)."""
     tokens = [event.step for event in sched.timeline]
-    computed = [t for t in tokens if t[:1] in ("B", "I", "W") and not t.startswith(("Brecv", "Bsend"))]
+    computed = [
+        t for t in tokens if t[:1] in ("B", "I", "W") and not t.startswith(("Brecv", "Bsend", "BCAST"))
+    ]
     local = len(sched.stages) * case.micro
     inputs = [t[1:] for t in computed if t[0] == "I"]
     weights = [t[1:] for t in computed if t[0] == "W"]
