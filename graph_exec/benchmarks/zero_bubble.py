@@ -45,7 +45,7 @@ def _parser():
     parser.add_argument("--width", type=int, default=512, help="layer width (default 512)")
     parser.add_argument("--rows", type=int, default=256, help="rows per micro-batch (default 256)")
     parser.add_argument("--layers", type=int, default=4, help="Dense+Tanh layers per chunk (default 4)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -201,7 +201,7 @@ def _memory_line(args) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.worker:
+    if args.as_rank:
         return _worker(args)
     forwarded = [
         f"--{key}={getattr(args, key)}"
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         reports: list[dict] = []
         status = launch_and_report(
             __file__,
-            ["--worker", *forwarded],
+            ["--as-rank", *forwarded],
             nproc=2,
             timeout_s=900,
             heading=f"run {run + 1}/{args.runs}",
