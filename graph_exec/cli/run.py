@@ -36,7 +36,7 @@ from graph_exec.report.job import JobSpec, RunSpec
 from graph_exec.report.records import read_run
 from graph_exec.report.trace import PLOT_EXTRA_HINT, chrome_trace, plot_timeline
 from graph_exec.restarts import Attempt
-from graph_exec.schedule.config import BACKWARD, OVERFLOW
+from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW
 
 SIZES = ("tiny", "small")
 
@@ -129,6 +129,12 @@ def _add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
         "owners (full, the default) or inline on rank 0 (min); --overflow is its old name",
     )
     group.add_argument("--backward", choices=BACKWARD, help="preprocess backward (default central)")
+    group.add_argument(
+        "--body",
+        choices=BODY,
+        default="interleaved",
+        help="pipeline body (default interleaved; zb: zero bubble)",
+    )
     group.add_argument(
         "--keep-preprocess-tape",
         action="store_true",
@@ -350,6 +356,7 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         overflow=args.overflow or "full",
         backward=args.backward or "central",
         keep_preprocess_tape=args.keep_preprocess_tape,
+        body=args.body,
     )
     shapes = shape_options(args, parser)
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=args.steps, warmup=0)

@@ -100,10 +100,26 @@ class Executor(ABC):
         and drop what the forward kept for ``(stage, micro)``."""
 
     @abstractmethod
+    def stage_backward_input(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
+        """The first half of a split backward (the zero-bubble body's ``I s.m``): return the
+        input gradients and drop what the forward kept, as :meth:`stage_backward` does, but hold
+        the weight gradients under ``(stage, micro)`` instead of accumulating them, until
+        :meth:`stage_backward_weight`. :meth:`kept` lists held ones as
+        ``("weight_grads", stage, micro)``."""
+
+    @abstractmethod
+    def stage_backward_weight(self, stage: int, micro: int) -> None:
+        """The second half (``W s.m``): accumulate the weight gradients held for
+        ``(stage, micro)`` by :meth:`stage_backward_input` (or by :meth:`last_stage_step` with
+        ``hold_weight_grads``) and free them."""
+
+    @abstractmethod
     def last_stage_step(
-        self, stage: int, micro: int, inputs: Tensors, labels: Tensors
+        self, stage: int, micro: int, inputs: Tensors, labels: Tensors, hold_weight_grads: bool = False
     ) -> tuple[Any, MaybeTensors]:
-        """Forward, loss and backward of the last stage in one call: ``(loss, input gradients)``."""
+        """Forward, loss and backward of the last stage in one call: ``(loss, input gradients)``.
+        ``hold_weight_grads``: hold the weight gradients for :meth:`stage_backward_weight`
+        instead of accumulating them (the split backward)."""
 
     @abstractmethod
     def set_loss_scale(self, scale: Any) -> None:

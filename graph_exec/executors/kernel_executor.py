@@ -146,6 +146,8 @@ class KernelExecutor(Executor):
             policy().host_gradient_math, self._all_buffers, self._buffers, self._call, self._prepare
         )
         self._kept: dict[tuple[int, int], KeptForward] = {}
+        # Weight gradients an input backward computed, held until the stage's weight backward.
+        self._held: dict[tuple[int, int], tuple] = {}
         self._backward_done: set[tuple[int, int]] = set()
         self._kept_preprocess: dict[Hashable, KeptForward] = {}
         self._preprocess_done: set[Hashable] = set()
@@ -365,23 +367,53 @@ class KernelExecutor(Executor):
         return self._prepare(make_stage_forward(self._stage(stage)))
 
     def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
+        input_grads, weight_grads = self._stage_gradients("stage_backward", stage, micro, cotangents)
+        self._accumulate(self._stage_grads[stage], weight_grads)
+        return input_grads
+
+    def stage_backward_input(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
+        """The input gradients now; the weight gradients are held under ``(stage, micro)`` for
+        :meth:`stage_backward_weight` (``docs/architecture.md``, "The split backward")."""
+        input_grads, weight_grads = self._stage_gradients("stage_backward_input", stage, micro, cotangents)
+        self._held[(stage, micro)] = weight_grads
+        return input_grads
+
+    def stage_backward_weight(self, stage: int, micro: int) -> None:
+        self._stage(stage)
+        weight_grads = self._held.pop((stage, micro), None)
+        if weight_grads is None:
+            raise HookOrderError(
+                f"stage_backward_weight(stage {stage}, micro {micro}): no input backward "
+                "(stage_backward_input, or last_stage_step with hold_weight_grads) holds its gradients"
+            )
+        self._accumulate(self._stage_grads[stage], weight_grads)
+
+    def _stage_gradients(
+        self, hook: str, stage: int, micro: int, cotangents: MaybeTensors
+    ) -> tuple[MaybeTensors, tuple]:
+        """``(input gradients, weight gradients)`` of the forward kept for ``(stage, micro)``,
+        which is dropped; the weight gradients are ``()`` when there are none to add."""
         self._stage(stage)
         key = (stage, micro)
         kept = self._kept.get(key)
         if kept is None:
             why = "was already called for its forward" if key in self._backward_done else "has no forward"
-            raise HookOrderError(f"stage_backward(stage {stage}, micro {micro}) {why}")
+            raise HookOrderError(f"{hook}(stage {stage}, micro {micro}) {why}")
+        if key in self._held:
+            raise HookOrderError(
+                f"{hook}(stage {stage}, micro {micro}): the weight gradients of an earlier input "
+                "backward of this micro-batch are still held (stage_backward_weight has not run)"
+            )
         present = _check_cotangents(f"stage {stage}, micro {micro}", kept.outputs, cotangents)
         result: list[Tensor | None] = [None] * len(kept.args)
+        weight_grads: tuple = ()
         if kept.tape is not None and (present or kept.recorded):
             # Without any cotangent every gradient is zero, but a recorded forward must still be
             # consumed (an abandoned one would stay in MindSpore's state).
             sens = _sens(kept.outputs, cotangents)
-            input_grads, weight_grads = self._backward(
-                ("stage_backward", stage, kept.outputs, present), kept, sens
-            )
+            input_grads, grads = self._backward(("stage_backward", stage, kept.outputs, present), kept, sens)
             if present:
-                self._accumulate(self._stage_grads[stage], weight_grads)
+                weight_grads = grads
                 for position in kept.grad_inputs:
                     result[position] = input_grads[position]
         if not present:
@@ -389,12 +421,17 @@ class KernelExecutor(Executor):
                 result[position] = ops.zeros_like(kept.args[position])
         del self._kept[key]
         self._backward_done.add(key)
-        return tuple(result)
+        return tuple(result), weight_grads
 
     def last_stage_step(
-        self, stage: int, micro: int, inputs: Tensors, labels: Tensors
+        self, stage: int, micro: int, inputs: Tensors, labels: Tensors, hold_weight_grads: bool = False
     ) -> tuple[Any, MaybeTensors]:
         cell = self._stage(stage)
+        if hold_weight_grads and (stage, micro) in self._held:
+            raise HookOrderError(
+                f"last_stage_step(stage {stage}, micro {micro}): the weight gradients of an earlier "
+                "step of this micro-batch are still held (stage_backward_weight has not run)"
+            )
         if stage != self._last_stage:
             raise HookArgumentError(
                 f"last_stage_step(stage {stage}, micro {micro}): the last stage is {self._last_stage}"
@@ -415,6 +452,8 @@ class KernelExecutor(Executor):
                 ("stage_loss", stage, specs, label_specs), lambda: self._prepare(make_loss()), *args
             )
             _check_loss(where, loss, self._token_loss)
+            if hold_weight_grads:
+                self._held[(stage, micro)] = ()
             return loss, tuple(result)
         tape = self._kernel(
             ("loss_tape", stage, specs, label_specs, bool(grad_inputs)),
@@ -442,7 +481,10 @@ class KernelExecutor(Executor):
                 ) from None
             raise
         _check_loss(where, loss, self._token_loss)
-        self._accumulate(grads, weight_grads)
+        if hold_weight_grads:
+            self._held[(stage, micro)] = weight_grads
+        else:
+            self._accumulate(grads, weight_grads)
         for position in grad_inputs:
             result[position] = input_grads[position]
         return loss, tuple(result)
@@ -531,8 +573,9 @@ class KernelExecutor(Executor):
 
     def kept(self) -> Sequence[Hashable]:
         """Stage keys ``(stage, micro)``, then the key of each taped preprocess forward whose
-        backward has not run."""
-        return [*self._kept, *self._kept_preprocess]
+        backward has not run, then ``("weight_grads", stage, micro)`` for each micro-batch whose
+        weight gradients an input backward holds for its weight backward."""
+        return [*self._kept, *self._kept_preprocess, *(("weight_grads", *key) for key in self._held)]
 
     def begin_step(self) -> None:
         self.steps_begun += 1
@@ -553,6 +596,7 @@ class KernelExecutor(Executor):
             else []
         )
         self._kept.clear()
+        self._held.clear()
         self._backward_done.clear()
         self._kept_preprocess.clear()
         self._preprocess_done.clear()

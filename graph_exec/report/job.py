@@ -34,6 +34,7 @@ class RunSpec:
     overflow: str = "full"
     backward: str = "central"
     keep_preprocess_tape: bool = False  #: see ScheduleMPipeTranspose
+    body: str = "interleaved"  #: the schedules' ``body`` ("zb": the split backward)
     #: Decoder layers per stage for the example's ``build(layers=...)`` (``None``: its default
     #: split); the rebalanced baseline of ``graph-exec bench qwen2vl --tower-ratio`` sets it.
     layers: tuple[int, ...] | None = None
@@ -102,6 +103,7 @@ class JobSpec:
             overflow=spec.overflow if not spec.baseline else "full",
             backward=spec.backward if not spec.baseline else "central",
             transpose=not spec.baseline,
+            body=spec.body,
         )
 
     @property

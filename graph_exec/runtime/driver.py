@@ -58,13 +58,6 @@ class RankRuntime:
         sync_steps: bool = False,
         keep_preprocess_tape: bool = False,
     ) -> None:
-        if plan.config.split_backward:
-            # Checked before anything runs: a rank would otherwise fail at its first I step while
-            # its peers wait for it. The public schedules never build such a plan (no body option).
-            raise GraphExecError(
-                f"rank {rank}: the runtime does not run the split backward of body 'zb' (I and W steps) "
-                "yet; use body 'interleaved', '1f1b' or 'gpipe'"
-            )
         self.plan = plan
         self.rank = rank
         self.order = plan.orders[rank]
@@ -81,6 +74,8 @@ class RankRuntime:
         # backward then runs the recorded bprop instead of a recompute.
         self._taped_micros = _taped_preprocess_micros(plan, rank, keep_preprocess_tape)
         self._last_stage = plan.config.last_stage
+        # body "zb": each backward is I (input gradients now) + W (weight gradients later).
+        self._split = plan.config.split_backward
         # A forward-only plan (evaluation) runs the forward hooks that record and keep nothing.
         self._forward_only = plan.config.forward_only
         self._batch: MicroBatches | None = None
@@ -90,6 +85,8 @@ class RankRuntime:
         self._handlers: dict[StepKind, Callable[[Step], None]] = {
             StepKind.F: self._forward,
             StepKind.B: self._backward,
+            StepKind.I: self._backward,
+            StepKind.W: self._weight_backward,
             StepKind.FSEND: self._send_activations,
             StepKind.BSEND: self._send_input_grads,
             StepKind.FRECV: self._receive_activations,
@@ -227,10 +224,12 @@ class RankRuntime:
             return
         if stage == self._last_stage:
             labels = () if self._batch.labels is None else self._batch.labels[micro]
-            loss, grads = self.executor.last_stage_step(stage, micro, inputs, labels)
+            loss, grads = self.executor.last_stage_step(
+                stage, micro, inputs, labels, hold_weight_grads=self._split
+            )
             self._settle(*grads, *_flat(loss))
             self.caches.losses[micro] = loss
-            self.caches.input_grads[(stage, micro)] = grads  # the B step routes them
+            self.caches.input_grads[(stage, micro)] = grads  # the B (I) step routes them
             return
         outputs = self.executor.stage_forward(stage, micro, inputs)
         self._settle(*outputs)
@@ -256,11 +255,15 @@ class RankRuntime:
             self.caches.outputs[(stage, micro)] = outputs
 
     def _backward(self, step: Step) -> None:
+        """``B s.m``, or ``I s.m`` of the split backward: the input gradients, routed upstream
+        (to the preprocess backward after stage 0); ``I`` leaves the weight gradients held in
+        the executor for ``W s.m``."""
         stage, micro = step.stage, step.micro
         if stage == self._last_stage:
             grads = self.caches.input_grads.pop((stage, micro))  # computed by the fused step
         else:
-            grads = self.executor.stage_backward(stage, micro, self.caches.cotangents.pop((stage, micro)))
+            backward = self.executor.stage_backward_input if self._split else self.executor.stage_backward
+            grads = backward(stage, micro, self.caches.cotangents.pop((stage, micro)))
             self._settle(*grads)
         if stage == 0:
             if self._trainable:
@@ -269,6 +272,12 @@ class RankRuntime:
             self.caches.cotangents[(stage - 1, micro)] = grads
         else:
             self.caches.input_grads[(stage, micro)] = grads
+
+    def _weight_backward(self, step: Step) -> None:
+        """``W s.m``: accumulate the weight gradients ``I s.m`` (the last stage: its fused
+        ``F s.m``) held."""
+        self.executor.stage_backward_weight(step.stage, step.micro)
+        self._settle()
 
     # -- preprocess ------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from graph_exec.executors.jit_options import check_jit_options
 from graph_exec.runtime.loss_scaling import check_loss_scaler
 from graph_exec.runtime.shapes import ShapeBuckets, check_shapes
 from graph_exec.runtime.tied import check_pairs
-from graph_exec.schedule.config import BACKWARD, INPUT, OVERFLOW
+from graph_exec.schedule.config import BACKWARD, BODY, INPUT, OVERFLOW
 from graph_exec.schedule.placement import TOWER_ORDERS
 from graph_exec.transport.buckets import DEFAULT_BUCKET_BYTES
 
@@ -75,6 +75,17 @@ class ScheduleOptions:
         metadata=_doc(
             """``"replicated"`` (every rank passes the whole batch) or ``"owned"`` (a rank's
             batch is read only for the micro-batches it owns; the rest reach rank 0 by transfer)."""
+        ),
+    )
+    body: str = field(
+        default="interleaved",
+        metadata=_doc(
+            """the pipeline body: ``"interleaved"`` (interleaved 1F1B), ``"1f1b"`` (plain 1F1B,
+            one stage per rank), ``"gpipe"`` or ``"zb"`` (ZB-H1-style zero bubble: each backward
+            split into ``I``, the input gradient the upstream rank waits for, and ``W``, the
+            weight gradients, deferred into the bubbles; ``docs/schedule.md``, "Zero bubble").
+            With ``"zb"`` the weight gradients of a chunk are held from ``I`` to ``W``
+            (``docs/architecture.md``, "The split backward")."""
         ),
     )
     loss_fn: Callable[..., Any] | None = field(
@@ -210,6 +221,7 @@ class ScheduleOptions:
         checks.choice("run_ahead", self.run_ahead, RUN_AHEAD)
         checks.choice("backward", self.backward, BACKWARD)
         checks.choice("input", self.input, INPUT)
+        checks.choice("body", self.body, BODY)
         self._set("loss_fn", _check_loss_fn(self.loss_fn, mode))
         self._set("scale_grads", bool(self.scale_grads))
         self._set("timeout_s", checks.positive_seconds("timeout_s", self.timeout_s))

@@ -626,6 +626,7 @@ class PipelineSchedule:
             overflow=self.run_ahead,
             backward=self.backward,
             input=self.input,
+            body=self.body,
             transpose=self._transposes,
         )
         executor = create_executor(

@@ -152,6 +152,20 @@ def test_run_job_spec_defaults() -> None:
     assert (spec.backward, spec.keep_preprocess_tape) == ("owner", True)
 
 
+def test_run_body_reaches_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--body zb`` is the run's body and its plan's (split backward); a bad body exits 2."""
+    from graph_exec.cli.run import job_from_args
+
+    parser = main.__globals__["build_parser"]("run")
+    job = job_from_args(parser.parse_args(["run", "embed_lm", "--body", "zb"]), parser)
+    (spec,) = job.runs
+    assert spec.body == "zb" and job.plan_config(spec).split_backward
+    (default,) = job_from_args(parser.parse_args(["run", "embed_lm"]), parser).runs
+    assert default.body == "interleaved"
+    code, err = _exit(["run", "embed_lm", "--body", "zz"], capsys)
+    assert code == 2 and "invalid choice: 'zz'" in err
+
+
 def test_bench_adds_the_baselines_each_variant_needs() -> None:
     runs = bench_report.runs_for(["frozen-min", "trainable-full-owner"], ["graph", "pynative"])
     names = [r.name for r in runs]

@@ -45,6 +45,7 @@ class Case:
     optimizer: bool = False  # an SGD step, then a second step against the reference doing the same
     twice: bool = False  # a second run() without zero_grad holds twice the averaged gradient
     replica_seed: bool = False  # replicas built from different seeds must start from replica 0's weights
+    body: str = "interleaved"  # the schedules' body ("zb": the split backward)
 
 
 LAYOUTS: dict[str, list[Case]] = {
@@ -61,6 +62,11 @@ LAYOUTS: dict[str, list[Case]] = {
     ],
 }
 SUITES = {**LAYOUTS, "all": [c for cases in LAYOUTS.values() for c in cases]}
+#: The split backward on the dp2 x pp2 mesh (tests/multirank/test_zero_bubble.py).
+SUITES["zb_dp2pp2"] = [
+    Case("zb_dp2pp2_trainable_owner", 2, 2, backward="owner", body="zb", optimizer=True, twice=True),
+    Case("zb_dp2pp2_baseline", 2, 2, preprocess="none", baseline=True, body="zb"),
+]
 
 
 def run_case(case: Case, checker: Checker, results: dict[str, float]) -> None:
@@ -71,7 +77,13 @@ def run_case(case: Case, checker: Checker, results: dict[str, float]) -> None:
     ref = build(num_stages, case.preprocess)
     local = range(mesh.pp_rank, num_stages, case.pp)
     stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in local]
-    common = {"loss_fn": loss_fn, "scale_grads": case.scale_grads, "timeout_s": TIMEOUT_S, "mesh": mesh}
+    common = {
+        "loss_fn": loss_fn,
+        "scale_grads": case.scale_grads,
+        "timeout_s": TIMEOUT_S,
+        "mesh": mesh,
+        "body": case.body,
+    }
     if case.baseline:
         sched = ge.ScheduleInterleaved1F1B(stages, case.micro, **common)
     else:

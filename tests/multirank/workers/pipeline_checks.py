@@ -44,9 +44,11 @@ class Case:
     optimizer: bool = False  # SGD step, then a second step compared with the reference doing the same
     same_as: str | None = None  # gradients must equal that earlier case's (graph vs pynative)
     sync_steps: bool | None = None  # None: the default (on for CPU); False: asynchronous dispatch
-    schedule: str = "mpipe"  # mpipe | interleaved (ScheduleInterleaved1F1B, no preprocess)
+    schedule: str = "mpipe"  # mpipe | interleaved (ScheduleInterleaved1F1B, no preprocess) | baseline
+    # (baseline: ScheduleInterleaved1F1B with the preprocess, the fair baseline)
     recompute: bool = False  # keep only stage inputs and record the forward again in the backward
     keep_tape: bool = False  # keep_preprocess_tape: TFWD taped where its backward runs, no recompute
+    body: str = "interleaved"  # the schedules' body option ("zb": split backward, I and W steps)
 
 
 SUITES: dict[str, list[Case]] = {
@@ -156,6 +158,45 @@ SUITES: dict[str, list[Case]] = {
         ),
     ],
 }
+
+
+# The split backward (body="zb": I and W steps) with the same checks, in one launch per world size.
+SUITES["zb_p2"] = [
+    Case("zb_v1_trainable_central_full", body="zb", twice=True, optimizer=True),
+    Case("zb_v1_trainable_owner_full", body="zb", backward="owner", twice=True, sync_steps=False),
+    Case("zb_v1_frozen_min_m3", body="zb", preprocess="frozen", overflow="min", micro=3),
+    Case("zb_v1_none_scaled", body="zb", preprocess="none", scale_grads=True),
+    Case("zb_v2_trainable_central_full_m5", body="zb", vpp=2, micro=5, optimizer=True),
+    Case("zb_v2_trainable_owner_min_m5", body="zb", vpp=2, backward="owner", overflow="min", micro=5),
+    Case(
+        "zb_v1_trainable_central_full_pynative",
+        body="zb",
+        mode="pynative",
+        same_as="zb_v1_trainable_central_full",
+    ),
+    Case(
+        "zb_v2_trainable_owner_min_m5_pynative",
+        body="zb",
+        vpp=2,
+        backward="owner",
+        overflow="min",
+        micro=5,
+        mode="pynative",
+        same_as="zb_v2_trainable_owner_min_m5",
+    ),
+    Case("zb_baseline_v2_trainable", body="zb", vpp=2, schedule="baseline", twice=True),
+    Case("zb_baseline_v1_trainable_pynative", body="zb", schedule="baseline", mode="pynative"),
+    Case("zb_i1f1b_v2", body="zb", vpp=2, schedule="interleaved", preprocess="none", optimizer=True),
+]
+SUITES["zb_p4"] = [
+    Case("zb_v1_trainable_central_full_m8", body="zb", micro=8, optimizer=True),
+    Case("zb_v2_trainable_owner_full_m8", body="zb", vpp=2, micro=8, backward="owner", twice=True),
+    Case("zb_v2_frozen_min_m6", body="zb", vpp=2, preprocess="frozen", overflow="min", micro=6),
+    Case("zb_v2_trainable_central_full_pynative", body="zb", vpp=2, mode="pynative"),
+    Case("zb_v1_trainable_owner_full_m3_pynative", body="zb", micro=3, backward="owner", mode="pynative"),
+    Case("zb_baseline_v2_trainable_m8", body="zb", vpp=2, micro=8, schedule="baseline"),
+    Case("zb_i1f1b_v1_pynative", body="zb", schedule="interleaved", preprocess="none", mode="pynative"),
+]
 
 
 def _pick(suite: str, names: list[str]) -> list[Case]:
@@ -268,9 +309,12 @@ def make_schedule(case: Case, stages: list, pre) -> object:
         timeout_s=120,
         sync_steps=case.sync_steps,
         recompute=case.recompute,
+        body=case.body,
     )
     if case.schedule == "interleaved":
         return ge.ScheduleInterleaved1F1B(stages, case.micro, **common)
+    if case.schedule == "baseline":
+        return ge.ScheduleInterleaved1F1B(stages, case.micro, pre, 0 if pre is None else 1, **common)
     return ge.ScheduleMPipeTranspose(
         stages,
         case.micro,
@@ -343,6 +387,27 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker, results: dict) ->
         sched.stats()["pool"].allocations == allocations_before,
     )
     checker.check(f"{case.name}.nothing_kept", not sched._setup.executor.kept())
+    if case.body == "zb":
+        check_split(case, sched, checker)
+
+
+def check_split(case: Case, sched, checker: Checker) -> None:
+    """What ran under body="zb": one I and one W per local stage and micro-batch, no B, and each
+    W after its I (the last stage's I only ships what its fused F computed)."""
+    tokens = [event.step for event in sched.timeline]
+    computed = [
+        t for t in tokens if t[:1] in ("B", "I", "W") and not t.startswith(("Brecv", "Bsend", "BCAST"))
+    ]
+    local = len(sched.stages) * case.micro
+    inputs = [t[1:] for t in computed if t[0] == "I"]
+    weights = [t[1:] for t in computed if t[0] == "W"]
+    ok = (
+        not any(t[0] == "B" for t in computed)
+        and len(inputs) == len(weights) == local
+        and sorted(inputs) == sorted(weights)
+        and all(tokens.index("I" + k) < tokens.index("W" + k) for k in inputs)
+    )
+    checker.check(f"{case.name}.split_backward_ran", ok, f"{computed}")
 
 
 def main() -> int:
