@@ -204,9 +204,9 @@ class Trainer:
         return float(total.asnumpy()[0]) / self.mesh.dp_size
 
     def _update(self) -> None:
-        grads = self.schedule.grads()
-        self.optimizer(tuple(grads[p.name] for p in self.schedule.trainable_params()))
-        self.schedule.zero_grad()
+        # The schedule's own end of step: a non-finite gradient anywhere is refused on every rank
+        # (skipped, with a NonFiniteGradientWarning) instead of turning every weight into NaN.
+        self.schedule.step(self.optimizer)
 
     def finish(self, run_dir: Path) -> RankRecord:
         """Write this rank's record of the run (with transfer sizes and dispatch if asked)."""
