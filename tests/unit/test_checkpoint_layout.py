@@ -425,3 +425,17 @@ def test_resume_step_loads_an_earlier_step_and_sets_the_newer_ones_aside(tmp_pat
     assert (job.first_step, job.end_step) == (6, 12)
     assert f"checkpoint step 9 set aside as {tmp_path / 'step_9.superseded'}" in capsys.readouterr().err
     assert layout.latest_checkpoint(tmp_path) == 6
+
+
+def test_the_pre_launch_check_compares_options_under_the_names_checkpoints_record():
+    """A checkpoint records the schedule's options by their ``ScheduleOptions`` names (and
+    ``micro_batch_num``); the command line's expected facts must use the same names, or every
+    resume is refused (``overflow`` after its rename to ``run_ahead`` was)."""
+    from dataclasses import fields
+
+    from graph_exec.runtime.options import ScheduleOptions
+
+    recorded = {f.name for f in fields(ScheduleOptions) if f.init} | {"micro_batch_num"}
+    for argv in ((), ("--baseline",), ("--run-ahead", "min", "--backward", "owner")):
+        compared = set(run_facts(*argv)["options"])
+        assert compared <= recorded, (argv, sorted(compared - recorded))
