@@ -33,10 +33,12 @@ class Size:
 SIZES = {"tiny": Size(hidden=64, layers=4, heads=4), "small": Size(hidden=128, layers=8, heads=4)}
 
 
-def config(size: Size, layers: int, tie_word_embeddings: bool = False):  # -> LlamaConfig
-    from transformers import LlamaConfig
+def config(size: Size, layers: int, tie_word_embeddings: bool = False, family: str = "llama"):
+    """A random ``LlamaConfig`` of preset ``size`` (``family="qwen2"``: the same as a ``Qwen2Config``,
+    the two share these fields)."""
+    from transformers import LlamaConfig, Qwen2Config
 
-    return LlamaConfig(
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config}[family](
         vocab_size=size.vocab,
         hidden_size=size.hidden,
         intermediate_size=2 * size.hidden,

@@ -21,25 +21,6 @@ from typing import Any
 MODELS = ("llama", "qwen2", "qwen2vl")
 
 
-def qwen2_config(size: Any, layers: int, tie_word_embeddings: bool = True):  # -> Qwen2Config
-    """A random Qwen2 config of a Llama preset ``size`` (tied embedding and head by default)."""
-    from transformers import Qwen2Config
-
-    from graph_exec.examples.llama import SEQ
-
-    return Qwen2Config(
-        vocab_size=size.vocab,
-        hidden_size=size.hidden,
-        intermediate_size=2 * size.hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=size.heads,
-        num_key_value_heads=size.heads // 2,
-        max_position_embeddings=4 * SEQ,
-        tie_word_embeddings=tie_word_embeddings,
-        attn_implementation="eager",
-    )
-
-
 def config_of(name: str, size: str = "tiny", layers: int | None = None, vision_depth: int | None = None):
     """The random config ``make_pretrained`` saves for model ``name`` (a transformers config)."""
     from graph_exec.examples import llama, qwen2vl
@@ -50,7 +31,7 @@ def config_of(name: str, size: str = "tiny", layers: int | None = None, vision_d
         return qwen2vl.config(preset, layers or preset.layers, depth)
     preset = llama.SIZES[size]
     if name == "qwen2":
-        return qwen2_config(preset, layers or preset.layers)
+        return llama.config(preset, layers or preset.layers, tie_word_embeddings=True, family="qwen2")
     return llama.config(preset, layers or preset.layers)
 
 

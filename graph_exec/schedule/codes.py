@@ -25,7 +25,7 @@ relied on elsewhere (and named by the ``is_*`` predicates below):
 
 from __future__ import annotations
 
-from graph_exec.schedule.steps import BODY_KINDS, GLOBAL_KINDS, STAGED_KINDS, Step, StepKind
+from graph_exec.schedule.steps import BODY_KINDS, BODY_ORDER, GLOBAL_KINDS, STAGED_KINDS, Step, StepKind
 
 KIND_SHIFT = 56
 STAGE_SHIFT = 28
@@ -64,18 +64,8 @@ IDLE = base(StepKind.IDLE)
 
 #: Every body code is below this, every MPipe code and IDLE at or above it.
 BODY_LIMIT = (max(_INDEX[k] for k in BODY_KINDS) + 1) << KIND_SHIFT
-_BODY_ORDER = (
-    StepKind.F,
-    StepKind.B,
-    StepKind.I,
-    StepKind.W,
-    StepKind.FSEND,
-    StepKind.FRECV,
-    StepKind.BSEND,
-    StepKind.BRECV,
-)
-if KINDS[: len(_BODY_ORDER)] != _BODY_ORDER or KINDS[-1] is not StepKind.IDLE:
-    raise ImportError("StepKind must list the body kinds first, in codes._BODY_ORDER, and IDLE last")
+if KINDS[: len(BODY_ORDER)] != BODY_ORDER or KINDS[-1] is not StepKind.IDLE:
+    raise ImportError("StepKind must list the body kinds first, in steps.BODY_ORDER, and IDLE last")
 
 #: ``send code + PAIR_DELTA[send kind] == code of the receive that takes the message``.
 #: A forward message of stage s is received by stage s+1, a backward one by stage s-1.

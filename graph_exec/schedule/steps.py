@@ -64,19 +64,19 @@ class StepKind(StrEnum):
     IDLE = "·"
 
 
-#: Body step kinds: the pipeline body (compute and neighbour P2P), without anything MPipe adds.
-BODY_KINDS = frozenset(
-    {
-        StepKind.F,
-        StepKind.B,
-        StepKind.I,
-        StepKind.W,
-        StepKind.FSEND,
-        StepKind.FRECV,
-        StepKind.BSEND,
-        StepKind.BRECV,
-    }
+#: Body step kinds (compute and neighbour P2P, nothing MPipe adds), in the order their codes rely
+#: on (:mod:`codes`: body kinds first, in this order).
+BODY_ORDER = (
+    StepKind.F,
+    StepKind.B,
+    StepKind.I,
+    StepKind.W,
+    StepKind.FSEND,
+    StepKind.FRECV,
+    StepKind.BSEND,
+    StepKind.BRECV,
 )
+BODY_KINDS = frozenset(BODY_ORDER)
 #: Step kinds that carry a virtual stage index.
 STAGED_KINDS = BODY_KINDS
 #: Step kinds that carry neither a stage nor a micro-batch.
