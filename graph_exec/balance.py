@@ -15,6 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Decoder layers per stage, as even as possible, earlier stages taking the remainder."""
+    base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (1 if k < extra else 0) for k in range(num_stages))
+
+
 def rank_loads(
     layers: Sequence[int], pp: int, layer_cost: float, rank_extra: Sequence[float] = ()
 ) -> tuple[float, ...]:

@@ -29,7 +29,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from graph_exec.balance import rebalanced_layers
+from graph_exec.balance import even_layers, rebalanced_layers
 from graph_exec.schedule import PlanConfig, build_plan
 from graph_exec.schedule.memory import ItemSizes, peak_bytes
 from graph_exec.simulate import OpCosts, simulate
@@ -251,10 +251,8 @@ def tune(
 
 
 def _layers(costs: ModelCosts, pp: int, candidate: Candidate, rows: float) -> tuple[int, ...]:
-    stages = pp * candidate.vpp
     if candidate.split == "even":
-        base, extra = divmod(costs.layers, stages)
-        return tuple(base + (1 if s < extra else 0) for s in range(stages))
+        return even_layers(costs.layers, pp * candidate.vpp)
     layer = costs.layer_forward + costs.layer_backward
     tower = costs.preprocess_forward + (costs.preprocess_backward if costs.preprocess == "trainable" else 0)
     return rebalanced_layers(costs.layers, pp, candidate.vpp, layer * rows, [tower * rows])

@@ -19,13 +19,13 @@ from graph_exec.models import cpu_ops
 
 cpu_ops.apply()
 
-from graph_exec.balance import rank_loads, rebalanced_layers  # noqa: E402
+from graph_exec.balance import even_layers, rank_loads, rebalanced_layers  # noqa: E402
 from graph_exec.models.export import export_pretrained  # noqa: E402
 from graph_exec.models.inputs import image_patches, lm_inputs, vlm_inputs  # noqa: E402
 from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss  # noqa: E402
 from graph_exec.models.materialise import load_split  # noqa: E402
 from graph_exec.models.pretrained import model_class  # noqa: E402
-from graph_exec.models.split import SplitModel, even_layers, split_model  # noqa: E402
+from graph_exec.models.split import SplitModel, split_model  # noqa: E402
 
 
 def mindone():  # -> the mindone.transformers module

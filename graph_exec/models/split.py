@@ -21,6 +21,7 @@ from mindspore import Parameter, nn
 from mindspore.common.initializer import initializer
 from mindspore.nn.utils import no_init_parameters
 
+from graph_exec.balance import even_layers
 from graph_exec.models import cpu_ops
 from graph_exec.models.chunks import (
     FAMILIES,
@@ -74,12 +75,6 @@ def family_of(model: Any) -> Family:
             f"Qwen2VLForConditionalGeneration; got {type(model).__name__} (model_type {model_type!r})"
         )
     return family
-
-
-def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Decoder layers per stage, as even as possible, earlier stages taking the remainder."""
-    base, extra = divmod(num_layers, num_stages)
-    return tuple(base + (1 if k < extra else 0) for k in range(num_stages))
 
 
 def _check_layers(layers: Sequence[int] | None, num_layers: int, num_stages: int) -> tuple[int, ...]:
