@@ -10,9 +10,9 @@ build the model as usual and cut it::
     import graph_exec.models as gm
 
     model = gm.mindone().Qwen2VLForConditionalGeneration(config)  # mindone.transformers
-    split = gm.split_model(model, num_stages=P * V, image_grid=(1, 8, 8))
+    split = gm.split_model(model, num_stages=P * V)  # any images per sample, padded batches
     # split.preprocess, split.num_transpose_layers, split.stages: the schedules' arguments
-    # gm.vlm_inputs(model, ids, pixels, grid): a batch; gm.causal_lm_loss: the loss_fn
+    # gm.vlm_batch(split, samples): a batch; gm.causal_lm_loss: the loss_fn
 """
 
 from graph_exec.models import cpu_ops
@@ -26,6 +26,7 @@ from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss  # noqa: E402
 from graph_exec.models.materialise import load_split  # noqa: E402
 from graph_exec.models.pretrained import model_class  # noqa: E402
 from graph_exec.models.split import SplitModel, split_model  # noqa: E402
+from graph_exec.models.vlm_batch import VLMBatch, vlm_batch  # noqa: E402
 
 
 def mindone():  # -> the mindone.transformers module
@@ -40,6 +41,7 @@ def mindone():  # -> the mindone.transformers module
 __all__ = [
     "IGNORE_INDEX",
     "SplitModel",
+    "VLMBatch",
     "causal_lm_loss",
     "cpu_ops",
     "even_layers",
@@ -52,5 +54,6 @@ __all__ = [
     "rank_loads",
     "rebalanced_layers",
     "split_model",
+    "vlm_batch",
     "vlm_inputs",
 ]

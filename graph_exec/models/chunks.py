@@ -16,6 +16,7 @@ it into the ``(3, B, S)`` the model's rotary embedding takes).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,12 +128,18 @@ class MultimodalRotary(nn.Cell):
         return cos.astype(x.dtype), sin.astype(x.dtype)
 
 
-def insert_images(text: Tensor, ids: Tensor, images: Tensor, image_token_id: int) -> Tensor:
-    """``text`` (B, S, H) with the image positions (``ids == image_token_id``) replaced, in
-    order, by the rows of ``images`` (B, N, H): what the model's ``masked_scatter`` does when
-    every sample has its ``N`` image tokens. A one-hot matmul and a select, both exact (each
-    output is one input value plus zeros) and differentiable on every target."""
+def insert_images(
+    text: Tensor, ids: Tensor, images: Tensor, image_token_id: int, real: Tensor | None = None
+) -> Tensor:
+    """``text`` (B, S, H) with the image positions (``ids == image_token_id``, and ``real``
+    where given: padding is never an image position) replaced, in order, by the rows of
+    ``images`` (B, N, H): what the model's ``masked_scatter`` does, sample by sample (a sample
+    with fewer than ``N`` image tokens leaves its last rows, the padding, unused). A one-hot
+    matmul and a select, both exact (each output is one input value plus zeros) and
+    differentiable on every target."""
     is_image = ids == image_token_id
+    if real is not None:
+        is_image = ops.logical_and(is_image, real)
     rank = ops.cumsum(is_image.astype(ms.int32), 1) - 1
     rank = ops.clip(rank, 0, images.shape[1] - 1)
     pick = ops.one_hot(rank, images.shape[1], Tensor(1.0, text.dtype), Tensor(0.0, text.dtype))
@@ -190,3 +197,120 @@ class VisionPreprocess(nn.Cell):
             hidden = block(hidden, cu_seqlens=bounds, position_embeddings=(cos, sin))
         merged = self.merger(hidden)
         return ids, position_ids, merged.reshape(images, self.tokens, -1)
+
+
+def padded_causal_mask(attention_mask: Tensor, dtype: Any, masked: float) -> Tensor:
+    """``(B, 1, S, S)`` additive mask: 0 where query ``i`` may read key ``j`` (``j <= i`` and
+    ``j`` a real token, ``attention_mask[b, j] == 1``), ``masked`` elsewhere; what the model's
+    own mask code builds from a padding mask (causal, padding keys masked)."""
+    batch, seq = attention_mask.shape[0], attention_mask.shape[1]
+    causal = ops.triu(ops.full((1, 1, seq, seq), masked, dtype=dtype), 1).broadcast_to((batch, 1, seq, seq))
+    padding = (attention_mask == 0).reshape(batch, 1, 1, seq).broadcast_to((batch, 1, seq, seq))
+    return ops.masked_fill(causal, padding, Tensor(masked, dtype))
+
+
+class MaskedDecoderChunk(DecoderChunk):
+    """:class:`DecoderChunk` for padded batches (:func:`graph_exec.models.vlm_batch`): the
+    padding mask ``(B, S)`` int travels with ``(hidden, position_ids)``, and every block gets
+    the causal mask with the padding keys masked too.
+
+    ``construct(x, position_ids, attention_mask[, image_embeds])`` returns
+    ``(hidden, position_ids, attention_mask)``, or the logits when the chunk holds the head
+    (the labels are ``-100`` at pads, so pads carry no loss). Stage 0 places each sample's
+    image rows in the sample's image positions in order, pads ignored."""
+
+    def construct(  # type: ignore[override]
+        self, x: Tensor, position_ids: Tensor, attention_mask: Tensor, image_embeds: Tensor | None = None
+    ) -> Any:
+        hidden = x
+        if self.embed is not None:
+            hidden = self.embed(x)
+            if self.merges_images:
+                hidden = insert_images(hidden, x, image_embeds, self.image_token_id, attention_mask != 0)
+        positions = position_ids.transpose(1, 0, 2) if self.multimodal_positions else position_ids
+        mask = padded_causal_mask(attention_mask, hidden.dtype, self.masked)
+        cos, sin = self.rotary(hidden, positions)
+        for block in self.blocks:
+            out = block(hidden, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
+            hidden = out[0] if self.block_returns_tuple else out
+        if self.head is not None:
+            return self.head(self.norm(hidden))
+        return hidden, position_ids, attention_mask
+
+
+class VisionBatchPreprocess(nn.Cell):
+    """Qwen2-VL's vision tower for batches of any images (:func:`graph_exec.models.vlm_batch`).
+
+    ``construct(pixel_values, patch_image, patch_positions, ids, position_ids, attention_mask)
+    -> (ids, position_ids, attention_mask, image_embeds)``: ``pixel_values`` (B, P, C·T·p·p)
+    holds each sample's images' patches padded to ``P``; ``image_embeds`` (B, P / merge², H)
+    the merger's rows in the same order. Everything that depends on the images is computed from
+    the micro-batch's own tensors, in the graph, so any mix of images of one padded shape runs
+    one compiled graph:
+
+    - the rotary cos/sin of each patch: its (row, column) times the model's own vision rotary
+      ``inv_freq`` (the entries of the table ``rot_pos_emb`` gathers from, the same float32
+      products), doubled and cos/sin'd as the model's ``construct`` does;
+    - the per-image attention bounds: a block-diagonal mask from ``patch_image``, a patch reads
+      the patches of its own image only (padding reads padding), where the model's
+      ``VisionAttention`` builds the same bounds from Python ``cu_seqlens``.
+
+    Each vision block is the model's own: its ``norm1``, ``attn.qkv``, the model's
+    ``apply_rotary_pos_emb_vision``, ``attn.proj``, ``norm2`` and ``mlp``, the attention
+    arithmetic that of ``VisionAttention`` (batched per sample instead of over one long
+    sequence: a row's softmax sees the same keys, the others get weight exactly 0).
+    """
+
+    def __init__(self, visual: nn.Cell) -> None:
+        super().__init__()
+        from mindone.transformers.models.qwen2_vl import modeling_qwen2_vl
+
+        self.patch_embed = visual.patch_embed
+        self.blocks = visual.blocks
+        self.merger = visual.merger
+        self.merge_rows = visual.spatial_merge_size**2
+        self.inv_freq = Tensor(visual.rotary_pos_emb.inv_freq.asnumpy())
+        self.rotate = modeling_qwen2_vl.apply_rotary_pos_emb_vision
+        attn = visual.blocks[0].attn
+        self.heads, self.head_dim = attn.num_heads, attn.head_dim
+        self.scale = math.sqrt(attn.head_dim)
+        self.masked = mask_value(visual.blocks[0].mlp.fc2.weight.dtype)
+
+    def construct(
+        self,
+        pixel_values: Tensor,
+        patch_image: Tensor,
+        patch_positions: Tensor,
+        ids: Tensor,
+        position_ids: Tensor,
+        attention_mask: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        batch, patches = pixel_values.shape[0], pixel_values.shape[1]
+        hidden = self.patch_embed(pixel_values.reshape(batch * patches, -1))
+        freqs = patch_positions.astype(ms.float32).expand_dims(-1) * self.inv_freq
+        freqs = freqs.reshape(batch * patches, -1)
+        angles = ops.cat((freqs, freqs), axis=-1)
+        cos, sin = angles.cos(), angles.sin()
+        other = patch_image.expand_dims(2) != patch_image.expand_dims(1)
+        zeros = ops.zeros((batch, 1, patches, patches), hidden.dtype)
+        mask = ops.masked_fill(zeros, other.expand_dims(1), Tensor(self.masked, hidden.dtype))
+        for block in self.blocks:
+            hidden = hidden + self._attend(block.attn, block.norm1(hidden), mask, cos, sin, batch, patches)
+            hidden = hidden + block.mlp(block.norm2(hidden))
+        merged = self.merger(hidden)
+        return ids, position_ids, attention_mask, merged.reshape(batch, patches // self.merge_rows, -1)
+
+    def _attend(
+        self, attn: nn.Cell, x: Tensor, mask: Tensor, cos: Tensor, sin: Tensor, batch: int, patches: int
+    ) -> Tensor:
+        """``VisionAttention.construct`` with ``mask`` for the bounds (see the class docstring)."""
+        rows = batch * patches
+        qkv = attn.qkv(x).reshape(rows, 3, self.heads, -1).transpose(1, 0, 2, 3)
+        q, k = self.rotate(qkv[0], qkv[1], cos, sin)
+        q = q.reshape(batch, patches, self.heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(batch, patches, self.heads, -1).transpose(0, 2, 1, 3)
+        v = qkv[2].reshape(batch, patches, self.heads, -1).transpose(0, 2, 1, 3)
+        weights = ops.matmul(q, k.transpose(0, 1, 3, 2)) / self.scale
+        weights = ops.softmax((weights + mask).astype(ms.float32), -1).astype(q.dtype)
+        out = ops.matmul(weights, v).transpose(0, 2, 1, 3).reshape(rows, -1)
+        return attn.proj(out)

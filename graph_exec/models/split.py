@@ -28,7 +28,9 @@ from graph_exec.models.chunks import (
     DecoderChunk,
     EmbeddingPreprocess,
     Family,
+    MaskedDecoderChunk,
     MultimodalRotary,
+    VisionBatchPreprocess,
     VisionPreprocess,
 )
 from graph_exec.models.pretrained import checkpoint_names, model_type_of
@@ -119,8 +121,12 @@ def split_model(
             or ``"none"`` (the embedding stays in stage 0; dataload only).
         trainable_preprocess: train the preprocess (default: the embedding yes, the vision tower
             no). ``False`` sets ``requires_grad=False`` on its parameters.
-        image_grid: Qwen2-VL only, required: the ``(t, h, w)`` patch grid of every image
-            (``image_grid_thw`` of one image); every sample carries one image of this grid.
+        image_grid: Qwen2-VL only: the ``(t, h, w)`` patch grid of every image (``image_grid_thw``
+            of one image) when every sample carries one image of this grid (batches from
+            :func:`graph_exec.models.vlm_inputs`). ``None`` (the default): samples of any
+            images, 0..k each, each its own size, and any text lengths, padded with a mask
+            (batches from :func:`graph_exec.models.vlm_batch`; the padding mask travels with
+            the hidden states, see :class:`~graph_exec.models.chunks.MaskedDecoderChunk`).
 
     Stage inputs and outputs: see :mod:`graph_exec.models.chunks`; batches are made by
     :func:`graph_exec.models.lm_inputs` / :func:`graph_exec.models.vlm_inputs`.
@@ -133,9 +139,9 @@ def split_model(
     allowed = ("vision",) if vlm else ("embedding", "none")
     if kind not in allowed:
         raise ValueError(f"preprocess={preprocess!r} for {family.model_type}; choose one of {allowed}")
-    if vlm and (image_grid is None or len(image_grid) != 3 or any(int(n) < 1 for n in image_grid)):
+    if vlm and image_grid is not None and (len(image_grid) != 3 or any(int(n) < 1 for n in image_grid)):
         raise ValueError(
-            f"Qwen2-VL needs image_grid=(t, h, w), the patch grid of every image; got {image_grid!r}"
+            f"image_grid must be (t, h, w), the patch grid of every image, or None (any images); got {image_grid!r}"
         )
     if not vlm and image_grid is not None:
         raise ValueError("image_grid applies to Qwen2-VL only")
@@ -155,8 +161,10 @@ def split_model(
     image_token = model.config.image_token_id if vlm else None
 
     pre: nn.Cell | None = None
+    padded = vlm and image_grid is None
     if kind == "vision":
-        pre = _vision(model.model.visual, tuple(int(n) for n in image_grid))
+        visual = model.model.visual
+        pre = VisionBatchPreprocess(visual) if padded else _vision(visual, tuple(int(n) for n in image_grid))
         transpose_layers = len(pre.blocks) + 2  # patch embedding, the blocks, the merger
     elif kind == "embedding":
         pre, transpose_layers = EmbeddingPreprocess(embed), 1
@@ -170,8 +178,9 @@ def split_model(
     stages, start = [], 0
     for s, count in enumerate(counts):
         last = s == num_stages - 1
+        chunk = MaskedDecoderChunk if padded else DecoderChunk
         stages.append(
-            DecoderChunk(
+            chunk(
                 family,
                 blocks[start : start + count],
                 rotary,

@@ -79,3 +79,74 @@ def reference(name: str, model, inputs, labels, micro: int, scale: float = 1.0):
         arrays = [g.asnumpy() * scale for g in grads]
         total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
     return losses, {p.name: g for p, g in zip(params, total, strict=True)}
+
+
+#: A batch of four samples for the tiny Qwen2-VL (patch 4, merge 2): (image sizes (H, W), text
+#: tokens). Three different grids (16x16, 8x8 + 24x16, 16x8), a sample with two images, a
+#: text-only one and four text lengths; two samples per micro-batch at M=2.
+VLM_MIX = (
+    (((16, 16),), 5),
+    (((8, 8), (24, 16)), 3),
+    ((), 9),
+    (((16, 8),), 7),
+)
+
+
+def vlm_samples(mix=VLM_MIX, seed: int = 0) -> list[dict]:
+    """Samples as Qwen2-VL's processor writes them: per image ``<vs> <image>×(t·h·w/4) <ve>``,
+    then the text; random pixels and text ids (below the special tokens), default labels."""
+    rng = np.random.default_rng(seed)
+    preset = qwen2vl.SIZES["tiny"]
+    samples = []
+    for sizes, text in mix:
+        ids: list[int] = []
+        images = []
+        for height, width in sizes:
+            tokens = (height // preset.patch) * (width // preset.patch) // preset.merge**2
+            ids += [qwen2vl.VISION_START] + [qwen2vl.IMAGE_TOKEN] * tokens + [qwen2vl.VISION_END]
+            images.append(rng.standard_normal((3, height, width)).astype(np.float32))
+        ids += rng.integers(1, qwen2vl.IMAGE_TOKEN, text).tolist()
+        samples.append({"input_ids": np.array(ids, np.int32), "images": images})
+    return samples
+
+
+def vlm_reference(model, samples: list[dict], micro: int, scale: float = 1.0):
+    """The whole model's own ``construct`` on each *unpadded* sample, one at a time: the
+    per-micro-batch losses of ``causal_lm_loss`` over the micro-batch's padded batch (the mean
+    over its real labels: each sample's summed loss over the micro-batch's label count) and the
+    summed (x ``scale``) gradients of every trainable parameter, by name."""
+    from graph_exec.models.vlm_batch import default_labels
+
+    preset = qwen2vl.SIZES["tiny"]
+    params = model.trainable_params()
+
+    def loss(ids, labels, weight, *vision):
+        pixels, grid = vision if vision else (None, None)
+        logits = model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid).logits
+        return gm.causal_lm_loss(logits, labels) * weight
+
+    grad_fn = ms.value_and_grad(loss, None, params)
+    rows = len(samples) // micro
+    losses, total = [], None
+    for m in range(micro):
+        group = samples[m * rows : (m + 1) * rows]
+        labels = [default_labels(s["input_ids"], qwen2vl.IMAGE_TOKEN) for s in group]
+        count = sum(int((lab >= 0).sum()) for lab in labels)
+        value_sum = 0.0
+        for sample, lab in zip(group, labels, strict=True):
+            vision = ()
+            if sample["images"]:
+                patches = [
+                    gm.image_patches(i[None], preset.patch, preset.temporal, preset.merge)[0]
+                    for i in sample["images"]
+                ]
+                grid = [(1, i.shape[1] // preset.patch, i.shape[2] // preset.patch) for i in sample["images"]]
+                vision = (ms.Tensor(np.concatenate(patches)), ms.Tensor(np.array(grid, np.int64)))
+            weight = ms.Tensor(float((lab >= 0).sum()) / count, ms.float32)
+            ids = ms.Tensor(sample["input_ids"][None])
+            value, grads = grad_fn(ids, ms.Tensor(lab[None]), weight, *vision)
+            value_sum += float(value.asnumpy())
+            arrays = [g.asnumpy() * scale for g in grads]
+            total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
+        losses.append(value_sum)
+    return losses, {p.name: g for p, g in zip(params, total, strict=True)}

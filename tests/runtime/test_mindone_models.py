@@ -157,8 +157,8 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="image_grid applies to Qwen2-VL only"):
         gm.split_model(model, 2, image_grid=GRID)
     vlm = mm.whole("qwen2vl")
-    with pytest.raises(ValueError, match=r"Qwen2-VL needs image_grid=\(t, h, w\)"):
-        gm.split_model(vlm, 2)
+    with pytest.raises(ValueError, match=r"image_grid must be \(t, h, w\).*or None \(any images\)"):
+        gm.split_model(vlm, 2, image_grid=(1, 4))
     with pytest.raises(ValueError, match="multiples of spatial_merge_size 2"):
         gm.split_model(vlm, 2, image_grid=(1, 3, 4))
 
