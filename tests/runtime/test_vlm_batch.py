@@ -8,6 +8,7 @@ atol 1e-5, rtol 1e-4). Two ranks: tests/multirank/test_vlm_batch.py.
 """
 
 import mindspore as ms
+import numpy as np
 import pytest
 
 import graph_exec as ge
@@ -68,3 +69,99 @@ def test_bucketed_padding_changes_nothing():
     losses = sched.run(*(ms.Tensor(a) for a in batch.inputs), labels=ms.Tensor(batch.labels))
     ref_losses, ref_grads = mm.vlm_reference(ref, samples, MICRO, scale=1.0 / MICRO)
     assert_matches(sched, losses, ref_losses, ref_grads)
+
+
+SIZES = ((8, 8), (16, 16), (16, 8), (24, 16), (8, 24))
+
+
+def random_mix(rng, batch):
+    """``batch`` samples of 0..2 images drawn from ``SIZES`` and 2..9 text tokens."""
+    picks = []
+    for _ in range(batch):
+        count = int(rng.integers(0, 3))
+        sizes = tuple(SIZES[int(i)] for i in rng.integers(0, len(SIZES), count))
+        picks.append((sizes, int(rng.integers(2, 10))))
+    return tuple(picks)
+
+
+def test_twenty_mixed_batches_compile_each_kernel_at_most_three_times():
+    """``shapes="dynamic"``, graph mode: 20 batches of different image mixes and text lengths
+    (so different patch counts and lengths) compile each kernel at most 3 times, by MindSpore's
+    own count, and the library adds no kernel after the first batch; the last batch's losses
+    and gradients still equal the whole model's on each unpadded sample."""
+    model, ref = mm.whole("qwen2vl", 2), mm.whole("qwen2vl", 2)
+    parts = gm.split_model(model, 2)
+    frozen_like(ref, parts)
+    sched = schedule(parts, "graph", shapes="dynamic")
+    rng = np.random.default_rng(7)
+    kernels, shapes = None, set()
+    for step in range(20):
+        samples = mm.vlm_samples(random_mix(rng, 4), seed=step)
+        batch = gm.vlm_batch(parts, samples)
+        shapes.add((batch.inputs[0].shape[1], batch.inputs[3].shape[1]))
+        sched.zero_grad()
+        losses = sched.run(*(ms.Tensor(a) for a in batch.inputs), labels=ms.Tensor(batch.labels))
+        stats = sched.stats()
+        kernels = stats["compilations"] if kernels is None else kernels
+        assert stats["compilations"] == kernels, (step, stats)
+    assert len(shapes) >= 8, shapes  # the mix really varied the shapes
+    assert stats["mindspore_compilations"] <= 3 * kernels, stats
+    ref_losses, ref_grads = mm.vlm_reference(ref, samples, MICRO, scale=1.0 / MICRO)
+    assert_matches(sched, losses, ref_losses, ref_grads)
+
+
+def sample(ids, *images, **extra):
+    return {"input_ids": np.array(ids, np.int32), "images": list(images), **extra}
+
+
+def test_bad_samples_are_named_before_anything_runs():
+    from graph_exec.examples.qwen2vl import IMAGE_TOKEN as I
+    from graph_exec.examples.qwen2vl import VISION_END as E
+    from graph_exec.examples.qwen2vl import VISION_START as S
+
+    model = mm.whole("qwen2vl", 2)
+    good = sample([S, I, E, 5, 6], np.zeros((3, 8, 8), np.float32))
+    with pytest.raises(ValueError, match=r"sample 1 image 0: image size 12x8 is not a multiple of .* = 8"):
+        gm.vlm_batch(model, [good, sample([S, I, E, 5], np.zeros((3, 12, 8), np.float32))])
+    with pytest.raises(
+        ValueError,
+        match=r"sample 1: input_ids has 1 image tokens in runs \[1\], but its 1 image\(s\) of grids \[\[1, 4, 4\]\] need runs \[4\]",
+    ):
+        gm.vlm_batch(model, [good, sample([S, I, E, 5], np.zeros((3, 16, 16), np.float32))])
+    with pytest.raises(
+        ValueError, match=r"sample 0: input_ids has 1 image tokens in runs \[1\], but its 0 image"
+    ):
+        gm.vlm_batch(model, [sample([S, I, E, 5])])
+    with pytest.raises(ValueError, match=r"sample 1 has 9 tokens, which is above the largest pad_to size 8"):
+        gm.vlm_batch(model, [good, sample([5] * 9)], pad_to=(4, 8))
+    with pytest.raises(
+        ValueError, match=r"sample 0 has 4 patches, which is above the largest patch_pad_to size 2"
+    ):
+        gm.vlm_batch(model, [good], patch_pad_to=2)
+    with pytest.raises(ValueError, match=r"sample 0: labels has shape \[2\], input_ids \[5\]"):
+        gm.vlm_batch(model, [good | {"labels": np.zeros(2, np.int32)}])
+    with pytest.raises(ValueError, match=r"sample 0 image 0: an image is \(3, H, W\), got shape \[8, 8\]"):
+        gm.vlm_batch(model, [sample([S, I, E], np.zeros((8, 8), np.float32))])
+
+
+def test_processed_images_and_rotary_positions_are_the_models_own():
+    """A processed image (patches + grid) batches as its pixels do, and the per-patch rotary
+    rows give the model's own ``rot_pos_emb``."""
+    from graph_exec.examples.qwen2vl import IMAGE_TOKEN as I
+    from graph_exec.examples.qwen2vl import VISION_END as E
+    from graph_exec.examples.qwen2vl import VISION_START as S
+    from graph_exec.models.vlm_batch import rotary_positions
+
+    model = mm.whole("qwen2vl", 2)
+    image = np.random.default_rng(0).standard_normal((3, 16, 24)).astype(np.float32)
+    ids = [S] + [I] * 6 + [E, 7]
+    patches = gm.image_patches(image[None], 4, 2, 2)[0]
+    raw = gm.vlm_batch(model, [sample(ids, image)])
+    done = gm.vlm_batch(model, [sample(ids, {"pixel_values": patches, "grid_thw": (1, 4, 6)})])
+    for a, b in zip(raw.inputs, done.inputs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    visual = model.model.visual
+    theirs = visual.rot_pos_emb(ms.Tensor(np.array([[1, 4, 6]], np.int64))).asnumpy()
+    inv_freq = visual.rotary_pos_emb.inv_freq.asnumpy()
+    mine = (rotary_positions((1, 4, 6), 2)[..., None].astype(np.float32) * inv_freq).reshape(24, -1)
+    np.testing.assert_array_equal(mine, theirs)
