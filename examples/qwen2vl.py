@@ -12,8 +12,13 @@ the image. Sequence: ``<vision_start> <image>×N <vision_end> text…``; only th
 carry a loss.
 
 Build options beyond the common ones: ``layers`` (decoder layers per stage, e.g. the
-rebalanced split of :func:`graph_exec.models.rebalanced_layers`) and ``vision_depth`` (vision
-blocks; ``graph-exec bench qwen2vl --tower-ratio`` sets it).
+rebalanced split of :func:`graph_exec.models.rebalanced_layers`), ``vision_depth`` (vision
+blocks; ``graph-exec bench qwen2vl --tower-ratio`` sets it), and ``image_sizes`` /
+``images_per_sample`` (``graph-exec run qwen2vl --image-sizes 16x16,32x24 --images-per-sample
+0-2``): real samples instead, each with its own number of images of sizes drawn per image (a
+generator seeded by the step: the same on every rank), batched by
+:func:`graph_exec.models.vlm_batch` for a split that takes any images. A text-only sample counts
+from 0.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import numpy as np
 from graph_exec.examples.common import Example, ExampleModel
 
 CLASSES, TEXT = 4, 16
+#: The most images one sample of the mixed batches may hold.
+MAX_IMAGES = 8
 #: Token ids of the special tokens (the vocabulary's last ids).
 IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 124, 125, 126, 127
 
@@ -150,6 +157,49 @@ def token_ids(kinds: np.ndarray, size: Size) -> tuple[np.ndarray, np.ndarray]:
     return ids, labels
 
 
+def pattern(kind: int, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """``(3, height, width)``: the pattern of ``kind`` at this size plus noise."""
+    rows = np.linspace(0, np.pi * 2, height, dtype=np.float32)
+    cols = np.linspace(0, np.pi * 2, width, dtype=np.float32)
+    image = np.sin((kind + 1) * cols)[None, :] * np.cos((kind + 1) * rows)[:, None]
+    return (image[None] + 0.3 * rng.standard_normal((3, height, width))).astype(np.float32)
+
+
+def mixed_samples(
+    step: int,
+    batch_size: int,
+    image_sizes: Sequence[Sequence[int]],
+    images_per_sample: Sequence[int],
+    size: str = "tiny",
+) -> list[dict]:
+    """The samples of step ``step``: each draws its kind, its image count in
+    ``images_per_sample`` (LO, HI) and each image's size among ``image_sizes`` ((H, W) pixels);
+    ``<vs> <image>×(H·W/(patch·merge)²) <ve>`` per image, then the counting text of its kind
+    (from 0 without an image). Labels aligned with the inputs, -100 where nothing is predicted."""
+    from graph_exec.models import IGNORE_INDEX
+
+    preset = SIZES[size]
+    rng = np.random.default_rng(step)
+    low, high = images_per_sample
+    samples = []
+    for _ in range(batch_size):
+        kind = int(rng.integers(0, CLASSES))
+        count = int(rng.integers(low, high + 1))
+        drawn = [tuple(image_sizes[int(i)]) for i in rng.integers(0, len(image_sizes), count)]
+        head: list[int] = []
+        for height, width in drawn:
+            tokens = (height // preset.patch) * (width // preset.patch) // preset.merge**2
+            head += [VISION_START] + [IMAGE_TOKEN] * tokens + [VISION_END]
+        offset = kind * (IMAGE_TOKEN // CLASSES) if drawn else 0
+        text = ((offset + np.arange(TEXT + 1)) % IMAGE_TOKEN).astype(np.int32)
+        ids = np.array(head + text[:-1].tolist(), np.int32)
+        labels = np.full(ids.shape, IGNORE_INDEX, np.int32)
+        labels[max(len(head) - 1, 0) :] = text if head else text[1:]
+        images = [pattern(kind, h, w, rng) for h, w in drawn]
+        samples.append({"input_ids": ids, "labels": labels, "images": images})
+    return samples
+
+
 def model(size: str = "tiny", layers: int | None = None, vision_depth: int | None = None, seed: int = 0):
     """The whole mindone ``Qwen2VLForConditionalGeneration`` of preset ``size`` (random weights
     from ``seed``: the same on every rank), ``layers`` decoder layers (default the preset's)."""
@@ -190,6 +240,8 @@ def build(
     pretrained: str | None = None,
     rank: int = 0,
     pp: int = 1,
+    image_sizes: Sequence[Sequence[int]] | None = None,
+    images_per_sample: Sequence[int] | None = None,
 ) -> ExampleModel:
     """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked.
 
@@ -197,10 +249,17 @@ def build(
     special tokens are the preset's (``make_pretrained --model qwen2vl --size SIZE`` writes one);
     pipeline rank ``rank`` of ``pp`` then reads only its own share
     (:func:`graph_exec.models.load_split`).
+
+    ``image_sizes`` / ``images_per_sample``: batches of real samples (:func:`mixed_samples`,
+    :func:`graph_exec.models.vlm_batch`) for a split that takes any images (no ``image_grid``).
     """
+    import mindspore as ms
+
     import graph_exec.models as gm
 
     preset = SIZES[size]
+    mixed = image_sizes is not None or images_per_sample is not None
+    grid = None if mixed else preset.grid
     if pretrained is not None:
         split = gm.load_split(
             pretrained,
@@ -209,7 +268,7 @@ def build(
             pp=pp,
             layers=layers,
             trainable_preprocess=trainable_preprocess,
-            image_grid=preset.grid,
+            image_grid=grid,
         )
         check_data_layout(split.config, preset, pretrained)
         whole, depth = split.model, split.config.vision_config.depth
@@ -222,18 +281,28 @@ def build(
             num_stages,
             layers=layers,
             trainable_preprocess=trainable_preprocess,
-            image_grid=preset.grid,
+            image_grid=grid,
         )
+    sizes = image_sizes or [(preset.image, preset.image)]
+    counts = images_per_sample or (1, 1)
 
     def make_batch(step: int, batch_size: int):
-        return batch(whole, step, batch_size, size)
+        if not mixed:
+            return batch(whole, step, batch_size, size)
+        made = gm.vlm_batch(whole, mixed_samples(step, batch_size, sizes, counts, size))
+        return tuple(ms.Tensor(a) for a in made.inputs), ms.Tensor(made.labels)
+
+    images = (
+        f"{counts[0]}-{counts[1]} images per sample of {', '.join(f'{h}x{w}' for h, w in sizes)} px (padded, masked)"
+        if mixed
+        else f"{preset.image}px images -> {preset.image_tokens} tokens"
+    )
 
     return ExampleModel.of_split(
         split,
         make_batch,
         f"mindone Qwen2-VL: vision tower {preset.vision_width} wide x {depth} blocks "
-        f"({'trainable' if trainable_preprocess else 'frozen'}), {preset.image}px images -> {preset.image_tokens} "
-        f"tokens; LM width {preset.hidden}, layers per stage {list(split.layers)}",
+        f"({'trainable' if trainable_preprocess else 'frozen'}), {images}; LM width {preset.hidden}, layers per stage {list(split.layers)}",
     )
 
 

@@ -61,6 +61,29 @@ bucket_sizes = number(
 )
 
 
+def _sizes(text: str) -> tuple[tuple[int, int], ...]:
+    return tuple(tuple(int(n) for n in part.split("x")) for part in text.split(","))  # type: ignore[misc]
+
+
+#: ``--image-sizes HxW,HxW,...``: image sizes in pixels (the example checks the patch grid).
+image_sizes = number(
+    _sizes,
+    lambda v: bool(v) and all(len(s) == 2 and min(s) >= 1 for s in v),
+    "HxW sizes in pixels, comma-separated (e.g. 16x16,32x24,48x48)",
+)
+
+
+def _count_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    return int(low), int(high or low)
+
+
+#: ``--images-per-sample LO-HI`` (or ``N``).
+count_range = number(
+    _count_range, lambda v: 0 <= v[0] <= v[1], "LO-HI or N: ints with 0 <= LO <= HI (e.g. 0-2)"
+)
+
+
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(part) for part in text.split(","))
 

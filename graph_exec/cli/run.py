@@ -17,7 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from graph_exec.cli.argtypes import bucket_sizes, length_range, non_negative_int, positive_int
+from graph_exec.cli.argtypes import (
+    bucket_sizes,
+    count_range,
+    image_sizes,
+    length_range,
+    non_negative_int,
+    positive_int,
+)
 from graph_exec.cli.jobs import (
     JobFailed,
     Restarts,
@@ -101,6 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     _add_schedule_arguments(parser)
     _add_shape_arguments(parser)
+    _add_image_arguments(parser)
     _add_output_arguments(parser)
     _add_checkpoint_arguments(parser)
     _add_pretrained_arguments(parser)
@@ -178,6 +186,48 @@ def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
         type=bucket_sizes,
         help="bucket sizes of the sequence dim for --shapes buckets (default: 4 even steps up to MAX)",
     )
+
+
+def _add_image_arguments(parser: argparse.ArgumentParser) -> None:
+    images = parser.add_argument_group("images (qwen2vl): real samples of mixed images, padded with a mask")
+    images.add_argument(
+        "--image-sizes",
+        metavar="HxW,...",
+        type=image_sizes,
+        help="image sizes in pixels, each drawn per image from a generator seeded by the step "
+        "(multiples of patch x merge = 8; default the preset's one size)",
+    )
+    images.add_argument(
+        "--images-per-sample",
+        metavar="LO-HI",
+        type=count_range,
+        help="images per sample, drawn per sample in LO..HI (e.g. 0-2; default 1)",
+    )
+
+
+def image_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The ``model_options`` of ``--image-sizes`` / ``--images-per-sample`` (``{}`` without
+    them); a value the qwen2vl preset cannot take exits with code 2 before anything launches."""
+    if args.image_sizes is None and args.images_per_sample is None:
+        return {}
+    if args.example != "qwen2vl":
+        parser.error(f"--image-sizes and --images-per-sample need the qwen2vl example, not {args.example}")
+    from graph_exec.examples.qwen2vl import MAX_IMAGES
+    from graph_exec.examples.qwen2vl import SIZES as PRESETS
+
+    preset = PRESETS[args.size]
+    unit = preset.patch * preset.merge
+    sizes = args.image_sizes or ((preset.image, preset.image),)
+    bad = [f"{h}x{w}" for h, w in sizes if h % unit or w % unit]
+    if bad:
+        parser.error(
+            f"--image-sizes {','.join(bad)}: every size must be a multiple of patch x merge = {unit} "
+            f"pixels on both sides (the {args.size} preset; e.g. {unit}x{unit},{2 * unit}x{unit})"
+        )
+    low, high = args.images_per_sample or (1, 1)
+    if high > MAX_IMAGES:
+        parser.error(f"--images-per-sample {low}-{high}: at most {MAX_IMAGES} images per sample")
+    return {"image_sizes": [list(s) for s in sizes], "images_per_sample": [low, high]}
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -311,6 +361,12 @@ LENGTH_EXAMPLES = ("embed_lm",)
 
 def shape_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     """The job's ``seq_len_range``, ``shapes`` and ``shape_buckets``; impossible sets exit with 2."""
+    mixed = (
+        getattr(args, "image_sizes", None) is not None or getattr(args, "images_per_sample", None) is not None
+    )
+    if mixed and args.shapes == "dynamic" and args.shape_buckets is None and args.seq_len_range is None:
+        # qwen2vl's mixed batches vary their patch count and length: one dynamic graph per kernel
+        return {"seq_len_range": None, "shapes": "dynamic", "shape_buckets": None}
     varied = args.seq_len_range is not None or args.shapes != "static" or args.shape_buckets is not None
     if varied and args.example not in LENGTH_EXAMPLES:
         parser.error(
@@ -360,7 +416,11 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     )
     shapes = shape_options(args, parser)
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=args.steps, warmup=0)
-    job = dataclasses.replace(job, **shapes, **pretrained_options(args, parser))
+    pretrained = pretrained_options(args, parser)
+    images = image_options(args, parser)
+    if images:
+        pretrained["model_options"] = {**(pretrained["model_options"] or {}), **images}
+    job = dataclasses.replace(job, **shapes, **pretrained)
     point = first_step(args, parser, job)
     # at least one step (the caller stops before launching when none remain), or none: load, export
     steps, warmup = (0, 0) if args.steps == 0 else _split(max(args.steps - point.step, 1))
