@@ -212,7 +212,6 @@ def vlm_batch(
     of patch × merge, image tokens that do not match the sample's images, labels of another
     length, a sample longer than ``pad_to`` allows.
     """
-
     from graph_exec.models.split import SplitModel
 
     model = split_or_model.model if isinstance(split_or_model, SplitModel) else split_or_model
@@ -221,7 +220,7 @@ def vlm_batch(
         raise ValueError(f"samples must be a non-empty list of dicts, got {type(samples).__name__}")
     if pad_token_id == v.image_token:
         raise ValueError(f"pad_token_id {pad_token_id} is the image token: choose another")
-    texts, labels, patches, grids = [], [], [], []
+    texts, labels, patches = [], [], []
     for k, sample in enumerate(samples):
         where = f"sample {k}"
         if not isinstance(sample, Mapping) or "input_ids" not in sample:
@@ -242,7 +241,6 @@ def vlm_batch(
         texts.append(ids)
         labels.append(label)
         patches.append(made)
-        grids.extend(g for _, g in made)
     counts = [sum(len(p) for p, _ in made) for made in patches]
     longest = max(range(len(texts)), key=lambda k: len(texts[k]))
     length = _bucket(
