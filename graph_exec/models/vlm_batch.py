@@ -42,6 +42,12 @@ class VLMBatch(NamedTuple):
     inputs: tuple[np.ndarray, ...]  #: pixel_values, patch_image, patch_positions, ids, positions, mask
     labels: np.ndarray  #: (B, S) int32, -100 where nothing is predicted
 
+    @property
+    def patches(self) -> np.ndarray:
+        """``(B,)``: each sample's real patch count (padding excluded), what its tower costs:
+        summed per micro-batch, the cost ``tower_order="balanced"`` places by."""
+        return (self.inputs[1] >= 0).sum(axis=1)
+
 
 class _Vision(NamedTuple):
     """The vision facts of a Qwen2-VL config that a batch depends on."""

@@ -49,6 +49,7 @@ def test_a_mixed_batch_matches_the_whole_model_on_each_unpadded_sample(mode, tra
     pixels, patch_image, _, ids, _, mask = batch.inputs
     assert pixels.shape[:2] == (4, 28) and ids.shape == (4, 14)  # the largest sample pads the rest
     assert mask.sum(1).tolist() == [len(s["input_ids"]) for s in samples]
+    assert batch.patches.tolist() == [16, 28, 0, 8]
     assert patch_image[1].tolist() == [0] * 4 + [1] * 24 and (patch_image[2] == -1).all()
     sched = schedule(parts, mode)
     losses = sched.run(*(ms.Tensor(a) for a in batch.inputs), labels=ms.Tensor(batch.labels))
