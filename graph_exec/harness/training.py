@@ -225,6 +225,7 @@ class Trainer:
             activation_bytes=activation,
             preprocess_bytes=preprocess,
             dispatch_seconds=dispatch,
+            memory=self.schedule.stats()["memory"] if self.records else None,
         )
         record.write(run_dir)
         if self.job.nodes > 1:  # the launcher of every host reports on every rank
