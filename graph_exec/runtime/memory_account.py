@@ -11,7 +11,8 @@ kind:
   visible without reading the device, so a taped forward is counted by the tensors at its
   boundary (a lower bound; the allocator peak and the peak RSS see the rest). The last stage's
   fused forward-and-backward keeps nothing between steps: its input is counted during that step;
-- ``receive slots``: the bytes of every received message whose buffer is still out;
+- ``receive slots``: the bytes of every received message whose buffer is still out (a whole
+  frame: prefix, aligned tensors, at least a control message's size);
 - ``preprocess outputs``: a preprocess forward's outputs until they are shipped (an owner) or
   read by ``F 0.m`` (rank 0);
 - ``preprocess tapes``: taped preprocess forwards (``keep_preprocess_tape``, the fair

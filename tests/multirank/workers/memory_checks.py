@@ -5,7 +5,8 @@ float32. Interleaved 1F1B with V = 1 warms up 2 (P - r - 1) forwards, so rank 0 
 micro-batches of stage 0 at its peak; rank 1's last stage holds only its fused step's input.
 Bytes per micro-batch: raw features [2, 6] = 48, a hidden [2, 8] = 64, the projector's two
 outputs 2 x 64 = 128. A taped forward keeps its inputs and outputs, a recomputed one its
-inputs. Every figure is checked after the second step (steady-state messages carry no header).
+inputs; a received message is a frame of at least ``CONTROL_BYTES``. Every figure is checked
+after the second step (steady-state messages carry no header).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from mindspore.communication import get_rank, init
 import graph_exec as ge
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.schedule.memory import peak_counts
+from graph_exec.transport.frames import PREFIX_BYTES
+from graph_exec.transport.meta import CONTROL_BYTES
 from tests.models.common import announce_policy, loss_fn
 from tests.models.pipeline import batch, build
 
@@ -55,8 +58,11 @@ for name, preprocess, mpipe, recompute, stage0 in [
     check(f"{name}.per_micro", memory["activation_bytes_per_micro"] == per_micro, memory)
     check(f"{name}.activations", memory["activations"] == held, f"{memory['activations']} != {held}")
     counts = peak_counts(sched.plan, rank)
-    # Rank 0 receives the gradients of stage 0's output, rank 1 stage 1's input: [2, 8] each.
-    want = counts["receives"] * 64
+    # A receive slot holds a whole frame: a prefix and each tensor at a 64-byte aligned offset,
+    # at least a control message's size. Every message here (one or two [2, 8] float32 tensors)
+    # is below that floor, so each slot holds CONTROL_BYTES.
+    assert PREFIX_BYTES + 2 * 64 <= CONTROL_BYTES
+    want = counts["receives"] * CONTROL_BYTES
     check(f"{name}.receives", memory["receive_slots"] == want, f"{memory['receive_slots']} != {want}")
     want = counts["preprocess outputs"] * 128
     check(
