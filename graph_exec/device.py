@@ -121,6 +121,12 @@ class DevicePolicy:
     has_streams: bool
     """The target has device streams and events (GPU, Ascend); on CPU there is only
     MindSpore's op queue to wait for."""
+    allocator_reports_peak: bool
+    """MindSpore's allocator keeps the peak of the device memory it handed out
+    (``mindspore.runtime.max_memory_allocated``, GPU and Ascend), a counter read without a
+    synchronisation. On CPU a tensor is host memory of this process and that call returns 0
+    (measured, MindSpore 2.10): the process's peak resident set is the figure there
+    (:func:`memory_peaks`)."""
     assign_has_bfloat16: bool
     """MindSpore's ``Assign`` has a bfloat16 kernel (GPU, Ascend). MindSpore 2.10's CPU target
     has none (``ops.assign`` of a bfloat16 tensor fails), so :func:`assign_in_place` writes
@@ -148,6 +154,7 @@ class DevicePolicy:
             pin_cores=target == "CPU",
             device_per_rank=target != "CPU",
             has_streams=target != "CPU",
+            allocator_reports_peak=target != "CPU",
             assign_has_bfloat16=target != "CPU",
         )
 
@@ -225,6 +232,26 @@ def _drain_op_queue() -> None:
     from mindspore.common.api import _pynative_executor
 
     _pynative_executor.sync()
+
+
+def memory_peaks() -> dict[str, int | None]:
+    """This process's memory peaks in bytes: ``peak_rss`` (the most host memory it has held,
+    ``getrusage``), and ``allocator_peak``, MindSpore's peak of the device memory it allocated,
+    where the device keeps one (:attr:`DevicePolicy.allocator_reports_peak`; ``None`` on CPU,
+    whose tensors the resident set already counts)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peaks: dict[str, int | None] = {
+        "peak_rss": int(rss) if sys.platform == "darwin" else int(rss) * 1024,  # Linux: KiB
+        "allocator_peak": None,
+    }
+    if policy().allocator_reports_peak:
+        import mindspore as ms
+
+        peaks["allocator_peak"] = int(ms.runtime.max_memory_allocated())
+    return peaks
 
 
 def assign_in_place(target: Any, value: Any) -> None:

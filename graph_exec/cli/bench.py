@@ -33,6 +33,8 @@ from graph_exec.executors import MODES
 from graph_exec.report.bench_report import VARIANTS, document, evaluate, runs_for, table
 from graph_exec.report.bench_schema import check
 from graph_exec.report.job import JobSpec
+from graph_exec.report.memory import memory_lines
+from graph_exec.report.records import read_run
 from graph_exec.report.trace import PLOT_EXTRA_HINT
 
 
@@ -152,6 +154,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         with run_directory(args.log_dir) as run_dir:
             execute(job, run_dir, args.timeout, progress, "graph-exec bench", nodes_of(args, parser))
             doc = document(job, args.variants, args.modes, evaluate(job, run_dir))
+            memory = {spec.name: memory_lines(read_run(run_dir, spec.name, job.ranks)) for spec in job.runs}
     except JobFailed as failed:
         return failed.code
     problems = check(doc)
@@ -162,6 +165,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         return 1
     sys.stdout.write("\n" + table(doc))
+    print("\nmemory per rank (the last step's peaks):")
+    for name, lines in memory.items():
+        for line in lines:
+            print(f"  {name} {line}")
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
         print(f"\nresults written to {args.json}")

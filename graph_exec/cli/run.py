@@ -40,6 +40,7 @@ from graph_exec.cli.resume import ResumePoint, ResumeRefused, choose, expected_f
 from graph_exec.device import DevicePolicy, fast_paths_requested
 from graph_exec.report.analysis import summarize
 from graph_exec.report.job import JobSpec, RunSpec
+from graph_exec.report.memory import memory_lines
 from graph_exec.report.records import read_run
 from graph_exec.report.trace import PLOT_EXTRA_HINT, chrome_trace, plot_timeline
 from graph_exec.restarts import Attempt
@@ -577,6 +578,11 @@ def _report(
     print(f"compilations: {summary.compilations} ({summary.compile_seconds:.1f} s, summed over ranks)")
     if job.warmup:
         print(f"receive-buffer allocations after warm-up: {summary.allocations_after_warmup}")
+    lines = memory_lines(records)
+    if lines:
+        print("memory per rank (the last step's peaks):")
+        for line in lines:
+            print(f"  {line}")
     if args.trace:
         args.trace.write_text(json.dumps(chrome_trace(records, describe(job))), encoding="utf-8")
         print(f"trace written to {args.trace} (open in https://ui.perfetto.dev or chrome://tracing)")

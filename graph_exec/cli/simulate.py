@@ -6,9 +6,17 @@ import argparse
 import json
 import sys
 
-from graph_exec.cli.argtypes import finite_non_negative, number, positive_number, tower_weights
+from graph_exec.cli.argtypes import (
+    finite_non_negative,
+    non_negative_int,
+    number,
+    positive_number,
+    tower_weights,
+)
 from graph_exec.cli.plan import add_plan_arguments, build_or_report, config_from_args
+from graph_exec.schedule.memory import ItemSizes, peak_bytes, peak_counts
 from graph_exec.schedule.placement import TOWER_ORDERS
+from graph_exec.schedule.plan import Plan
 from graph_exec.schedule.size import SIMULATE_BYTES_PER_STEP
 from graph_exec.simulate import OpCosts, SimResult, simulate, to_chrome_trace
 
@@ -17,6 +25,13 @@ _tower_orders = number(
     lambda text: tuple(text.split(",")),
     lambda v: len(set(v)) == len(v) and all(o in TOWER_ORDERS for o in v),
     f"one or more of {', '.join(TOWER_ORDERS)}, comma-separated, none twice",
+)
+
+#: ``--held-bytes B[,B...]``: bytes one micro-batch's forward keeps per stage (one: every stage).
+_held_bytes = number(
+    lambda text: tuple(int(part) for part in text.split(",")),
+    lambda v: all(b >= 0 for b in v),
+    "bytes >= 0 (integers), one for every stage or one per stage, comma-separated",
 )
 
 #: flag -> (OpCosts field, argparse type, help)
@@ -92,6 +107,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="which user micro-batch runs as which plan micro: arrival (as given), balanced "
         "(cost-aware placement of the towers); several are simulated and compared (default arrival)",
     )
+    memory = parser.add_argument_group(
+        "memory (the predicted peak per rank: counts, and bytes with --held-bytes)"
+    )
+    memory.add_argument(
+        "--held-bytes",
+        metavar="B[,B...]",
+        type=_held_bytes,
+        help="bytes a forward keeps for its backward per micro-batch (the tape, or the input with "
+        "recompute), one for every stage or one per stage; receives weigh --act-bytes and "
+        "preprocess outputs --pre-bytes",
+    )
+    memory.add_argument(
+        "--preprocess-tape-bytes",
+        metavar="B",
+        type=non_negative_int,
+        default=0,
+        help="bytes of one kept preprocess tape (--keep-preprocess-tape plans; default 0)",
+    )
     parser.add_argument(
         "--trace",
         metavar="FILE",
@@ -115,6 +148,12 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         fused_last_stage=args.fused_last_stage,
         tower_costs=args.tower_costs or (),
     )
+    held = args.held_bytes
+    stages = config.pp * config.vpp
+    if held is not None and len(held) not in (1, stages):
+        parser.error(
+            f"--held-bytes has {len(held)} values but the plan has {stages} stages: give one, or one per stage"
+        )
     plan = build_or_report(config, parser.prog)
     if plan is None:
         return 1
@@ -126,6 +165,15 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         sys.stdout.write(report(result))
     if several:
         sys.stdout.write(comparison(results))
+    sizes = None
+    if held is not None:
+        sizes = ItemSizes(
+            activations={s: held[0] if len(held) == 1 else held[s] for s in range(stages)},
+            stage_inputs=dict.fromkeys(range(stages), int(costs.activation_bytes)),
+            preprocess_output=int(costs.preprocess_bytes),
+            preprocess_tape=args.preprocess_tape_bytes,
+        )
+    sys.stdout.write(memory_report(plan, sizes))
     if args.trace:
         with open(args.trace, "w", encoding="utf-8") as out:
             json.dump(to_chrome_trace(next(iter(results.values()))), out)
@@ -143,6 +191,19 @@ def comparison(results: dict[str, SimResult]) -> str:
             f"{order} vs {first}: step time {result.step_time:.6g} vs {reference.step_time:.6g} "
             f"({speedup:.3f}x)"
         )
+    return "\n".join(lines) + "\n"
+
+
+def memory_report(plan: Plan, sizes: ItemSizes | None) -> str:
+    """Each rank's predicted peak: the most items of each kind it holds at once (each kind's
+    own peak) and, with ``sizes``, the peak of the bytes of every kind together."""
+    lines = ["predicted peak held per rank (items at once; bytes: the peak of their sum):"]
+    for rank in range(plan.config.pp):
+        counts = ", ".join(f"{kind} {n}" for kind, n in peak_counts(plan, rank).items() if n)
+        line = f"rank {rank}: {counts or 'nothing'}"
+        if sizes is not None:
+            line += f"; {peak_bytes(plan, rank, sizes)} bytes"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

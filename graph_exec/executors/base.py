@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Tensors = tuple[Any, ...]
@@ -46,6 +46,21 @@ class CompileStats:
     mindspore_compilations: int | None = None
     cached_kernels: int = 0
     evictions: int = 0
+
+
+@dataclass(frozen=True)
+class HeldState:
+    """What an executor holds between hook calls, for the memory accounting
+    (:mod:`graph_exec.runtime.memory_account`): live views, read, never changed by the reader.
+
+    ``forwards``: the kept stage forwards by ``(stage, micro)``; ``preprocess``: the taped
+    preprocess forwards by key (each with ``args``, ``outputs`` specs and ``recorded``);
+    ``weight_grads``: the weight gradients a split backward's input half holds, by ``(stage, micro)``.
+    """
+
+    forwards: Mapping[Hashable, Any] = field(default_factory=dict)
+    preprocess: Mapping[Hashable, Any] = field(default_factory=dict)
+    weight_grads: Mapping[Hashable, tuple] = field(default_factory=dict)
 
 
 class Executor(ABC):
@@ -180,6 +195,10 @@ class Executor(ABC):
     def kept(self) -> Sequence[Hashable]:
         """The keys whose forward state is still held (for leak checks): ``(stage, micro)`` of
         stage forwards, and the keys of taped preprocess forwards."""
+
+    def held_state(self) -> HeldState:
+        """What this executor holds now, for the memory accounting (nothing, unless overridden)."""
+        return HeldState()
 
     @abstractmethod
     def drop_kept(self, consume: bool = True) -> None:

@@ -49,7 +49,7 @@ from graph_exec.kernels import (
 )
 from graph_exec.msenv import prepare_mindspore
 
-from .base import Executor, MaybeTensors, Tensors
+from .base import Executor, HeldState, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
 from .jit_options import check_jit_options
 from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE, KernelCache
@@ -579,6 +579,10 @@ class KernelExecutor(Executor):
 
     def begin_step(self) -> None:
         self.steps_begun += 1
+
+    def held_state(self) -> HeldState:
+        """The live dicts of kept forwards and held weight gradients (no copies: read per step)."""
+        return HeldState(self._kept, self._kept_preprocess, self._held)
 
     def drop_kept(self, consume: bool = True) -> None:
         """Forget every kept forward; a recorded tape is consumed by a backward with zero

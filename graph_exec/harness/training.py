@@ -80,6 +80,7 @@ class Trainer:
             **({"shape_buckets": {1: job.shape_buckets}} if bucketed else {}),
             "timeout_s": job.timeout_s,
             "body": spec.body,
+            "recompute": spec.recompute,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
             "mesh": mesh,
         }
@@ -225,6 +226,7 @@ class Trainer:
             activation_bytes=activation,
             preprocess_bytes=preprocess,
             dispatch_seconds=dispatch,
+            memory=self.schedule.stats()["memory"] if self.records else None,
         )
         record.write(run_dir)
         if self.job.nodes > 1:  # the launcher of every host reports on every rank

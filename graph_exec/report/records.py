@@ -51,6 +51,8 @@ class RankRecord:
     output transfer (0 where the run has none), for the simulator's bandwidth term.
     ``dispatch_seconds``: the executor's measured per-call cost outside the kernel (``None``
     unless the job asked for calibration, or where this rank had no chunk to calibrate on).
+    ``memory``: the schedule's ``stats()["memory"]`` after the last step (``None`` in records
+    written before it was recorded).
     """
 
     run: str
@@ -60,6 +62,7 @@ class RankRecord:
     activation_bytes: int = 0
     preprocess_bytes: int = 0
     dispatch_seconds: float | None = None
+    memory: dict | None = None  #: ``stats()["memory"]`` after the run's last step
 
     def path(self, run_dir: Path) -> Path:
         return record_path(run_dir, self.run, self.rank)

@@ -134,7 +134,9 @@ class ReceiveBuffers:
         self._release_after: dict[int, list[int]] = defaultdict(list)
         for recv_index, last_index in last_use:
             self._release_after[last_index].append(recv_index)
-        self._held: dict[int, list[Any]] = defaultdict(list)
+        self._held: dict[int, list[tuple[Any, int]]] = defaultdict(list)
+        #: Bytes of the messages whose buffers are out now (the memory accounting reads it).
+        self.held_bytes = 0
 
     def allocator(self, recv_index: int) -> Callable[[int], Any]:
         """The allocator for the receive at ``recv_index`` (message memory for the transport,
@@ -142,7 +144,8 @@ class ReceiveBuffers:
 
         def allocate(nbytes: int) -> Any:
             slot, memory = self.slots.acquire(nbytes)
-            self._held[recv_index].append(slot)
+            self._held[recv_index].append((slot, nbytes))
+            self.held_bytes += nbytes
             return memory
 
         return allocate
@@ -154,15 +157,17 @@ class ReceiveBuffers:
     def release_after(self, step_index: int) -> None:
         """Give back every buffer whose last reader was ``step_index``."""
         for recv_index in self._release_after.get(step_index, ()):
-            for slot in self._held.pop(recv_index, ()):
+            for slot, nbytes in self._held.pop(recv_index, ()):
                 self.slots.release(slot)
+                self.held_bytes -= nbytes
 
     def release_all(self) -> None:
         """Give back everything (end of an aborted step)."""
         for held in self._held.values():
-            for slot in held:
+            for slot, _ in held:
                 self.slots.release(slot)
         self._held.clear()
+        self.held_bytes = 0
 
     @property
     def held(self) -> int:

@@ -18,6 +18,7 @@ from graph_exec.errors import GraphExecError, PipelineStepError
 from graph_exec.executors.base import Executor
 from graph_exec.runtime.buffers import ReceiveBuffers
 from graph_exec.runtime.grad_reduce import StepContribution
+from graph_exec.runtime.memory_account import MemoryAccount, tensors_bytes
 from graph_exec.runtime.microbatch import MicroBatches
 from graph_exec.runtime.state import StepCaches
 from graph_exec.schedule import Plan, Step, StepKind
@@ -66,6 +67,8 @@ class RankRuntime:
         self.buffers = buffers
         self.caches = StepCaches()
         self.timeline: list[TimelineEvent] = []
+        #: What this rank held during the last step (``stats()["memory"]``).
+        self.memory = MemoryAccount()
         self._preprocess_grads = preprocess_grads
         self.sync_steps = sync_steps
         self._has_preprocess = plan.config.preprocess != "none"
@@ -116,6 +119,7 @@ class RankRuntime:
         self._batch = batch
         self.timeline = []
         self.executor.begin_step()
+        self.memory.begin_step()
         if any(step.kind is StepKind.GRADREDUCE for step in self.order) and self._preprocess_grads:
             self._contribution = StepContribution(PackedTensors(self._preprocess_grads()))
         origin = time.perf_counter()
@@ -124,6 +128,7 @@ class RankRuntime:
             start = time.perf_counter()
             try:
                 self._handlers[step.kind](step)
+                self._account()
                 if self.buffers is not None and self.buffers.due(self._index):
                     self.buffers.release_after(self._index)
             except Exception as exc:
@@ -157,6 +162,21 @@ class RankRuntime:
         if self.transport is not None:
             self.transport.abort(reason)
 
+    def _account(self) -> None:
+        """Fold the step just run into the memory account, before its receive buffers go back
+        (what a step last reads counts through that step, as in the memory model)."""
+        held = self.executor.held_state()
+        memory = self.memory
+        memory.sync("activations", held.forwards)
+        memory.sync("preprocess_tapes", held.preprocess)
+        memory.sync("held_weight_gradients", held.weight_grads, tensors_bytes)
+        memory.observe(0 if self.buffers is None else self.buffers.held_bytes)
+
+    def _account_fused(self, stage: int, micro: int, inputs: tuple[Any, ...]) -> None:
+        """The last stage's fused step keeps nothing after it: its input counts during it."""
+        self.memory.hold("activations", (stage, micro), inputs)
+        self.memory.release_after_step("activations", (stage, micro))
+
     # -- messages --------------------------------------------------------------------------
 
     def _send(self, step: Step, tensors: tuple[Any, ...]) -> None:
@@ -174,6 +194,7 @@ class RankRuntime:
 
     def _send_preprocess_outputs(self, step: Step) -> None:
         self._send(step, self.caches.preprocess_outputs.pop(step.micro))
+        self.memory.release_after_step("preprocess_outputs", step.micro)
 
     def _send_preprocess_grads(self, step: Step) -> None:
         self._send(step, self.caches.preprocess_grads.pop(step.micro))
@@ -214,6 +235,8 @@ class RankRuntime:
     def _stage_input(self, stage: int, micro: int) -> tuple[Any, ...]:
         if stage == 0 and not self.plan.config.mpipe:
             return self._batch.inputs[micro]  # no preprocess and nothing shipped: straight from the batch
+        if stage == 0:  # rank 0's own preprocess output (if it made this one) is read now
+            self.memory.release_after_step("preprocess_outputs", micro)
         return self.caches.body_inputs.pop((stage, micro))
 
     def _forward(self, step: Step) -> None:
@@ -227,6 +250,7 @@ class RankRuntime:
             loss, grads = self.executor.last_stage_step(
                 stage, micro, inputs, labels, hold_weight_grads=self._split
             )
+            self._account_fused(stage, micro, inputs)
             self._settle(*grads, *_flat(loss))
             self.caches.losses[micro] = loss
             self.caches.input_grads[(stage, micro)] = grads  # the B (I) step routes them
@@ -293,6 +317,7 @@ class RankRuntime:
         else:
             outputs = inputs
         self._settle(*outputs)
+        self.memory.hold("preprocess_outputs", micro, outputs)
         if self.rank == 0:
             self.caches.body_inputs[(0, micro)] = outputs
         else:

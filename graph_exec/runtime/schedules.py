@@ -35,6 +35,7 @@ from graph_exec.runtime.driver import RankRuntime, TimelineEvent
 from graph_exec.runtime.grad_norm import GlobalGradNorm, check_max_norm, check_norm_type, counted_names
 from graph_exec.runtime.handshake import check_ranks_agree, share_setup_outcome
 from graph_exec.runtime.loss_scaling import LossScale
+from graph_exec.runtime.memory_account import optimizer_state_bytes, parameter_bytes, tensors_bytes
 from graph_exec.runtime.microbatch import MicroBatches, in_user_order, permuted, split_batch
 from graph_exec.runtime.options import (
     ScheduleOptions,
@@ -161,6 +162,7 @@ class PipelineSchedule:
         self._accumulated = False  # whether the accumulators hold gradients (since zero_grad())
         self._ran = False  # whether a training step ran: the gradient methods need one
         self._grads_finite: bool | None = None
+        self._optimizer_state: tuple[int, int] | None = None  # (id of the optimizer, its state bytes)
 
     @property
     def mesh(self) -> Any:
@@ -335,6 +337,7 @@ class PipelineSchedule:
         setup = self._require_step("step()")
         try:  # a bad optimizer may fail on one rank only: the verdict tells every rank
             params, problem = self._optimizer_params(optimizer), None
+            self._note_optimizer(optimizer, params)
         except (TypeError, ValueError) as exc:
             params, problem = (), exc
         try:
@@ -428,7 +431,28 @@ class PipelineSchedule:
             out["transport"] = setup.transport.stats
         if setup.data_parallel is not None:
             out["data_parallel"] = setup.data_parallel.stats
+        out["memory"] = self._memory_stats(setup)
         return out
+
+    def _memory_stats(self, setup: _Setup) -> dict[str, Any]:
+        """``stats()["memory"]``: this rank's bytes (``docs/api.md`` lists every key)."""
+        from graph_exec.device import memory_peaks
+
+        cells = [s.submodule for s in self.stages]
+        if self.preprocess_module is not None and setup.plan.config.preprocess != "none":
+            cells.append(self.preprocess_module)  # the baseline's ranks but 0 ignore theirs
+        return {
+            "parameters": parameter_bytes(cells),
+            "gradient_accumulators": tensors_bytes(setup.executor.grads().values()),
+            "optimizer_state": None if self._optimizer_state is None else self._optimizer_state[1],
+            **setup.runtime.memory.peaks(),
+            **memory_peaks(),
+        }
+
+    def _note_optimizer(self, optimizer: Any, params: Sequence[Any]) -> None:
+        """Remember the bytes of the state of the optimizer :meth:`step` applies (once per optimizer)."""
+        if self._optimizer_state is None or self._optimizer_state[0] != id(optimizer):
+            self._optimizer_state = (id(optimizer), optimizer_state_bytes(optimizer, params))
 
     # -- setup -----------------------------------------------------------------------------
 

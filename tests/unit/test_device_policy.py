@@ -27,7 +27,13 @@ FAST_PATHS = [
 
 def test_every_decision_is_either_a_fast_path_or_a_target_primitive() -> None:
     fields = {f.name for f in dataclasses.fields(DevicePolicy)}
-    primitives = {"pin_cores", "device_per_rank", "has_streams", "assign_has_bfloat16"}
+    primitives = {
+        "pin_cores",
+        "device_per_rank",
+        "has_streams",
+        "assign_has_bfloat16",
+        "allocator_reports_peak",
+    }
     assert fields == {"target", "cpu_fast_paths", *primitives, *FAST_PATHS}
 
 
