@@ -189,6 +189,12 @@ class DataLoader:
         self._step += 1
         return batch
 
+    def next_indices(self) -> np.ndarray:
+        """The source indices of the batch :meth:`next_batch` returns (all its rows), without reading it."""
+        if self._step >= self.steps_per_epoch:
+            return self.indices(self._epoch + 1, 0)
+        return self.indices(self._epoch, self._step)
+
     def indices(self, epoch: int, step: int) -> np.ndarray:
         """The source indices of this replica's batch ``step`` of ``epoch`` (all its rows)."""
         order = shard.epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
