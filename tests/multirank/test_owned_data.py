@@ -1,8 +1,8 @@
 """Owned input through ``DataLoader(owned_by=schedule)`` with ``tower_order="balanced"`` at P = 2
 (workers/owned_data_checks.py): one exchange of sizes gives both ranks the same costs and the
-same placement; each rank reads exactly the micro-batches placed on it (rank 0 only its own,
+same placement (a rank that cannot size a sample makes every rank raise); each rank reads exactly the micro-batches placed on it (rank 0 only its own,
 rank 1, holding the last stage, all of them); losses and every gradient equal replicated input
-and the non-pipelined reference (atol 1e-5, rtol 1e-4)."""
+(bit for bit) and the non-pipelined reference (atol 1e-5, rtol 1e-4)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ def test_owned_reading_with_balanced_placement_matches_replicated_input(run_work
     for name in names:
         assert seen[1][("READ", name)] == everything  # the last stage's rank needs every label
         assert seen[0][("READ", name)] != everything, (name, seen[0][("READ", name)])
+    # the same rows in the same order through the same kernels: owned equals replicated bit for bit
+    assert all(seen[r][("BITWISE", name)] == "True" for r in (0, 1) for name in names), seen
     for rank in (0, 1):
         assert "ALL DONE failures=0" in result.worker_logs[rank], result.describe()
+        assert "failing_size.raised" in checks(result, rank)  # a failed sizing is told to every rank
         wanted = {
             f"{name}.{check}"
             for name in names

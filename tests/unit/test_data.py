@@ -257,3 +257,29 @@ def test_bad_options_name_the_value(options: dict, words: str) -> None:
 def test_a_source_that_is_not_a_sequence_is_refused() -> None:
     with pytest.raises(DataError, match="source must be a sequence of samples"):
         DataLoader(iter(samples(8)), 2)
+
+
+class OwnedSchedule:
+    """What the loader reads of a schedule for owned reading (its options)."""
+
+    def __init__(self, input: str = "owned", tower_order: str = "balanced", micro: int = 2) -> None:
+        self.input, self.tower_order, self.micro_batch_num = input, tower_order, micro
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"owned_by": OwnedSchedule(input="replicated")}, "owned_by needs a schedule with input='owned'"),
+        (
+            {"owned_by": OwnedSchedule(), "read_micros": (0,), "micro_batch_num": 2},
+            "pass neither micro_batch_num",
+        ),
+        ({"owned_by": OwnedSchedule()}, "tower_order='balanced' and owned input needs sample_cost=fn"),
+        ({"owned_by": OwnedSchedule(tower_order="arrival"), "sample_cost": len}, "sample_cost is used by"),
+        ({"owned_by": OwnedSchedule(micro=3), "sample_cost": len}, "batch_size 4 is not divisible"),
+        ({"sample_cost": len}, "it needs owned_by=schedule"),
+    ],
+)
+def test_bad_owned_reading_options_name_the_value(options: dict, words: str) -> None:
+    with pytest.raises(DataError, match=words):
+        DataLoader(samples(32), 4, **options)

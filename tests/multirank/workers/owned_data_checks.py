@@ -28,7 +28,7 @@ from mindspore import Tensor
 from mindspore.communication import get_group_size, get_rank, init
 
 import graph_exec as ge
-from graph_exec.data import DataLoader
+from graph_exec.data import DataError, DataLoader, SampleError
 from graph_exec.msenv import prepare_mindspore
 from tests.models.common import announce_policy, loss_fn
 from tests.models.pipeline import batch, build, reference
@@ -48,6 +48,7 @@ class Case:
     vpp: int = 1
     mode: str = "graph"
     overflow: str = "full"
+    failing: bool = False  #: rank 0's sample_cost fails: every rank must raise, none wait
 
 
 CASES = [
@@ -55,6 +56,7 @@ CASES = [
     Case("trainable_v2_pynative", "trainable", vpp=2, mode="pynative"),
     Case("frozen_min_v1_graph", "frozen", overflow="min"),
 ]
+FAILING = Case("failing_size", "frozen", failing=True)
 
 
 class Recording:
@@ -92,7 +94,33 @@ def rows_of(indices: np.ndarray, micros) -> list[int]:
     return sorted(int(i) for m in micros for i in indices[m * PER : (m + 1) * PER])
 
 
+def check_failing_size(case: Case, pp: int, rank: int, checker: Checker) -> None:
+    """Rank 0 cannot size a sample: it raises the SampleError naming it, the other ranks learn of
+    it from the same exchange and raise too (nobody waits for a rank that gave up)."""
+    sched = schedule(case, build(pp, case.preprocess), rank, pp, "owned")
+    x, labels = batch(SAMPLES, seed=4)
+    samples = [(x.asnumpy()[i], labels.asnumpy()[i]) for i in range(SAMPLES)]
+
+    def sample_cost(index: int) -> float:
+        if rank == 0:
+            raise OSError("no image header")
+        return 1.0
+
+    loader = DataLoader(samples, SIZE, owned_by=sched, sample_cost=sample_cost, seed=3)
+    try:
+        loader.next_batch()
+    except SampleError as exc:
+        checker.check(f"{case.name}.raised", rank == 0 and "OSError: no image header" in str(exc), str(exc))
+    except DataError as exc:
+        checker.check(f"{case.name}.raised", rank != 0 and "1 other rank(s)" in str(exc), str(exc))
+    else:
+        checker.check(f"{case.name}.raised", False, "next_batch() returned")
+
+
 def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
+    if case.failing:
+        check_failing_size(case, pp, rank, checker)
+        return
     num_stages = pp * case.vpp
     owned_model, replicated_model, ref = (build(num_stages, case.preprocess) for _ in range(3))
     owned = schedule(case, owned_model, rank, pp, "owned")
@@ -157,7 +185,7 @@ def main() -> int:
     init()
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)
-    return run_suite(CASES, lambda case: run_case(case, pp, rank, checker), checker)
+    return run_suite([*CASES, FAILING], lambda case: run_case(case, pp, rank, checker), checker)
 
 
 if __name__ == "__main__":
