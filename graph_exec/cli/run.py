@@ -328,7 +328,13 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: J
             "hosts cannot agree on a relaunch; restart a multi-host job with --resume"
         )
     try:
-        return choose(folder, resume=args.resume, resume_step=args.resume_step, expected=expected_facts(job))
+        return choose(
+            folder,
+            resume=args.resume,
+            resume_step=args.resume_step,
+            expected=expected_facts(job),
+            data=job.data,
+        )
     except ResumeRefused as refused:
         parser.error(str(refused))
 
