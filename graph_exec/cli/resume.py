@@ -62,12 +62,18 @@ def expected_facts(job: JobSpec) -> dict[str, Any]:
 
 
 def choose(
-    folder: Path, *, resume: bool, resume_step: int | None, expected: dict[str, Any] | None
+    folder: Path,
+    *,
+    resume: bool,
+    resume_step: int | None,
+    expected: dict[str, Any] | None,
+    data: str | None = None,
 ) -> ResumePoint:
     """Where a run with these flags starts (see the module docstring); raises :class:`ResumeRefused`.
 
     ``expected`` (:func:`expected_facts`) is compared with the chosen step's manifest; ``None``
-    skips that (a relaunch of the same job).
+    skips that (a relaunch of the same job). ``data`` (``--data``): ``"shuffled"`` needs a
+    checkpoint that holds every rank's data-loader position, ``"steps"`` one without.
     """
     latest, skipped = layout.find_latest(folder)
     notes = [s.describe(folder) for s in skipped]
@@ -96,6 +102,10 @@ def choose(
         step, manifest = latest, layout.read_manifest(folder, latest) or {}
         aside = tuple((s.step, "corrupt") for s in skipped if s.corrupt)
     found = [] if expected is None else differences_from_expected(manifest, expected)
+    if data is not None:
+        written = "shuffled" if any(e.get("data") for e in manifest.get("ranks", ())) else "steps"
+        if written != data:
+            found.append(f"data: checkpoint {written!r}, this job {data!r}")
     if found:
         raise ResumeRefused(
             f"checkpoint step {step} in {folder} was written by a job set up differently: "
@@ -117,6 +127,7 @@ _FLAGS = {
     "option shapes": "--shapes",
     "option run_ahead": "--run-ahead",
     "option backward": "--backward",
+    "data": "--data",
 }
 
 

@@ -110,6 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_schedule_arguments(parser)
     _add_shape_arguments(parser)
     _add_image_arguments(parser)
+    _add_data_arguments(parser)
     _add_output_arguments(parser)
     _add_checkpoint_arguments(parser)
     _add_pretrained_arguments(parser)
@@ -229,6 +230,33 @@ def image_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if high > MAX_IMAGES:
         parser.error(f"--images-per-sample {low}-{high}: at most {MAX_IMAGES} images per sample")
     return {"image_sizes": [list(s) for s in sizes], "images_per_sample": [low, high]}
+
+
+#: ``--data``: the example's batch of each step index, or its samples through graph_exec.data.
+DATA = ("steps", "shuffled")
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--data",
+        choices=DATA,
+        default="steps",
+        help="steps: the example's own batch of each step (default); shuffled: a fixed set of the example's "
+        "samples (3 global batches) read through graph_exec.data.DataLoader, each replica its shard, "
+        "reshuffled every epoch, its position saved with every checkpoint (a resumed or restarted run "
+        "continues with exactly the next batch)",
+    )
+
+
+def data_option(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """The job's ``data``; ``--data shuffled`` with a length drawn per step exits with code 2."""
+    if args.data == "shuffled" and args.seq_len_range is not None:
+        parser.error(
+            "--data shuffled reads a fixed set of samples of one length: it cannot take --seq-len-range "
+            "(a length drawn per step); drop one of them"
+        )
+    return args.data
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -351,7 +379,13 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: J
             "hosts cannot agree on a relaunch; restart a multi-host job with --resume"
         )
     try:
-        return choose(folder, resume=args.resume, resume_step=args.resume_step, expected=expected_facts(job))
+        return choose(
+            folder,
+            resume=args.resume,
+            resume_step=args.resume_step,
+            expected=expected_facts(job),
+            data=job.data,
+        )
     except ResumeRefused as refused:
         parser.error(str(refused))
 
@@ -421,7 +455,7 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     images = image_options(args, parser)
     if images:
         pretrained["model_options"] = {**(pretrained["model_options"] or {}), **images}
-    job = dataclasses.replace(job, **shapes, **pretrained)
+    job = dataclasses.replace(job, **shapes, **pretrained, data=data_option(args, parser))
     point = first_step(args, parser, job)
     # at least one step (the caller stops before launching when none remain), or none: load, export
     steps, warmup = (0, 0) if args.steps == 0 else _split(max(args.steps - point.step, 1))
@@ -473,6 +507,7 @@ def describe(job: JobSpec) -> str:
         f"V={job.vpp} M={job.micro} per replica, batch {job.batch}, {schedule}"
         + (f", lengths {job.seq_len_range[0]}-{job.seq_len_range[1]}" if job.seq_len_range else "")
         + (f", shape buckets {job.shape_buckets}" if job.shapes == "buckets" else "")
+        + (", shuffled data (graph_exec.data)" if job.data == "shuffled" else "")
     )
 
 

@@ -8,15 +8,16 @@ continues with exactly the batch that came next.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from numbers import Integral
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 
 from graph_exec.data import shard
 from graph_exec.data.collate import Collate, collate_batch, stack_samples
-from graph_exec.data.errors import DataError
+from graph_exec.data.errors import DataError, SampleError
 from graph_exec.data.source import as_source
 
 #: What :meth:`DataLoader.state_dict` holds besides the position: a restored loader must agree.
@@ -53,6 +54,17 @@ class DataLoader:
             rows of the others are zeros of the same shape (the schedule takes them from their
             owners). Each owned micro-batch is collated on its own. The rank holding the last
             stage needs every micro-batch's labels: read everything there.
+        owned_by, sample_cost: for ``input="owned"`` with the schedule itself: ``owned_by`` is this
+            rank's schedule (``input="owned"``); each batch reads only the micro-batches the
+            schedule places on this rank (:meth:`~graph_exec.ScheduleMPipeTranspose.owned_input`;
+            every one on the rank holding the last stage). With ``tower_order="balanced"`` the
+            placement needs every micro-batch's cost first: ``sample_cost(index)`` gives a
+            sample's tower cost without reading it (its image patches from the data set's index,
+            say); each pipeline rank sums the costs of every ``pp``-th micro-batch and one
+            all-reduce of those ``micro_batch_num`` numbers over the pipeline (through
+            :class:`graph_exec.transport.HostSum`) gives every rank the same costs, so the same
+            placement. Pass :attr:`tower_costs` to ``run()``. The first batch sets the schedule up
+            (:meth:`~graph_exec.ScheduleMPipeTranspose.set_up`): read it on every rank.
     """
 
     def __init__(
@@ -69,6 +81,8 @@ class DataLoader:
         drop_last: bool = True,
         micro_batch_num: int | None = None,
         read_micros: Sequence[int] | None = None,
+        owned_by: Any = None,
+        sample_cost: Callable[[int], float] | None = None,
     ) -> None:
         self.source = as_source(source)
         self.batch_size = _int("batch_size", batch_size, 1)
@@ -102,10 +116,48 @@ class DataLoader:
                 f"{self.global_batch}: {left} would be left out of every epoch; pass drop_last=True to accept "
                 "that or trim the source"
             )
+        if owned_by is not None:
+            micro_batch_num = self._check_owner(owned_by, sample_cost, micro_batch_num, read_micros)
+        elif sample_cost is not None:
+            raise DataError(
+                "sample_cost is for owned reading with tower_order='balanced': it needs owned_by=schedule"
+            )
+        self.owned_by, self.sample_cost = owned_by, sample_cost
         self.micro_batch_num, self.read_micros = self._check_micros(micro_batch_num, read_micros)
+        #: ``owned_by``: the costs of the last batch's micro-batches (``None`` without balanced
+        #: placement), for ``run(..., tower_costs=loader.tower_costs)``, and the micro-batches read.
+        self.tower_costs: list[float] | None = None
+        self.last_read: tuple[int, ...] | None = None
+        self._sizes: Any = None  # the size exchange over the pipeline (made at the first batch)
         self._epoch = 0
         self._step = 0
         self._stream: Iterator[Any] | None = None  # batches from (self._epoch, self._step) on
+
+    def _check_owner(self, owner: Any, cost: Any, micro: int | None, micros: Sequence[int] | None) -> int:
+        """``owned_by``'s micro-batch count, once the owned-reading options are consistent."""
+        if getattr(owner, "input", None) != "owned":
+            raise DataError(
+                f"owned_by needs a schedule with input='owned', got {type(owner).__name__} with input="
+                f"{getattr(owner, 'input', None)!r}; with replicated input every rank reads the whole batch"
+            )
+        if micro is not None or micros is not None:
+            raise DataError(
+                "owned_by takes the micro-batch count and the micro-batches to read from the schedule: "
+                "pass neither micro_batch_num nor read_micros"
+            )
+        micro = _int("micro_batch_num", owner.micro_batch_num, 1)
+        if self.batch_size % micro:
+            raise DataError(f"batch_size {self.batch_size} is not divisible by micro_batch_num={micro}")
+        balanced = owner.tower_order == "balanced"
+        if balanced and not callable(cost):
+            raise DataError(
+                "a schedule with tower_order='balanced' and owned input needs sample_cost=fn(index) -> the "
+                f"sample's tower cost, known without reading it (got {cost!r}): the placement decides which "
+                "samples this rank reads"
+            )
+        if not balanced and cost is not None:
+            raise DataError("sample_cost is used by tower_order='balanced' only; this schedule has 'arrival'")
+        return micro
 
     def _check_micros(
         self, micro: int | None, micros: Sequence[int] | None
@@ -189,6 +241,12 @@ class DataLoader:
         self._step += 1
         return batch
 
+    def next_indices(self) -> np.ndarray:
+        """The source indices of the batch :meth:`next_batch` returns (all its rows), without reading it."""
+        if self._step >= self.steps_per_epoch:
+            return self.indices(self._epoch + 1, 0)
+        return self.indices(self._epoch, self._step)
+
     def indices(self, epoch: int, step: int) -> np.ndarray:
         """The source indices of this replica's batch ``step`` of ``epoch`` (all its rows)."""
         order = shard.epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
@@ -196,6 +254,9 @@ class DataLoader:
 
     def _batches(self, epoch: int, first: int) -> Iterator[Any]:
         """Batches ``first..`` of ``epoch``: one read of the source for all of them."""
+        if self.owned_by is not None:
+            yield from self._placed_batches(epoch, first)
+            return
         order = shard.epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
         rows = None
         if self.read_micros is not None:
@@ -210,16 +271,73 @@ class DataLoader:
             if rows is None:
                 yield collate_batch(self.collate, chunk, indices)
             else:
-                yield self._owned_batch(chunk, indices)
+                yield self._owned_batch(chunk, indices, self.read_micros)
 
-    def _owned_batch(self, samples: list[Any], indices: np.ndarray) -> Any:
-        """The batch with only ``read_micros`` read: each collated alone, zeros in the other rows."""
+    def _placed_batches(self, epoch: int, first: int) -> Iterator[Any]:
+        """``owned_by``: per batch, the costs exchanged (balanced), the placement, then one read of
+        exactly the micro-batches the schedule places on this rank."""
+        order = shard.epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
+        for step in range(first, self.steps_per_epoch):
+            indices = shard.replica_batch(order, step, self.batch_size, self.dp_rank, self.dp_size)
+            costs = self._exchanged_costs(indices) if self.sample_cost is not None else None
+            read = self.owned_by.owned_input(costs)
+            picked = indices[shard.micro_batch_rows(self.batch_size, self.micro_batch_num, read)]
+            samples = list(self.source.read([int(i) for i in picked]))
+            batch = self._owned_batch(samples, picked, read)
+            self.tower_costs, self.last_read = costs, read
+            yield batch
+
+    def _exchanged_costs(self, indices: np.ndarray) -> list[float]:
+        """Every micro-batch's summed ``sample_cost``: this rank sizes every ``pp``-th one, one
+        all-reduce over the pipeline adds the others' (and how many ranks failed to)."""
+        schedule = self.owned_by
+        schedule.set_up()
+        mesh = schedule.mesh
+        if self._sizes is None:
+            if (mesh.dp_rank, mesh.dp_size) != (self.dp_rank, self.dp_size):
+                raise DataError(
+                    f"the loader reads replica {self.dp_rank} of {self.dp_size}, its schedule is replica "
+                    f"{mesh.dp_rank} of {mesh.dp_size}: pass mesh=the schedule's mesh"
+                )
+            from graph_exec.transport import HostSum
+
+            self._sizes = HostSum(mesh.pp, schedule.timeout_s)
+        micro, per = self.micro_batch_num, self.batch_size // self.micro_batch_num
+        share = np.zeros(micro + 1, np.float32)  # the last entry counts the ranks that failed
+        failure: SampleError | None = None
+        try:
+            for m in range(mesh.pp_rank, micro, mesh.pp_size):
+                share[m] = math.fsum(self._cost(int(i)) for i in indices[m * per : (m + 1) * per])
+        except SampleError as exc:  # told to every rank first: nobody waits for this one
+            failure, share[micro] = exc, 1.0
+        total = self._sizes(share)
+        if failure is not None:
+            raise failure
+        if total[micro]:
+            raise DataError(
+                f"{int(total[micro])} other rank(s) of this pipeline could not size their share of the batch "
+                "(their own SampleError names the sample)"
+            )
+        return [float(c) for c in total[:micro]]
+
+    def _cost(self, index: int) -> float:
+        """``sample_cost(index)``, or a :class:`SampleError` naming the sample."""
+        try:
+            cost = self.sample_cost(index)
+        except Exception as exc:  # the user's function may raise anything: re-raised naming the sample
+            raise SampleError(index, f"sample_cost({index}) failed: {type(exc).__name__}: {exc}") from exc
+        if isinstance(cost, bool) or not isinstance(cost, Real) or not 0 <= cost < math.inf:
+            raise SampleError(index, f"sample_cost({index}) = {cost!r}: each must be a finite number >= 0")
+        return float(cost)
+
+    def _owned_batch(self, samples: list[Any], indices: np.ndarray, micros: Sequence[int]) -> Any:
+        """The batch with only ``micros`` read: each collated alone, zeros in the other rows."""
         per = self.batch_size // self.micro_batch_num
         parts = [
             collate_batch(self.collate, samples[k * per : (k + 1) * per], indices[k * per : (k + 1) * per])
-            for k in range(len(self.read_micros))
+            for k in range(len(micros))
         ]
-        return _assemble(parts, self.read_micros, per, self.batch_size)
+        return _assemble(parts, micros, per, self.batch_size)
 
 
 def _assemble(parts: list[Any], micros: Sequence[int], per: int, batch_size: int) -> Any:

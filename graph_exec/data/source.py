@@ -12,9 +12,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from graph_exec.data.errors import DataError, SampleError
 
 _FAILED = re.compile(r"graph_exec: sample (\d+) cannot be read")
+
+#: The column :class:`_Indexed` appends to every row: the sample's index, checked on arrival.
+_INDEX_COLUMN = "graph_exec_sample_index"
 
 
 class SequenceSource:
@@ -39,7 +44,8 @@ class SequenceSource:
 
 
 class _Indexed:
-    """The user's source, its failures naming the index (they cross MindSpore's engine as text)."""
+    """The user's source, its failures naming the index (they cross MindSpore's engine as text),
+    each row tagged with its index so that a row the engine skips or reorders is caught."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
@@ -49,11 +55,12 @@ class _Indexed:
 
     def __getitem__(self, index: int) -> Any:
         try:
-            return self.source[index]
+            row = self.source[index]
         except Exception as exc:  # as above
             raise RuntimeError(
                 f"graph_exec: sample {index} cannot be read: {type(exc).__name__}: {exc}"
             ) from exc
+        return (*(row if isinstance(row, tuple) else (row,)), np.array(index, np.int64))
 
 
 class GeneratorSource:
@@ -88,7 +95,7 @@ class GeneratorSource:
 
         pipeline = ds.GeneratorDataset(
             _Indexed(self.source),
-            column_names=self.columns,
+            column_names=[*self.columns, _INDEX_COLUMN],
             sampler=indices,
             num_parallel_workers=self.workers,
             python_multiprocessing=self.multiprocessing,
@@ -96,8 +103,11 @@ class GeneratorSource:
         done = 0
         try:
             for row in pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True):
+                _check_arrival(indices, done, int(row[-1]))
                 done += 1
-                yield dict(zip(self.columns, row, strict=True))
+                yield dict(zip(self.columns, row[:-1], strict=True))
+            if done < len(indices):  # the engine ended early
+                _check_arrival(indices, done, -1)
         except RuntimeError as exc:
             found = _FAILED.search(str(exc))
             index = int(found.group(1)) if found else indices[min(done, len(indices) - 1)]
@@ -105,6 +115,21 @@ class GeneratorSource:
                 (ln for ln in str(exc).splitlines() if "graph_exec: sample" in ln), str(exc).splitlines()[0]
             )
             raise SampleError(index, f"sample {index} cannot be read ({line.strip()})") from exc
+
+
+def _check_arrival(indices: Sequence[int], done: int, arrived: int) -> None:
+    """Row ``done`` of a read must be sample ``indices[done]``: the engine may not skip one."""
+    if done >= len(indices):
+        raise SampleError(
+            arrived, f"the dataset engine delivered sample {arrived} beyond the {done} asked for"
+        )
+    if arrived != indices[done]:
+        got = "nothing" if arrived < 0 else f"sample {arrived}"
+        raise SampleError(
+            indices[done],
+            f"sample {indices[done]} was not delivered by the dataset engine (row {done} of the read is {got}): "
+            "the loader refuses to let a sample drop out of an epoch",
+        )
 
 
 def as_source(data: Any) -> SequenceSource | GeneratorSource:

@@ -33,6 +33,7 @@ from mindspore import nn
 
 import graph_exec as ge
 from graph_exec.checkpoint import SavedCheckpoint
+from graph_exec.data import DataLoader
 from graph_exec.device import wait_for
 from graph_exec.errors import GraphExecError
 from graph_exec.examples import load
@@ -45,6 +46,10 @@ from graph_exec.transport import DeviceMesh, Transport, all_gather_objects, barr
 
 #: Repeats of the dispatch calibration (hook call and bare kernel call, alternated).
 CALIBRATION_REPEATS = 25
+
+#: ``data="shuffled"``: the data set holds this many global batches (one epoch), so a run of a
+#: few steps crosses epochs and reshuffles.
+EPOCH_STEPS = 3
 
 
 def nbytes(tensors: Sequence[Any]) -> int:
@@ -71,6 +76,9 @@ class Trainer:
         self.chunks = self.model.stages
         self.local = list(range(mesh.pp_rank, self.num_stages, pp))
         self.rows = job.batch // mesh.dp_size  # this replica's share of the global batch
+        self._input_fields = 0  # data="shuffled": how many leading fields of a sample are inputs
+        self.loader = self._data_loader() if job.data == "shuffled" else None
+        self._samples: list[int] | None = None  # the source indices of the last step's batch
         stages = [ge.PipelineStage(self.chunks[s], s, self.num_stages) for s in self.local]
         bucketed = job.shapes == "buckets"
         common: dict[str, Any] = {
@@ -118,7 +126,7 @@ class Trainer:
 
         Prints nothing: :meth:`report` announces the step once a checkpoint due after it is written.
         """
-        inputs, labels = self._replica_batch(index)
+        inputs, labels = self._replica_batch(index) if self.loader is None else self._loaded_batch(index)
         barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
         start = time.perf_counter()
         losses = self.schedule.run(*inputs, labels=labels)
@@ -153,6 +161,8 @@ class Trainer:
             "loss": record.loss,
             "seconds": record.end - record.start,
         }
+        if self._samples is not None:
+            line["samples"] = self._samples
         if saved is not None:
             line["checkpoint"] = {
                 "path": str(saved.path),
@@ -163,7 +173,9 @@ class Trainer:
 
     def save(self, steps_done: int) -> SavedCheckpoint:
         """Checkpoint the schedule and the optimizer after ``steps_done`` steps (every rank)."""
-        return ge.save_checkpoint(self.schedule, self._checkpoint_dir(), steps_done, optimizer=self.optimizer)
+        return ge.save_checkpoint(
+            self.schedule, self._checkpoint_dir(), steps_done, optimizer=self.optimizer, data=self.loader
+        )
 
     def resume(self, steps_done: int) -> None:
         """Load the checkpoint of step ``steps_done`` before training on (every rank).
@@ -173,7 +185,9 @@ class Trainer:
         """
         print(PROGRESS + json.dumps({"run": self.spec.name, "resuming": steps_done}), flush=True)
         began = time.perf_counter()
-        ge.load_checkpoint(self.schedule, self._checkpoint_dir(), optimizer=self.optimizer, step=steps_done)
+        ge.load_checkpoint(
+            self.schedule, self._checkpoint_dir(), optimizer=self.optimizer, step=steps_done, data=self.loader
+        )
         line = {"run": self.spec.name, "resumed": steps_done, "seconds": time.perf_counter() - began}
         print(PROGRESS + json.dumps(line), flush=True)
 
@@ -194,6 +208,28 @@ class Trainer:
         mine = slice(self.mesh.dp_rank * self.rows, (self.mesh.dp_rank + 1) * self.rows)
         cut = tuple(t[mine] for t in inputs)
         return cut, (tuple(t[mine] for t in labels) if isinstance(labels, tuple | list) else labels[mine])
+
+    def _data_loader(self) -> DataLoader:
+        """``data="shuffled"``: the example's samples of :data:`EPOCH_STEPS` global batches as a
+        data set, each replica reading its shard through :class:`graph_exec.data.DataLoader`."""
+        inputs, labels = self.model.batch(0, EPOCH_STEPS * self.job.batch)
+        self._input_fields = len(inputs)
+        fields = [
+            t.asnumpy() for t in (*inputs, *(labels if isinstance(labels, tuple | list) else (labels,)))
+        ]
+        samples = [tuple(field[row] for field in fields) for row in range(len(fields[0]))]
+        return DataLoader(samples, self.rows, mesh=self.mesh, shuffle=True, seed=self.job.seed)
+
+    def _loaded_batch(self, index: int) -> tuple[tuple[Any, ...], Any]:
+        """The loader's next batch, which must be step ``index``'s (a resumed loader is moved to it)."""
+        loader = self.loader
+        at = loader.epoch * len(loader) + loader.step
+        if at != index:
+            raise RuntimeError(f"the data loader is at global step {at}, the training at step {index}")
+        self._samples = [int(i) for i in loader.next_indices()]
+        fields = [ms.Tensor(f) for f in loader.next_batch()]
+        inputs, labels = tuple(fields[: self._input_fields]), fields[self._input_fields :]
+        return inputs, labels[0] if len(labels) == 1 else tuple(labels)
 
     def _mean_loss(self, losses: list[Any]) -> float:
         """The mean loss of this step over every micro-batch of every replica."""

@@ -83,6 +83,10 @@ class JobSpec:
     #: After the last step, every rank exports the model here (``graph_exec.models.export_pretrained``).
     export_dir: str | None = None
     export_overwrite: bool = False
+    #: Where the batches come from: ``"steps"`` (the example's batch of each step index) or
+    #: ``"shuffled"`` (a fixed set of the example's samples read through
+    #: :class:`graph_exec.data.DataLoader`, shuffled per epoch, its position checkpointed).
+    data: str = "steps"
 
     @property
     def pp(self) -> int:

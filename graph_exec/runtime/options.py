@@ -209,8 +209,10 @@ class ScheduleOptions:
             """``"arrival"`` (micro-batch ``m`` of the batch runs as plan micro ``m``) or
             ``"balanced"``: each step places the micro-batches by their preprocess cost, given as
             ``run(..., tower_costs=[...])`` (``docs/schedule.md``, "Tower placement"); the losses
-            still come back in the batch's order. Needs a preprocess and replicated input. The
-            default stays ``"arrival"`` until balanced is measured no slower."""
+            still come back in the batch's order. Needs a preprocess. With ``input="owned"`` an
+            owner must hold the micro-batches placed on it (``owned_input(tower_costs)``; the
+            owned-input ``graph_exec.data.DataLoader`` reads exactly those after one exchange of
+            sizes). The default stays ``"arrival"`` until balanced is measured no slower."""
         ),
     )
     #: The padding of ``shapes="buckets"`` (``None`` otherwise), made from the three shape options.
@@ -245,15 +247,7 @@ class ScheduleOptions:
         self._set("bucketing", check_shapes(self.shapes, self.shape_buckets, self.shape_pad_value))
         checks.positive_int("kernel_cache_size", self.kernel_cache_size)
         self._set("jit_options", check_jit_options(self.jit_options))
-        if (
-            checks.choice("tower_order", self.tower_order, TOWER_ORDERS) == "balanced"
-            and self.input == "owned"
-        ):
-            raise ValueError(
-                "tower_order='balanced' with input='owned': an owner holds the raw input of the plan "
-                "micro-batches it owns, so placing another micro-batch there would need its data; "
-                "use input='replicated' or tower_order='arrival'"
-            )
+        checks.choice("tower_order", self.tower_order, TOWER_ORDERS)
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # frozen: only __post_init__ normalises

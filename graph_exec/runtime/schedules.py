@@ -198,6 +198,36 @@ class PipelineSchedule:
 
     # -- public ----------------------------------------------------------------------------
 
+    def set_up(self) -> None:
+        """Set up communication and the plan now, as the first ``run()`` would (every rank,
+        together); afterwards :attr:`plan` and :attr:`mesh` are this rank's. Does nothing the
+        second time. An owned-input data loader calls it before reading its first batch."""
+        if self._setup is None:
+            self._set_up()
+
+    def placement(self, tower_costs: Any = None) -> tuple[int, ...]:
+        """``order[m]``: the batch's micro-batch that the next ``run(..., tower_costs=...)`` runs
+        as plan micro ``m`` (the identity with ``tower_order="arrival"``); the same on every rank
+        given the same costs. Sets up like :meth:`set_up`."""
+        costs = self._check_tower_costs(tower_costs)
+        setup = self._setup or self._set_up()
+        return self._tower_placement(setup.plan.config, costs)
+
+    def owned_input(self, tower_costs: Any = None) -> tuple[int, ...]:
+        """With ``input="owned"``: the batch's micro-batches (ascending, the user's numbering)
+        whose rows this rank must hold for the next ``run()`` with these costs: those placed on
+        the plan micro-batches it owns, or every one on the rank holding the last stage (it needs
+        every label). The other rows may hold anything of the same shape. Sets up like :meth:`set_up`."""
+        if self.input != "owned":
+            raise GraphExecError(
+                f"owned_input() needs input='owned', this schedule has input={self.input!r}: "
+                "every rank passes the whole batch"
+            )
+        order = self.placement(tower_costs)
+        if self.stages[-1].is_last:
+            return tuple(range(self.micro_batch_num))
+        return tuple(sorted(order[m] for m in self.plan.config.owned(self.mesh.pp_rank)))
+
     def run(
         self, *inputs: Any, labels: Any = None, tower_costs: Any = None, **kwargs: Any
     ) -> list[Any] | None:

@@ -11,6 +11,7 @@ from graph_exec.transport.comm import (
     require_initialized,
 )
 from graph_exec.transport.cpu_workarounds import bound_backend_waits
+from graph_exec.transport.host_sum import HostSum
 from graph_exec.transport.mesh import CommGroup, DeviceMesh
 from graph_exec.transport.meta import TensorMeta
 
@@ -18,6 +19,7 @@ __all__ = [
     "LAUNCH_HINT",
     "CommGroup",
     "DeviceMesh",
+    "HostSum",
     "TensorMeta",
     "Transport",
     "TransportStats",

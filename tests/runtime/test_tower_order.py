@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import graph_exec as ge
+from graph_exec.errors import GraphExecError
 from graph_exec.runtime.driver import RankRuntime
 from graph_exec.schedule import placement
 from tests.models.common import ATOL, RTOL, loss_fn
@@ -125,13 +126,23 @@ def test_bad_tower_options_are_clear_errors(options, call, words):
     assert sched._setup is None  # refused before anything was set up
 
 
-def test_owned_input_refuses_balanced():
-    model = build(2, "frozen")
-    stages = [ge.PipelineStage(model.stages[0], 0, 2)]
-    with pytest.raises(ValueError, match="input='owned'"):
-        ge.ScheduleMPipeTranspose(
-            stages, MICRO, model.preprocess, 1, loss_fn=loss_fn, input="owned", tower_order="balanced"
-        )
+def test_placement_is_the_order_run_uses_and_owned_input_needs_owned(reversing_decision, ran):
+    """``placement(costs)`` is the order ``run()`` then applies; ``owned_input()`` refuses a
+    schedule whose ranks all hold the whole batch (owned input with balanced order runs on real
+    ranks: tests/multirank/test_owned_data.py)."""
+    model, ref = build(3, "frozen"), build(3, "frozen")
+    sched = schedule(model, mode="pynative", tower_order="balanced")
+    costs = [1.0, 2.0, 3.0, 4.0]
+    assert sched.placement(costs) == (3, 2, 1, 0)
+    x, labels = batch(8)
+    losses = sched.run(x, labels=labels, tower_costs=costs)
+    per = 8 // MICRO
+    for m, user in enumerate(sched.placement(costs)):
+        np.testing.assert_array_equal(ran[0][m], x.asnumpy()[user * per : (user + 1) * per])
+    ref_losses = reference(ref, x, labels, MICRO)[0]
+    np.testing.assert_allclose([float(v.asnumpy()) for v in losses], ref_losses, atol=ATOL, rtol=RTOL)
+    with pytest.raises(GraphExecError, match="owned_input\\(\\) needs input='owned'"):
+        sched.owned_input(costs)
 
 
 def test_a_checkpoint_of_one_tower_order_loads_into_the_other(tmp_path):

@@ -366,6 +366,7 @@ def run_argv(directory: Path, *extra: str) -> list[str]:
             ["--frozen", "--resume"],
             "preprocess (--frozen/--trainable): checkpoint 'trainable', this job 'frozen'",
         ),
+        (["--data", "shuffled", "--resume"], "data (--data): checkpoint 'steps', this job 'shuffled'"),
     ],
 )
 def test_a_resume_set_up_differently_exits_2_before_launching(tmp_path, capsys, extra, message):
@@ -439,3 +440,20 @@ def test_the_pre_launch_check_compares_options_under_the_names_checkpoints_recor
     for argv in ((), ("--baseline",), ("--run-ahead", "min", "--backward", "owner")):
         compared = set(run_facts(*argv)["options"])
         assert compared <= recorded, (argv, sorted(compared - recorded))
+
+
+def test_a_shuffled_data_checkpoint_resumes_only_with_data_shuffled(tmp_path, capsys, launched):
+    """``--data shuffled`` saves every rank's loader position: resuming it as ``--data steps``
+    (which would ignore the position) exits 2 before the launch; ``--data shuffled`` launches."""
+    folder = checksummed_step(tmp_path, 3)
+    manifest = json.loads((folder / layout.MANIFEST).read_text())
+    for entry in manifest["ranks"]:
+        entry["data"] = {"epoch": 1, "step": 0}
+    layout.write_json_atomically(folder / layout.MANIFEST, manifest)
+    with pytest.raises(SystemExit) as exc:
+        main(run_argv(tmp_path, "--resume"))
+    assert exc.value.code == 2
+    assert "data (--data): checkpoint 'shuffled', this job 'steps'" in capsys.readouterr().err
+    assert main(run_argv(tmp_path, "--resume", "--data", "shuffled")) == 7
+    (job,) = launched
+    assert job.first_step == 3 and job.data == "shuffled"

@@ -58,6 +58,11 @@ def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
         (["run", "vl_tower", "--backward", "owner"], "backward 'owner' needs preprocess 'trainable'"),
         (["run", "embed_lm", "--ranks", "1", "--backward", "owner"], "backward 'owner' needs a peer rank"),
         (["run", "embed_lm", "--baseline", "--overflow", "min"], "--baseline runs without MPipe"),
+        (
+            ["run", "embed_lm", "--data", "shuffled", "--seq-len-range", "8,16"],
+            "--data shuffled reads a fixed set of samples of one length: it cannot take --seq-len-range",
+        ),
+        (["run", "embed_lm", "--data", "random"], "argument --data: invalid choice: 'random'"),
         (["run", "embed_lm", "--baseline", "--keep-preprocess-tape"], "--keep-preprocess-tape do not apply"),
         (
             ["run", "vl_tower", "--keep-preprocess-tape"],

@@ -28,6 +28,19 @@ class Counting:
         return self.data[index]
 
 
+class Rows:
+    """The samples of ``data`` as ``(x, y)`` rows, for a ``GeneratorDataset``."""
+
+    def __init__(self, data: list[dict[str, np.ndarray]]) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int):
+        return self.data[index]["x"], self.data[index]["y"]
+
+
 def epoch_ids(loader: DataLoader) -> list[int]:
     return [int(v) for batch in loader for v in batch["y"]]
 
@@ -136,6 +149,52 @@ def test_a_custom_collate_failure_names_the_sample() -> None:
 
 
 @pytest.mark.parametrize("engine", [False, True])
+def test_an_epoch_with_a_bad_sample_stops_there_and_after_the_fix_reads_every_sample_once(
+    engine: bool,
+) -> None:
+    """A sample that cannot be collated stops the epoch at its batch, as often as it is asked
+    for; once it is repaired the same epoch goes on from that batch and has read every sample
+    exactly once: it never drops out."""
+    data = samples(16)
+    data[9] = {"x": np.zeros((5,), np.float32), "y": np.int32(9)}  # cannot be stacked with the rest
+    source = data
+    if engine:
+        import mindspore.dataset as ds
+
+        source = ds.GeneratorDataset(Rows(data), column_names=["x", "y"])
+    loader = DataLoader(source, 4, seed=3)
+    read: list[int] = []
+    for _ in range(2):
+        with pytest.raises(SampleError, match="sample 9") as info:
+            for batch in loader:
+                read += [int(v) for v in batch["y"]]
+        assert info.value.index == 9 and loader.epoch == 0
+    assert 9 in loader.next_indices() and 9 not in read
+    data[9] = {"x": np.full((3,), 9, np.float32), "y": np.int32(9)}  # repaired
+    read += epoch_ids(loader)
+    assert sorted(read) == list(range(16))
+    assert loader.epoch == 0 and loader.step == len(loader)
+
+
+def test_a_sample_the_dataset_engine_skips_is_an_error_not_a_shift(monkeypatch) -> None:
+    """Rows of a GeneratorDataset are checked against the indices asked for: an engine that
+    skipped sample 5 would otherwise shift every later sample into the wrong batch."""
+    import mindspore.dataset as ds
+
+    loader = DataLoader(ds.GeneratorDataset(Rows(samples(8)), column_names=["x", "y"]), 4, shuffle=False)
+    real = ds.GeneratorDataset
+
+    def skipping(source, *args, sampler, **kwargs):
+        return real(source, *args, sampler=[i for i in sampler if i != 5], **kwargs)
+
+    monkeypatch.setattr(ds, "GeneratorDataset", skipping)
+    with pytest.raises(SampleError, match="sample 5 was not delivered by the dataset engine") as info:
+        loader.next_batch()
+        loader.next_batch()
+    assert info.value.index == 5
+
+
+@pytest.mark.parametrize("engine", [False, True])
 def test_a_sample_that_cannot_be_read_is_named(engine: bool) -> None:
     class Broken:
         def __len__(self) -> int:
@@ -198,3 +257,29 @@ def test_bad_options_name_the_value(options: dict, words: str) -> None:
 def test_a_source_that_is_not_a_sequence_is_refused() -> None:
     with pytest.raises(DataError, match="source must be a sequence of samples"):
         DataLoader(iter(samples(8)), 2)
+
+
+class OwnedSchedule:
+    """What the loader reads of a schedule for owned reading (its options)."""
+
+    def __init__(self, input: str = "owned", tower_order: str = "balanced", micro: int = 2) -> None:
+        self.input, self.tower_order, self.micro_batch_num = input, tower_order, micro
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"owned_by": OwnedSchedule(input="replicated")}, "owned_by needs a schedule with input='owned'"),
+        (
+            {"owned_by": OwnedSchedule(), "read_micros": (0,), "micro_batch_num": 2},
+            "pass neither micro_batch_num",
+        ),
+        ({"owned_by": OwnedSchedule()}, "tower_order='balanced' and owned input needs sample_cost=fn"),
+        ({"owned_by": OwnedSchedule(tower_order="arrival"), "sample_cost": len}, "sample_cost is used by"),
+        ({"owned_by": OwnedSchedule(micro=3), "sample_cost": len}, "batch_size 4 is not divisible"),
+        ({"sample_cost": len}, "it needs owned_by=schedule"),
+    ],
+)
+def test_bad_owned_reading_options_name_the_value(options: dict, words: str) -> None:
+    with pytest.raises(DataError, match=words):
+        DataLoader(samples(32), 4, **options)
