@@ -88,7 +88,7 @@ def measure(kind: str, folder: Path, rank: int = 0, pp: int = 1) -> dict:
 
 
 def gib(value: float) -> str:
-    return f"{value / 2**30:6.2f} GiB"
+    return f"{value / 2**30:6.3f} GiB"
 
 
 def main(argv: list[str] | None = None) -> int:

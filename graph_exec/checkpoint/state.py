@@ -44,10 +44,11 @@ def rng_state() -> dict[str, Any]:
     """This process's MindSpore generator state, by its name in a rank file.
 
     MindSpore 2.10's generator feeds the random operators that take a seed and an offset
-    (``mint.nn.functional.dropout``, ``mint.rand``, ...: Ascend kernels). The older stateful
-    operators (``nn.Dropout``, i.e. ``ops.Dropout``, ``ops.randn``, and every random operator
-    that runs on CPU) keep their generator inside each kernel, which MindSpore does not expose:
-    those cannot be saved (docs/restarts.md, "Resuming exactly").
+    (``mint.nn.functional.dropout``, ``mint.rand``, ...: Ascend kernels) and, on CPU in
+    pynative, graph_exec's dropout stand-in (``cpu_ops.dropout``). The older stateful operators
+    (``nn.Dropout``, i.e. ``ops.Dropout``, ``ops.randn``, compiled random kernels) keep their
+    generator inside each kernel, which MindSpore does not expose: those cannot be saved
+    (docs/restarts.md, "Resuming exactly").
     """
     import mindspore as ms
 

@@ -32,9 +32,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindspore import Tensor, mint, nn, ops
+from mindspore.common.generator import default_generator
+from mindspore.graph.api import _run_in_jit
 from mindspore.mint.nn import functional as mint_functional
+from mindspore.ops.function.nn_func import generator_step_
 
 from graph_exec.device import policy
+
+#: ``ops.Dropout``'s seeds are int32 attributes.
+_MAX_SEED = 2**31 - 1
 
 
 def needed() -> bool:
@@ -96,7 +102,25 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
 
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
-    return ops.dropout(input, p=p, training=training)
+    """``mint``'s dropout draws its mask from ``mindspore.default_generator`` (seed and offset,
+    what checkpoints save); so does this stand-in in pynative: a fresh ``ops.Dropout`` seeded by
+    the generator's ``(seed, offset)``, which it advances as ``mint``'s does, so a restored
+    generator state gives the same masks. Under ``jit`` the generator's offset is a tensor and a
+    primitive's seeds are constants, so there it is ``ops.dropout``, whose compiled kernel keeps
+    a generator of its own (docs/restarts.md, "Resuming exactly")."""
+    if not training or p == 0:
+        return input
+    if _run_in_jit():  # @jit.cond: True
+        return ops.dropout(input, p=p, training=training)
+    seed, offset = default_generator._step(generator_step_)
+    seeds = _generator_seeds(int(seed), int(offset))
+    return ops.Dropout(keep_prob=1.0 - p, Seed0=seeds[0], Seed1=seeds[1])(input)[0]
+
+
+def _generator_seeds(seed: int, offset: int) -> tuple[int, int]:
+    """``ops.Dropout``'s two seeds for a generator position: distinct per ``(seed, offset)``,
+    never ``(0, 0)`` (which the kernel takes for "pick a random seed")."""
+    return seed % _MAX_SEED, offset % (_MAX_SEED - 1) + 1
 
 
 def log_softmax(input: Tensor, dim: Any = None, *, dtype: Any = None) -> Tensor:

@@ -185,7 +185,9 @@ def finish(temp: Path, out: Path, config: Any, family: str, weight_map: dict[str
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (temp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     config = copy.deepcopy(config)
-    config.architectures = [MODEL_CLASSES[family]]
+    # At the top level, where from_pretrained looks: Qwen2VLConfig's __setattr__ would send a
+    # key its text_config also has (architectures) to the text_config.
+    vars(config)["architectures"] = [MODEL_CLASSES[family]]
     config.save_pretrained(str(temp))
     old = out.parent / f".{out.name}.replaced"
     if out.exists():

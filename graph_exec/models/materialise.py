@@ -10,7 +10,8 @@ the last stage. Everything else stays an initializer: no host memory.
 Where the data comes from:
 
 - **a pretrained directory**: the rank reads only its own tensors from the shards, through the
-  index (:class:`~graph_exec.models.pretrained.PretrainedDirectory`, safetensors ``safe_open``).
+  index (:class:`~graph_exec.models.pretrained.PretrainedDirectory`: headers checked with
+  safetensors' ``safe_open``, each tensor read from its byte range into its array).
   Before anything is built, every tensor the model needs is checked against the config on every
   rank (name present, shape equal), so a bad directory fails the same way on all ranks before
   any rank communicates. The head copy of a tied pair is read from the embedding's tensor (the

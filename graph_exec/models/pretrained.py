@@ -4,8 +4,8 @@ A ``save_pretrained`` directory holds ``config.json`` and either one ``model.saf
 several shards listed by ``model.safetensors.index.json`` (``weight_map``: tensor name → file).
 :class:`PretrainedDirectory` reads only the headers when it opens one (names, shapes, dtypes),
 so every rank can check the whole directory against the model before anything is read or any
-rank communicates, and then reads single tensors lazily with safetensors' ``safe_open``
-(framework ``"np"``): a rank touches only the bytes of the tensors it holds.
+rank communicates, and then reads single tensors on demand, each straight from its byte range
+in the shard into its array: a rank touches only the bytes of the tensors it holds.
 
 Names. A parameter's name in the mindone model is not always its name in the file: for the
 vision-language models mindone's ``save_pretrained`` writes the legacy Hugging Face layout
@@ -154,11 +154,14 @@ class PretrainedDirectory:
             )
         #: tensor name → (file, shape, safetensors dtype)
         self.tensors: dict[str, tuple[str, tuple[int, ...], str]] = {}
+        #: tensor name → (first byte, end) of its data in its file (see :meth:`read`)
+        self._spans: dict[str, tuple[int, int]] = {}
         for name in files:
             with safe_open(str(self.path / name), framework="np") as handle:
                 for key in handle.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
                     piece = handle.get_slice(key)
                     self.tensors[key] = (name, tuple(piece.get_shape()), piece.get_dtype())
+            self._spans.update(_data_spans(self.path / name))
         if weight_map is not None:
             absent = sorted(k for k, f in weight_map.items() if self.tensors.get(k, (f,))[0] != f)
             if absent:
@@ -200,10 +203,36 @@ class PretrainedDirectory:
         return found  # type: ignore[return-value]
 
     def read(self, name: str) -> np.ndarray:
-        """Tensor ``name``, read from its shard (only its own bytes). The shard is opened for this
-        one tensor and closed again: ``safe_open`` maps the file, and pages of a mapping that
-        stays open count in the process's resident memory next to the copies already made."""
-        from safetensors import safe_open
+        """Tensor ``name``, read from its shard (only its own bytes) straight into a fresh array:
+        the rank's peak memory holds the tensor once. (``safe_open``'s ``get_tensor`` maps the
+        file and copies out of the mapping, and the mapped pages count in the process's
+        resident memory beside the copy: twice the tensor, measured, at the moment of the read.)
+        The shard was checked by ``safe_open`` when the directory was opened; ``ValueError``
+        for a file that ends before the tensor does."""
+        file, shape, dtype = self.tensors[name]
+        start, end = self._spans[name]
+        array = np.empty(shape, dtype=np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<"))
+        with open(self.path / file, "rb", buffering=0) as handle:
+            handle.seek(start)
+            got = handle.readinto(memoryview(array.reshape(-1)).cast("B")) if array.size else 0
+        if got != end - start or array.nbytes != end - start:
+            raise ValueError(
+                f"{str(self.path / file)!r} holds {got} of the {end - start} bytes of tensor {name!r} "
+                f"({dtype} {list(shape)}: {array.nbytes} bytes)"
+            )
+        return array
 
-        with safe_open(str(self.path / self.tensors[name][0]), framework="np") as handle:
-            return handle.get_tensor(name)
+
+def _data_spans(path: Path) -> dict[str, tuple[int, int]]:
+    """``{tensor: (first byte, end)}`` in the file ``path``, from its safetensors header (an
+    8-byte little-endian length, then that many bytes of JSON whose ``data_offsets`` count from
+    the end of the header)."""
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(length))
+    base = 8 + length
+    return {
+        key: (base + entry["data_offsets"][0], base + entry["data_offsets"][1])
+        for key, entry in header.items()
+        if key != "__metadata__"
+    }

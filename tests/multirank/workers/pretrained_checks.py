@@ -1,8 +1,9 @@
 """Pretrained directories on real ranks: ``load_split`` per rank against mindone's ``from_pretrained``.
 
-Usage: ``pretrained_checks.py DIR`` where ``DIR`` holds ``llama``, ``qwen2`` (tied) and
-``qwen2vl`` directories written by ``graph_exec.examples.make_pretrained``, and an empty
-``exports`` folder.
+Usage: ``pretrained_checks.py DIR [CASE ...]`` where ``DIR`` holds ``llama``, ``qwen2`` (tied)
+and ``qwen2vl`` directories written by ``graph_exec.examples.make_pretrained`` (at least P
+decoder layers each), and an empty ``exports`` folder; the cases by name (default: those of
+the 2-rank test, :data:`CASES_2`).
 
 Each rank materialises only its share with ``load_split(dir, P, rank=r, pp=P)`` and trains one
 step through ``ScheduleMPipeTranspose``; the reference is the whole model that mindone's
@@ -44,12 +45,19 @@ class Case:
     micro: int = 4
 
 
-CASES = [
-    Case("llama_graph", "llama", "graph"),
-    Case("qwen2_tied_pynative", "qwen2", "pynative"),
-    Case("qwen2vl_graph", "qwen2vl", "graph"),
-    Case("qwen2vl_pynative", "qwen2vl", "pynative"),
-]
+CASES = {
+    case.name: case
+    for case in (
+        Case("llama_graph", "llama", "graph"),
+        Case("llama_pynative", "llama", "pynative"),
+        Case("qwen2_tied_graph", "qwen2", "graph"),
+        Case("qwen2_tied_pynative", "qwen2", "pynative"),
+        Case("qwen2vl_graph", "qwen2vl", "graph"),
+        Case("qwen2vl_pynative", "qwen2vl", "pynative"),
+    )
+}
+#: The 2-rank test's cases (the default).
+CASES_2 = ("llama_graph", "qwen2_tied_pynative", "qwen2vl_graph", "qwen2vl_pynative")
 
 
 def largest_difference(actual: dict, expected: dict) -> tuple[float, str]:
@@ -125,8 +133,9 @@ def main() -> int:
     init()
     rank, pp = get_rank(), get_group_size()
     root = Path(sys.argv[1])
+    cases = [CASES[name] for name in (sys.argv[2:] or CASES_2)]
     checker = Checker(rank)
-    return run_suite(CASES, lambda case: run_case(case, root, pp, rank, checker), checker)
+    return run_suite(cases, lambda case: run_case(case, root, pp, rank, checker), checker)
 
 
 if __name__ == "__main__":
