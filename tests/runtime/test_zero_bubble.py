@@ -220,3 +220,17 @@ def test_last_stage_held_step_computes_its_weight_pass(mode):
         np.testing.assert_array_equal(dx[0].asnumpy(), dx2[0].asnumpy())
     for name in whole_w:
         np.testing.assert_allclose(split_w[name], whole_w[name], atol=ATOL, rtol=RTOL, err_msg=name)
+
+
+def test_bench_body_reaches_every_run():
+    """``graph-exec bench --body zb``: every run (baselines too) has the split backward."""
+    from graph_exec.cli import build_parser
+    from graph_exec.cli.bench import job_from_args
+
+    parser = build_parser("bench")
+    job = job_from_args(parser.parse_args(["bench", "--body", "zb", "--variants", "frozen-full"]), parser)
+    assert job.runs and all(spec.body == "zb" and job.plan_config(spec).split_backward for spec in job.runs)
+    (default,) = {spec.body for spec in job_from_args(parser.parse_args(["bench"]), parser).runs}
+    assert default == "interleaved"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--body", "zz"])
