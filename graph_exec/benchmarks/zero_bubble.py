@@ -151,24 +151,30 @@ def _summarise(reports: list[dict]) -> dict:
     return result
 
 
-def _simulated(args, f: float, i: float, w: float, b: float, tower: float) -> dict[str, float]:
-    """The simulator's step times (ms) for these costs, 1F1B body against zb, with and without MPipe."""
+def _simulated(
+    args, f: float, i: float, w: float, b: float, tower: float, f_zb: float | None = None
+) -> dict[str, float]:
+    """The simulator's step times (ms) for these costs, 1F1B body against zb, with and without
+    MPipe; ``f_zb``: the forward of the zb body where it differs (the probed forward)."""
     from graph_exec.schedule import PlanConfig, build_plan
     from graph_exec.simulate import OpCosts, simulate
 
     body_1f1b = "1f1b" if args.vpp == 1 else "interleaved"
     out = {}
     for kind, preprocess in (("plain", "none"), ("mpipe", "frozen")):
-        costs = OpCosts(forward=f, backward=b, input_backward=i, weight_backward=w, preprocess_forward=tower)
         for body in (body_1f1b, "zb"):
+            forward = f_zb if body == "zb" and f_zb is not None else f
+            costs = OpCosts(
+                forward=forward, backward=b, input_backward=i, weight_backward=w, preprocess_forward=tower
+            )
             config = PlanConfig(pp=2, vpp=args.vpp, micro=args.micro, preprocess=preprocess, body=body)
             out[f"{kind}_{'zb' if body == 'zb' else '1f1b'}"] = simulate(build_plan(config), costs).step_time
     return out
 
 
-def held_gradient_sets(plan) -> list[int]:
-    """Per rank, the most micro-batches whose weight gradients are held at once (``I`` run,
-    ``W`` not yet; on the last stage from its fused ``F``): what the split backward holds."""
+def held_weight_work(plan) -> list[int]:
+    """Per rank, the most micro-batches whose weight work is held at once (``I`` run, ``W`` not
+    yet; on the last stage from its fused ``F``)."""
     from graph_exec.schedule import StepKind
 
     peaks = []
@@ -186,16 +192,15 @@ def held_gradient_sets(plan) -> list[int]:
 
 
 def _memory_line(args) -> str:
-    """What the split holds between I and W, against what a per-layer deferral would save."""
+    """What the split holds between I and W (``docs/schedule.md``, "What is saved")."""
     from graph_exec.schedule import PlanConfig, build_plan
 
-    peaks = held_gradient_sets(build_plan(PlanConfig(pp=2, vpp=args.vpp, micro=args.micro, body="zb")))
-    grads = args.layers * (args.width * args.width + args.width) * 4 / 2**20
-    saved = args.layers * 2 * args.rows * args.width * 4 / 2**20
+    peaks = held_weight_work(build_plan(PlanConfig(pp=2, vpp=args.vpp, micro=args.micro, body="zb")))
+    saved = args.vpp * args.layers * 2 * args.rows * args.width * 4 / 2**20
     return (
-        f"held from I to W: at most {peaks} weight-gradient sets per rank (ranks 0, 1) of {grads:.2f} MiB "
-        f"each (one chunk's parameters, float32); a per-layer deferral would hold the layer inputs "
-        f"and output gradients instead: {saved:.2f} MiB per micro-batch"
+        f"held from I to W per micro-batch: every Dense layer's input and output gradient, "
+        f"{saved:.2f} MiB (rank's chunks, float32); at most {peaks} micro-batches held at once "
+        f"(ranks 0, 1); plus one probe and one store per layer per input signature, {saved:.2f} MiB"
     )
 
 
@@ -238,15 +243,15 @@ def main(argv: list[str] | None = None) -> int:
         return [r[config]["rank0"][kind] for r in runs]
 
     f, b = cost("plain_1f1b", "F"), cost("plain_1f1b", "B")
-    i, w = cost("plain_zb", "I"), cost("plain_zb", "W")
+    f_zb, i, w = cost("plain_zb", "F"), cost("plain_zb", "I"), cost("plain_zb", "W")
     tower = cost("mpipe_1f1b", "TFWD") if "TFWD" in runs[0]["mpipe_1f1b"]["rank0"] else [0.0]
     print("rank 0 chunk compute, ms per run (median step of each kind):")
-    for label, values in (("F", f), ("B", b), ("I", i), ("W", w), ("TFWD", tower)):
+    for label, values in (("F", f), ("F zb", f_zb), ("B", b), ("I", i), ("W", w), ("TFWD", tower)):
         print(f"  {label:4s} {', '.join(f'{v:.2f}' for v in values)}")
-    fm, bm, im, wm, tm = (statistics.median(v) for v in (f, b, i, w, tower))
-    print(f"  I + W - B = {im + wm - bm:.2f} ms")
+    fm, fzm, bm, im, wm, tm = (statistics.median(v) for v in (f, f_zb, b, i, w, tower))
+    print(f"  I + W - B = {im + wm - bm:.2f} ms; F zb - F = {fzm - fm:.2f} ms (the probed forward)")
     print(_memory_line(args))
-    measured = _simulated(args, fm, im, wm, bm, tm)
+    measured = _simulated(args, fm, im, wm, bm, tm, f_zb=fzm)
     device_like = _simulated(args, fm, bm / 2, bm / 2, bm, tm)
     for label, sim in (("measured costs", measured), ("device-like I = W = B/2", device_like)):
         print(

@@ -12,6 +12,7 @@ and prints the table, the MPipe savings and the simulator's inputs; ``--json`` s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -36,6 +37,7 @@ from graph_exec.report.job import JobSpec
 from graph_exec.report.memory import memory_lines
 from graph_exec.report.records import read_run
 from graph_exec.report.trace import PLOT_EXTRA_HINT
+from graph_exec.schedule.config import BODY
 
 
 def _names(allowed: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
@@ -95,6 +97,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"comma-separated (default {','.join(MODES)})",
     )
     parser.add_argument(
+        "--body",
+        choices=BODY,
+        default="interleaved",
+        help="pipeline body of every run, baselines included (default interleaved; zb: zero bubble)",
+    )
+    parser.add_argument(
         "--json", metavar="FILE", type=output_file, help="save every number (schema version 2)"
     )
     parser.add_argument(
@@ -115,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
     """The bench job ``args`` describe; an impossible configuration exits with code 2."""
     micro, batch = workload(args, parser)
-    runs = runs_for(args.variants, args.modes)
+    runs = tuple(dataclasses.replace(spec, body=args.body) for spec in runs_for(args.variants, args.modes))
     return checked_job(
         args, parser, runs, micro=micro, batch=batch, steps=args.steps, warmup=args.warmup, calibrate=True
     )

@@ -118,13 +118,14 @@ class Executor(ABC):
     def stage_backward_input(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
         """The first half of a split backward (the zero-bubble body's ``I s.m``): return the
         input gradients and drop what the forward kept, as :meth:`stage_backward` does, but hold
-        the weight gradients under ``(stage, micro)`` instead of accumulating them, until
-        :meth:`stage_backward_weight`. :meth:`kept` lists held ones as
+        what the weight gradients need under ``(stage, micro)`` instead of accumulating them,
+        until :meth:`stage_backward_weight` (the linear layers' inputs and output gradients, or
+        whole gradients: ``docs/schedule.md``, "What is saved"). :meth:`kept` lists held ones as
         ``("weight_grads", stage, micro)``."""
 
     @abstractmethod
     def stage_backward_weight(self, stage: int, micro: int) -> None:
-        """The second half (``W s.m``): accumulate the weight gradients held for
+        """The second half (``W s.m``): form and accumulate the weight gradients held for
         ``(stage, micro)`` by :meth:`stage_backward_input` (or by :meth:`last_stage_step` with
         ``hold_weight_grads``) and free them."""
 
@@ -133,8 +134,8 @@ class Executor(ABC):
         self, stage: int, micro: int, inputs: Tensors, labels: Tensors, hold_weight_grads: bool = False
     ) -> tuple[Any, MaybeTensors]:
         """Forward, loss and backward of the last stage in one call: ``(loss, input gradients)``.
-        ``hold_weight_grads``: hold the weight gradients for :meth:`stage_backward_weight`
-        instead of accumulating them (the split backward)."""
+        ``hold_weight_grads``: hold what the weight gradients need for
+        :meth:`stage_backward_weight` instead of accumulating them (the split backward)."""
 
     @abstractmethod
     def set_loss_scale(self, scale: Any) -> None:

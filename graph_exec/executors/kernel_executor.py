@@ -28,6 +28,7 @@ arithmetic on all accumulators at once (end of step) is :mod:`~graph_exec.execut
 
 from __future__ import annotations
 
+import itertools
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -46,6 +47,14 @@ from graph_exec.kernels import (
     make_preprocess_forward,
     make_stage_forward,
     make_stage_loss,
+)
+from graph_exec.kernels.linear_split import (
+    LinearSplit,
+    make_linear_split,
+    make_linear_weight_grads,
+    make_probed_forward,
+    make_probed_loss,
+    probed,
 )
 from graph_exec.msenv import prepare_mindspore
 
@@ -66,7 +75,9 @@ class KeptForward:
     tape, which finds its recorded forward by them); ``outputs``: the output specs the
     cotangents are checked against; ``tape``: ``None`` when nothing is differentiated;
     ``recorded``: whether the forward ran under the tape (``False``: recompute at backward);
-    ``grad_inputs``: positions of the inputs whose gradient the backward returns.
+    ``grad_inputs``: positions of the inputs whose gradient the backward returns;
+    ``split``: the probed tape of a forward recorded for the split backward (its linear layers'
+    weight gradients left to ``W``), with ``saved`` the inputs those layers saved.
     """
 
     args: Tensors
@@ -74,6 +85,41 @@ class KeptForward:
     tape: Tape | None
     recorded: bool
     grad_inputs: tuple[int, ...] = ()
+    split: SplitTape | None = None
+    saved: Tensors = ()
+
+
+class SplitTape:
+    """A chunk's probed forward under the tape, for one input signature (``kernels.linear_split``).
+
+    The tape differentiates with respect to the inputs, the probes and ``small`` (the stage's
+    trainable parameters that are not in a split linear layer), so its bprop computes no linear
+    weight gradient. ``order[i]``: where the gradient of the stage's ``i``-th trainable
+    parameter is in ``(*small gradients, *W's gradients)``. Calling it runs the forward with the
+    layers probed.
+    """
+
+    def __init__(
+        self, tape: Tape, split: LinearSplit, small: ParameterTuple, order: tuple[int, ...], key: Hashable
+    ) -> None:
+        self.tape, self.split, self.small, self.order, self.key = tape, split, small, order, key
+        #: The upstream gradient of the saved copies: zeros, never written.
+        self.saved_sens = tuple(ops.zeros(s.shape, s.dtype) for s in split.stores)
+
+    def __call__(self, *args: Any) -> Any:
+        with probed(self.split):
+            return self.tape(*args)
+
+
+@dataclass(frozen=True)
+class LinearWork:
+    """What ``I`` leaves for ``W``: the split layers' inputs and output gradients, and the
+    gradients of the stage's other trainable parameters (computed in ``I``)."""
+
+    split: SplitTape
+    saved: Tensors
+    output_grads: Tensors
+    small_grads: Tensors
 
 
 def _run_backward(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -86,6 +132,10 @@ def _run_recompute(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...
 
 def _run_loss_step(tape: Tape, args: Tensors, scale: Tensor) -> tuple[Any, tuple[tuple, tuple]]:
     return tape.value_and_gradient(args, scale)
+
+
+#: Process-wide numbering of split tapes: their probes' and stores' parameter names are unique.
+_split_numbers = itertools.count()
 
 
 class KernelExecutor(Executor):
@@ -147,7 +197,11 @@ class KernelExecutor(Executor):
         )
         self._kept: dict[tuple[int, int], KeptForward] = {}
         # Weight gradients an input backward computed, held until the stage's weight backward.
-        self._held: dict[tuple[int, int], tuple] = {}
+        self._held: dict[tuple[int, int], tuple | LinearWork] = {}
+        # Stages whose forwards are recorded for the split backward (the linear layers' weight
+        # gradients left to W): each from its first stage_backward_input on.
+        self._split_stages: set[int] = set()
+        self._no_split: set[Hashable] = set()  # (stage, input specs) with no linear layer to split
         self._backward_done: set[tuple[int, int]] = set()
         self._kept_preprocess: dict[Hashable, KeptForward] = {}
         self._preprocess_done: set[Hashable] = set()
@@ -348,6 +402,19 @@ class KernelExecutor(Executor):
                     dynamic_shapes=self.dynamic_shapes,
                 )
 
+            split_key = ("stage_split_tape", stage, specs, bool(grad_inputs))
+            if self._splits(stage):
+                split = self._split_tape(split_key, cell, inputs, grad_inputs)
+                if split is not None:
+                    outputs, split = self._taped(split_key, lambda: split, *inputs)
+                    outputs = tuple(outputs)
+                    count = len(outputs) - len(split.split.stores)
+                    out_specs = tensor_specs(outputs[:count], f"stage {stage} outputs")
+                    self._kept[key] = KeptForward(
+                        tuple(inputs), out_specs, split.tape, True, grad_inputs, split, outputs[count:]
+                    )
+                    self._backward_done.discard(key)
+                    return outputs[:count]
             if not self.recompute:
                 outputs, tape = self._taped(tape_key, make_tape, *inputs)
                 recorded = True
@@ -363,20 +430,89 @@ class KernelExecutor(Executor):
         self._backward_done.discard(key)
         return outputs
 
+    def _splits(self, stage: int) -> bool:
+        """Whether stage ``stage``'s forwards are recorded for the split backward: after its
+        first input backward, when the forward is recorded (not ``recompute``) for static shapes
+        (the probes are shaped for one signature)."""
+        return stage in self._split_stages and not self.recompute and not self.dynamic_shapes
+
+    def _split_tape(
+        self,
+        key: Hashable,
+        cell: nn.Cell,
+        inputs: Tensors,
+        grad_inputs: tuple[int, ...],
+        make_loss: Callable[[], Callable[..., Any]] | None = None,
+    ) -> SplitTape | None:
+        """The :class:`SplitTape` cached under ``key`` (the stage forward's, or with
+        ``make_loss`` the last stage's loss step's), else a new one (the caller caches it) from
+        one eager trace of the chunk on ``inputs``; ``None`` (remembered) when it has no linear
+        layer to split."""
+        cached = self._cached(self._key(key))
+        if cached is not None:
+            return cached
+        stage, specs = key[1], key[2:-1]
+        if (stage, specs) in self._no_split:
+            return None
+        params = self._stage_grads[stage].params
+        split = make_linear_split(cell, params, inputs, f"ge_zb.{stage}.{next(_split_numbers)}")
+        if split is None:
+            self._no_split.add((stage, specs))
+            return None
+        in_layer = {id(p): i for i, p in enumerate(split.params())}
+        small = [p for p in params if id(p) not in in_layer]
+        at_small = {id(p): i for i, p in enumerate(small)}
+        order = tuple(at_small[id(p)] if id(p) in at_small else len(small) + in_layer[id(p)] for p in params)
+        weights = ParameterTuple([*split.probes, *small])
+        if make_loss is None:
+            tape = Tape(make_probed_forward(cell, split), weights, bool(grad_inputs), self._prepare)
+            weight_key: Hashable = ("stage_weight", stage, specs)
+        else:
+            tape = Tape(
+                make_probed_loss(make_loss(), split),
+                weights,
+                bool(grad_inputs),
+                self._prepare,
+                differentiated_output=0,
+            )
+            weight_key = ("loss_weight", stage, specs)
+        return SplitTape(tape, split, ParameterTuple(small), order, weight_key)
+
     def bare_stage_forward(self, stage: int) -> Callable[..., Any]:
         return self._prepare(make_stage_forward(self._stage(stage)))
 
     def stage_backward(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
         input_grads, weight_grads = self._stage_gradients("stage_backward", stage, micro, cotangents)
-        self._accumulate(self._stage_grads[stage], weight_grads)
+        self._add_weight_grads(stage, weight_grads)
         return input_grads
 
     def stage_backward_input(self, stage: int, micro: int, cotangents: MaybeTensors) -> MaybeTensors:
-        """The input gradients now; the weight gradients are held under ``(stage, micro)`` for
-        :meth:`stage_backward_weight` (``docs/architecture.md``, "The split backward")."""
+        """The input gradients now; what the weight gradients need is held under
+        ``(stage, micro)`` for :meth:`stage_backward_weight` (``docs/schedule.md``, "What is
+        saved"): for a forward recorded for the split, the linear layers' inputs and output
+        gradients (their weight gradients are computed in ``W``) and the other parameters'
+        gradients; for one recorded before this stage's first input backward, every weight
+        gradient. From this call on the stage's forwards are recorded for the split."""
+        self._stage(stage)
+        self._split_stages.add(stage)
         input_grads, weight_grads = self._stage_gradients("stage_backward_input", stage, micro, cotangents)
         self._held[(stage, micro)] = weight_grads
         return input_grads
+
+    def _add_weight_grads(self, stage: int, weight_grads: tuple | LinearWork) -> None:
+        """Accumulate held weight gradients; for :class:`LinearWork`, first compute the linear
+        layers' ones (the ``W`` kernel: one compiled graph in graph mode)."""
+        if isinstance(weight_grads, LinearWork):
+            work = weight_grads
+            layer_grads = self._call(
+                work.split.key,
+                lambda: self._prepare(make_linear_weight_grads(work.split.split.has_bias)),
+                *work.saved,
+                *work.output_grads,
+            )
+            every = (*work.small_grads, *layer_grads)
+            weight_grads = tuple(every[i] for i in work.split.order)
+        self._accumulate(self._stage_grads[stage], weight_grads)
 
     def stage_backward_weight(self, stage: int, micro: int) -> None:
         self._stage(stage)
@@ -386,13 +522,14 @@ class KernelExecutor(Executor):
                 f"stage_backward_weight(stage {stage}, micro {micro}): no input backward "
                 "(stage_backward_input, or last_stage_step with hold_weight_grads) holds its gradients"
             )
-        self._accumulate(self._stage_grads[stage], weight_grads)
+        self._add_weight_grads(stage, weight_grads)
 
     def _stage_gradients(
         self, hook: str, stage: int, micro: int, cotangents: MaybeTensors
-    ) -> tuple[MaybeTensors, tuple]:
+    ) -> tuple[MaybeTensors, tuple | LinearWork]:
         """``(input gradients, weight gradients)`` of the forward kept for ``(stage, micro)``,
-        which is dropped; the weight gradients are ``()`` when there are none to add."""
+        which is dropped; the weight gradients are ``()`` when there are none to add, and a
+        :class:`LinearWork` for a forward recorded for the split."""
         self._stage(stage)
         key = (stage, micro)
         kept = self._kept.get(key)
@@ -406,8 +543,21 @@ class KernelExecutor(Executor):
             )
         present = _check_cotangents(f"stage {stage}, micro {micro}", kept.outputs, cotangents)
         result: list[Tensor | None] = [None] * len(kept.args)
-        weight_grads: tuple = ()
-        if kept.tape is not None and (present or kept.recorded):
+        weight_grads: tuple | LinearWork = ()
+        if kept.split is not None:
+            # The probed forward: gradients for the inputs, the probes (the linear layers'
+            # output gradients) and the other parameters; none for the linear weights.
+            split = kept.split
+            sens = (*_sens(kept.outputs, cotangents), *split.saved_sens)
+            input_grads, grads = self._backward(
+                ("stage_split_backward", stage, kept.outputs, present), kept, sens
+            )
+            if present:
+                count = len(split.split.probes)
+                weight_grads = LinearWork(split, kept.saved, tuple(grads[:count]), tuple(grads[count:]))
+                for position in kept.grad_inputs:
+                    result[position] = input_grads[position]
+        elif kept.tape is not None and (present or kept.recorded):
             # Without any cotangent every gradient is zero, but a recorded forward must still be
             # consumed (an abandoned one would stay in MindSpore's state).
             sens = _sens(kept.outputs, cotangents)
@@ -455,6 +605,35 @@ class KernelExecutor(Executor):
             if hold_weight_grads:
                 self._held[(stage, micro)] = ()
             return loss, tuple(result)
+        if hold_weight_grads and not self.dynamic_shapes:
+            traced = args if self._loss_fn is None else inputs  # what the cell itself is called with
+            key = ("loss_split_tape", stage, specs, label_specs, bool(grad_inputs))
+            split = self._split_tape(key, cell, traced, grad_inputs, make_loss)
+            if split is not None:
+                split = self._kernel(key, lambda: split)
+                with probed(split.split):
+                    output, (input_grads, grads) = self._call(
+                        ("loss_split_step", stage, specs, label_specs),
+                        lambda: _run_loss_step,
+                        split.tape,
+                        args,
+                        self._loss_scale,
+                    )
+                count = len(split.split.stores)
+                head, saved = tuple(output[:-count]), tuple(output[-count:])
+                if self._token_loss and len(head) == 1:
+                    raise HookArgumentError(f"last_stage_step({where}): {_TOKEN_LOSS_NEEDED}, got one tensor")
+                if not self._token_loss and len(head) != 1:
+                    raise HookArgumentError(f"last_stage_step({where}): {_SCALAR_LOSS_NEEDED}, got a tuple")
+                loss = head if self._token_loss else head[0]
+                _check_loss(where, loss, self._token_loss)
+                probes = len(split.split.probes)
+                self._held[(stage, micro)] = LinearWork(
+                    split, saved, tuple(grads[:probes]), tuple(grads[probes:])
+                )
+                for position in grad_inputs:
+                    result[position] = input_grads[position]
+                return loss, tuple(result)
         tape = self._kernel(
             ("loss_tape", stage, specs, label_specs, bool(grad_inputs)),
             lambda: Tape(
@@ -640,8 +819,9 @@ def _sens(outputs: tuple[TensorSpec, ...], cotangents: MaybeTensors) -> tuple[An
 def _release(kept: KeptForward) -> bool:
     """Consume a recorded forward without using its gradients; on failure free every tape of
     the process instead and return ``False``."""
+    saved_sens = kept.split.saved_sens if kept.split is not None else ()
     try:
-        kept.tape.backward(kept.args, _sens(kept.outputs, (None,) * len(kept.outputs)))
+        kept.tape.backward(kept.args, (*_sens(kept.outputs, (None,) * len(kept.outputs)), *saved_sens))
     except Exception:  # the step is being aborted already: never mask its error
         free_tapes()
         return False
