@@ -121,6 +121,13 @@ class LinearWork:
     output_grads: Tensors
     small_grads: Tensors
 
+    @property
+    def nbytes(self) -> int:
+        """What is held between ``I`` and ``W``, from the tensors' shapes (the memory accounting
+        reads it as it reads a tensor's)."""
+        held = (*self.saved, *self.output_grads, *self.small_grads)
+        return sum(int(t.nbytes) for t in held if t is not None)
+
 
 def _run_backward(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return tape.backward(args, sens)

@@ -18,7 +18,7 @@ from graph_exec.errors import GraphExecError, PipelineStepError
 from graph_exec.executors.base import Executor
 from graph_exec.runtime.buffers import ReceiveBuffers
 from graph_exec.runtime.grad_reduce import StepContribution
-from graph_exec.runtime.memory_account import MemoryAccount, tensors_bytes
+from graph_exec.runtime.memory_account import MemoryAccount, held_bytes
 from graph_exec.runtime.microbatch import MicroBatches
 from graph_exec.runtime.state import StepCaches
 from graph_exec.schedule import Plan, Step, StepKind
@@ -169,7 +169,7 @@ class RankRuntime:
         memory = self.memory
         memory.sync("activations", held.forwards)
         memory.sync("preprocess_tapes", held.preprocess)
-        memory.sync("held_weight_gradients", held.weight_grads, tensors_bytes)
+        memory.sync("held_weight_gradients", held.weight_grads, held_bytes)
         memory.observe(0 if self.buffers is None else self.buffers.held_bytes)
 
     def _account_fused(self, stage: int, micro: int, inputs: tuple[Any, ...]) -> None:

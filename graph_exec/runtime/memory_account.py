@@ -71,6 +71,12 @@ def tensors_bytes(tensors: Iterable[Any]) -> int:
     return total
 
 
+def held_bytes(value: Any) -> int:
+    """Bytes of what a split backward's ``I`` holds for its ``W``: a tuple of weight gradients,
+    or an object that says its own ``nbytes`` (the saved inputs and output gradients)."""
+    return tensors_bytes(value) if isinstance(value, tuple | list) else tensor_bytes(value)
+
+
 def kept_forward_bytes(kept: Any) -> int:
     """What a kept forward holds that the library can see: its inputs, and its outputs when it
     was recorded under the tape (``kept.outputs`` are their shapes)."""

@@ -35,6 +35,9 @@ def test_zb_one_rank_matches_reference(mode, preprocess):
     # A second step without zero_grad adds up: nothing held leaked from the first.
     losses = sched.run(x, labels=labels)
     assert_matches(sched, losses, ref_losses, {k: 2 * v for k, v in ref_grads.items()})
+    # The second step's forwards are probed: I holds the linear layers' inputs and output
+    # gradients for W, and the memory accounting counts them.
+    assert sched.stats()["memory"]["held_weight_gradients"] > 0
 
 
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
