@@ -8,7 +8,7 @@ the same stages and preprocess with ``ScheduleInterleaved1F1B`` (nothing transpo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,9 @@ class ExampleModel:
     masked_loss_fn: Callable[..., Tensor] | None = None
     #: The ``graph_exec.models.SplitModel`` of a mindone example (what an export writes).
     split: Any = None
+    #: ``tower_costs(inputs, micro)``: each micro-batch's preprocess cost in chunk forwards, read
+    #: from the batch (what ``tower_order="balanced"`` places by); ``None``: not known.
+    tower_costs: Callable[[Sequence[Any], int], tuple[float, ...]] | None = None
 
     def batch(
         self, step: int, batch_size: int, length: int | None = None

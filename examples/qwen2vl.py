@@ -176,8 +176,6 @@ def mixed_samples(
     ``images_per_sample`` (LO, HI) and each image's size among ``image_sizes`` ((H, W) pixels);
     ``<vs> <image>×(H·W/(patch·merge)²) <ve>`` per image, then the counting text of its kind
     (from 0 without an image). Labels aligned with the inputs, -100 where nothing is predicted."""
-    from graph_exec.models import IGNORE_INDEX
-
     preset = SIZES[size]
     rng = np.random.default_rng(step)
     low, high = images_per_sample
@@ -186,18 +184,36 @@ def mixed_samples(
         kind = int(rng.integers(0, CLASSES))
         count = int(rng.integers(low, high + 1))
         drawn = [tuple(image_sizes[int(i)]) for i in rng.integers(0, len(image_sizes), count)]
-        head: list[int] = []
-        for height, width in drawn:
-            tokens = (height // preset.patch) * (width // preset.patch) // preset.merge**2
-            head += [VISION_START] + [IMAGE_TOKEN] * tokens + [VISION_END]
-        offset = kind * (IMAGE_TOKEN // CLASSES) if drawn else 0
-        text = ((offset + np.arange(TEXT + 1)) % IMAGE_TOKEN).astype(np.int32)
-        ids = np.array(head + text[:-1].tolist(), np.int32)
-        labels = np.full(ids.shape, IGNORE_INDEX, np.int32)
-        labels[max(len(head) - 1, 0) :] = text if head else text[1:]
-        images = [pattern(kind, h, w, rng) for h, w in drawn]
-        samples.append({"input_ids": ids, "labels": labels, "images": images})
+        samples.append(_sample(kind, drawn, preset, rng))
     return samples
+
+
+def mix_samples(step: int, batch_size: int, mix: str, micro: int, size: str = "tiny") -> list[dict]:
+    """The samples of step ``step`` of the bench's image mix ``mix`` (:mod:`graph_exec.report.image_mix`):
+    one image each, heavy in the step's heavy micro-batches, light (the preset's image) elsewhere."""
+    from graph_exec.report import image_mix
+
+    preset = SIZES[size]
+    rng = np.random.default_rng(step)
+    sizes = image_mix.image_sizes(mix, micro, batch_size // micro, step, preset.image)
+    return [_sample(int(rng.integers(0, CLASSES)), [hw], preset, rng) for hw in sizes]
+
+
+def _sample(kind: int, drawn: Sequence[tuple[int, int]], preset: Size, rng: np.random.Generator) -> dict:
+    """One sample of ``kind`` with images of the ``drawn`` sizes (see :func:`mixed_samples`)."""
+    from graph_exec.models import IGNORE_INDEX
+
+    head: list[int] = []
+    for height, width in drawn:
+        tokens = (height // preset.patch) * (width // preset.patch) // preset.merge**2
+        head += [VISION_START] + [IMAGE_TOKEN] * tokens + [VISION_END]
+    offset = kind * (IMAGE_TOKEN // CLASSES) if drawn else 0
+    text = ((offset + np.arange(TEXT + 1)) % IMAGE_TOKEN).astype(np.int32)
+    ids = np.array(head + text[:-1].tolist(), np.int32)
+    labels = np.full(ids.shape, IGNORE_INDEX, np.int32)
+    labels[max(len(head) - 1, 0) :] = text if head else text[1:]
+    images = [pattern(kind, h, w, rng) for h, w in drawn]
+    return {"input_ids": ids, "labels": labels, "images": images}
 
 
 def model(size: str = "tiny", layers: int | None = None, vision_depth: int | None = None, seed: int = 0):
@@ -242,6 +258,9 @@ def build(
     pp: int = 1,
     image_sizes: Sequence[Sequence[int]] | None = None,
     images_per_sample: Sequence[int] | None = None,
+    image_mix: str | None = None,
+    mix_micro: int = 1,
+    tower_unit: float = 1.0,
 ) -> ExampleModel:
     """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked.
 
@@ -252,13 +271,18 @@ def build(
 
     ``image_sizes`` / ``images_per_sample``: batches of real samples (:func:`mixed_samples`,
     :func:`graph_exec.models.vlm_batch`) for a split that takes any images (no ``image_grid``).
+
+    ``image_mix`` (``"uniform"`` / ``"skewed"``, ``graph-exec bench qwen2vl --image-mix``): the
+    bench's mix of :func:`mix_samples` over ``mix_micro`` micro-batches, each micro-batch's tower
+    cost (:attr:`ExampleModel.tower_costs`) its real patches in light micro-batches times
+    ``tower_unit`` (a light micro-batch's tower forward in chunk forwards, calibrated).
     """
     import mindspore as ms
 
     import graph_exec.models as gm
 
     preset = SIZES[size]
-    mixed = image_sizes is not None or images_per_sample is not None
+    mixed = image_sizes is not None or images_per_sample is not None or image_mix is not None
     grid = None if mixed else preset.grid
     if pretrained is not None:
         split = gm.load_split(
@@ -289,21 +313,44 @@ def build(
     def make_batch(step: int, batch_size: int):
         if not mixed:
             return batch(whole, step, batch_size, size)
-        made = gm.vlm_batch(whole, mixed_samples(step, batch_size, sizes, counts, size))
+        if image_mix is not None:
+            made = gm.vlm_batch(whole, mix_samples(step, batch_size, image_mix, mix_micro, size))
+        else:
+            made = gm.vlm_batch(whole, mixed_samples(step, batch_size, sizes, counts, size))
         return tuple(ms.Tensor(a) for a in made.inputs), ms.Tensor(made.labels)
 
+    def tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
+        """Per micro-batch: its real patches (``VLMBatch.patches`` summed) in light micro-batches,
+        times ``tower_unit``; read from the batch itself, so the same on every rank."""
+        patches = (np.asarray(inputs[1].asnumpy()) >= 0).sum(axis=1)
+        light = (preset.image // preset.patch) ** 2 * (len(patches) // micro)
+        per_micro = patches.reshape(micro, -1).sum(axis=1)
+        return tuple(float(p) / light * tower_unit for p in per_micro)
+
     images = (
-        f"{counts[0]}-{counts[1]} images per sample of {', '.join(f'{h}x{w}' for h, w in sizes)} px (padded, masked)"
+        f"{image_mix} image mix of {preset.image}px and {image_mix_heavy(preset.image)}px images (padded, masked)"
+        if image_mix is not None
+        else f"{counts[0]}-{counts[1]} images per sample of {', '.join(f'{h}x{w}' for h, w in sizes)} px (padded, masked)"
         if mixed
         else f"{preset.image}px images -> {preset.image_tokens} tokens"
     )
 
-    return ExampleModel.of_split(
+    example = ExampleModel.of_split(
         split,
         make_batch,
         f"mindone Qwen2-VL: vision tower {preset.vision_width} wide x {depth} blocks "
         f"({'trainable' if trainable_preprocess else 'frozen'}), {images}; LM width {preset.hidden}, layers per stage {list(split.layers)}",
     )
+    if mixed:
+        example.tower_costs = tower_costs
+    return example
+
+
+def image_mix_heavy(image: int) -> int:
+    """A heavy image's side in the bench's skewed mix."""
+    from graph_exec.report import image_mix
+
+    return image_mix.heavy_side(image)[0]
 
 
 EXAMPLE = Example(

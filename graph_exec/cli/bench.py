@@ -18,7 +18,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from graph_exec.cli import tower_sweep
+from graph_exec.cli import image_mix_bench, tower_sweep
 from graph_exec.cli.argtypes import positive_int
 from graph_exec.cli.jobs import (
     JobFailed,
@@ -31,6 +31,7 @@ from graph_exec.cli.jobs import (
 )
 from graph_exec.cli.run import add_model_arguments, workload
 from graph_exec.executors import MODES
+from graph_exec.report import image_mix
 from graph_exec.report.bench_report import VARIANTS, document, evaluate, runs_for, table
 from graph_exec.report.bench_schema import check
 from graph_exec.report.job import JobSpec
@@ -116,6 +117,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--plot", metavar="FILE.png", type=output_file, help="with --tower-ratio: step time against R"
     )
+    parser.add_argument(
+        "--image-mix",
+        choices=image_mix.MIXES,
+        help="qwen2vl: images of a mix defined by measured cost (skewed: a rare heavy micro-batch with "
+        "4x the patches; uniform: all the same), the mean tower 2x a chunk's forward; MPipe with each "
+        "--tower-order against the even-split and rebalanced baselines at M=4 and 8, simulated at P=4 and 8",
+    )
+    parser.add_argument(
+        "--tower-order",
+        type=image_mix_bench.orders,
+        help="with --image-mix: comma-separated MPipe tower orders (default arrival,balanced)",
+    )
     add_launch_arguments(parser, timeout_s=1200)
     parser.set_defaults(func=lambda args: _run(args, parser))
 
@@ -134,6 +147,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--plot draws the --tower-ratio sweep; pass --tower-ratio R[,R...]")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}")
+    if args.tower_order and not args.image_mix:
+        parser.error("--tower-order goes with --image-mix (the costs it places by)")
+    if args.image_mix:
+        return image_mix_bench.run(args, parser)
     if args.tower_ratio:
         return tower_sweep.run(args, parser)
     job = job_from_args(args, parser)

@@ -105,6 +105,7 @@ class Trainer:
                 run_ahead=spec.overflow,
                 backward=spec.backward,
                 keep_preprocess_tape=spec.keep_preprocess_tape,
+                tower_order=spec.tower_order,
                 **common,
             )
         # Built now, not at the first update: a resumed job loads its state before any step.
@@ -129,7 +130,7 @@ class Trainer:
         inputs, labels = self._replica_batch(index) if self.loader is None else self._loaded_batch(index)
         barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
         start = time.perf_counter()
-        losses = self.schedule.run(*inputs, labels=labels)
+        losses = self.schedule.run(*inputs, labels=labels, tower_costs=self._tower_costs(inputs))
         end = time.perf_counter()
         timeline = self.schedule.timeline
         # The first run() sets up communication and the plan before the runtime's clock starts:
@@ -230,6 +231,18 @@ class Trainer:
         fields = [ms.Tensor(f) for f in loader.next_batch()]
         inputs, labels = tuple(fields[: self._input_fields]), fields[self._input_fields :]
         return inputs, labels[0] if len(labels) == 1 else tuple(labels)
+
+    def _tower_costs(self, inputs: Sequence[Any]) -> tuple[float, ...] | None:
+        """Each micro-batch's tower cost for ``tower_order="balanced"``, from the batch itself
+        (replicated input: every rank holds the same batch, so reaches the same placement)."""
+        if self.spec.baseline or self.spec.tower_order == "arrival":
+            return None
+        if self.model.tower_costs is None:
+            raise ValueError(
+                f"run {self.spec.name}: tower_order='balanced' needs the example's per-micro-batch "
+                f"tower costs, and {self.job.example!r} has none (use tower_order='arrival')"
+            )
+        return self.model.tower_costs(inputs, self.job.micro)
 
     def _mean_loss(self, losses: list[Any]) -> float:
         """The mean loss of this step over every micro-batch of every replica."""

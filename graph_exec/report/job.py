@@ -39,6 +39,8 @@ class RunSpec:
     #: Decoder layers per stage for the example's ``build(layers=...)`` (``None``: its default
     #: split); the rebalanced baseline of ``graph-exec bench qwen2vl --tower-ratio`` sets it.
     layers: tuple[int, ...] | None = None
+    #: MPipe's ``tower_order``; ``"balanced"`` places by the example's ``tower_costs`` of each batch.
+    tower_order: str = "arrival"
 
     @property
     def preprocess(self) -> str:

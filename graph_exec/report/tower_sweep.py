@@ -176,7 +176,7 @@ class SweepPoint:
     pf_measured: float | None  #: the even baseline's median TFWD
 
 
-def _percentiles(values: Sequence[float]) -> tuple[float, float, float]:
+def percentiles(values: Sequence[float]) -> tuple[float, float, float]:
     ordered = sorted(values)
 
     def at(q: float) -> float:
@@ -203,7 +203,7 @@ def sweep_point(
     """Evaluate one launch: measured percentiles and the simulations from its costs."""
     by_name = {r.spec.name: r for r in results}
     measured = {
-        name: _percentiles(by_name[f"{name}.{mode}"].summary.step_times)
+        name: percentiles(by_name[f"{name}.{mode}"].summary.step_times)
         for name in SCHEDULES
         if f"{name}.{mode}" in by_name
     }

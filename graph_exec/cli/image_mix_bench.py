@@ -1,0 +1,229 @@
+"""``graph-exec bench qwen2vl --image-mix uniform|skewed --tower-order arrival,balanced``.
+
+The mix is defined by measured cost (:mod:`graph_exec.report.image_mix`): the parent runs the
+start-up calibration of ``--tower-ratio`` (:mod:`graph_exec.harness.tower_costs`), picks the
+vision depth that makes the mean micro-batch's tower forward 2x a chunk's forward, and then, per
+``M`` (4 and 8 unless ``--micro`` names one), one launch trains side by side, step by step in
+turn: the even-split and the rebalanced baselines and MPipe (``overflow="full"``) with each
+``--tower-order``, every rank building the same batch and reading each micro-batch's tower cost
+from it (its real patches times the calibrated cost of a light micro-batch). It prints each
+run's step time (p10/p50/p90 over the measured steps), the ratios, and the simulator's
+balanced/arrival ratio at P = 4 and 8 from the launch's measured costs with the mix's costs per
+micro-batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from graph_exec.balance import rebalanced_layers
+from graph_exec.cli import tower_sweep as sweep_cli
+from graph_exec.cli.jobs import JobFailed, checked_job, execute, nodes_of, run_directory
+from graph_exec.device import DevicePolicy
+from graph_exec.report import image_mix
+from graph_exec.report.bench_report import RunResult, evaluate
+from graph_exec.report.job import RunSpec
+from graph_exec.report.tower_sweep import StartupCosts, even, layer_costs, percentiles, stage_costs
+from graph_exec.schedule import PlanConfig, build_plan
+from graph_exec.schedule.placement import TOWER_ORDERS
+from graph_exec.simulate import simulate
+
+EXAMPLE = "qwen2vl"
+#: ``M`` of the launches unless ``--micro`` names one.
+MICROS = (4, 8)
+SIMULATED_RANKS = (4, 8)
+BASELINES = ("baseline-frozen", "baseline-rebalanced")
+
+
+def orders(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated tower orders."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names or set(names) - set(TOWER_ORDERS):
+        raise argparse.ArgumentTypeError(f"tower orders must be among {','.join(TOWER_ORDERS)}, got {text!r}")
+    return names
+
+
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """What the mix bench cannot do, before anything starts (exit 2)."""
+    if args.example != EXAMPLE:
+        parser.error(f"--image-mix draws the images of {EXAMPLE!r}, not of {args.example!r}")
+    if args.dp != 1 or args.nodes != 1:
+        parser.error("--image-mix measures one pipeline on this host: --dp and --nodes must be 1")
+    if args.ranks < 2:
+        parser.error(f"--image-mix compares pipelines: --ranks must be at least 2, got {args.ranks}")
+    if args.tower_ratio:
+        parser.error("--image-mix sets the tower's depth itself: drop --tower-ratio")
+
+
+def mix_runs(tower_orders: Sequence[str], rebalanced: tuple[int, ...]) -> tuple[RunSpec, ...]:
+    """The baselines, then MPipe with each tower order (graph mode)."""
+    return (
+        RunSpec(name="baseline-frozen.graph", baseline=True),
+        RunSpec(name="baseline-rebalanced.graph", baseline=True, layers=rebalanced),
+        *(RunSpec(name=f"mpipe-{order}.graph", overflow="full", tower_order=order) for order in tower_orders),
+    )
+
+
+def simulated_ratio(
+    results: Sequence[RunResult],
+    mix: str,
+    micro: int,
+    pp: int,
+    vpp: int,
+    num_layers: int,
+    light_tower: float,
+    steps: Sequence[int],
+) -> dict[int, float]:
+    """Per simulated rank count: mean over ``steps`` of the simulated arrival / balanced step time.
+
+    Everything but the towers is the launch's measured costs (the arrival run's, its layers
+    scaled with the pipeline as in ``--tower-ratio``: ``L' = L·P'/P``, ``M' = M·P'/P``); each
+    micro-batch's tower is ``light_tower`` (the calibrated light micro-batch) times its weight
+    in the mix.
+    """
+    by_name = {r.spec.name: r for r in results}
+    arrival = by_name["mpipe-arrival.graph"].prediction.costs
+    layers = layer_costs(by_name["baseline-frozen.graph"].prediction.costs, even(num_layers, pp * vpp))
+    out = {}
+    for ranks in SIMULATED_RANKS:
+        sim_micro, sim_layers = micro * ranks // pp, num_layers * ranks // pp
+        forward, backward = stage_costs(layers, even(sim_layers, ranks * vpp))
+        plan = build_plan(
+            PlanConfig(pp=ranks, vpp=vpp, micro=sim_micro, preprocess="frozen", overflow="full")
+        )
+        ratios = []
+        for step in steps:
+            costs = replace(
+                arrival,
+                stage_forward=forward,
+                stage_backward=backward,
+                preprocess_forward=light_tower,
+                tower_costs=image_mix.micro_weights(mix, sim_micro, step),
+            )
+            ratios.append(
+                simulate(plan, costs, "arrival").step_time / simulate(plan, costs, "balanced").step_time
+            )
+        out[ranks] = statistics.fmean(ratios)
+    return out
+
+
+def table(
+    mix: str,
+    costs: StartupCosts,
+    points: Sequence[tuple[int, int, float, dict[str, tuple[float, float, float]], dict[int, float]]],
+    pp: int,
+) -> str:
+    """The measured step times and ratios side by side, then the simulator's ratios."""
+    lines = [
+        f"image mix {mix!r}: mean tower forward per micro-batch {image_mix.MEAN_RATIO:g}x a chunk's forward "
+        f"(chunk forward {costs.chunk_forward * 1e3:.2f} ms at start-up), heavy micro-batches "
+        f"{image_mix.HEAVY_FACTOR}x the patches of a light one",
+        f"measured at P={pp} (step ms p10/p50/p90 over the measured steps; ratio = other / balanced p50)",
+    ]
+    for micro, depth, light, measured, sims in points:
+        heavy = image_mix.heavy_count(mix, micro)
+        lines.append(
+            f"M={micro}: {depth} vision blocks (light micro-batch tower ~{light * 1e3:.1f} ms), "
+            f"{heavy} heavy of {micro} per step"
+        )
+        for name, (p10, p50, p90) in measured.items():
+            lines.append(f"  {name:22s} {p10 * 1e3:7.1f} {p50 * 1e3:7.1f} {p90 * 1e3:7.1f}")
+        if "mpipe-balanced" in measured:
+            base = measured["mpipe-balanced"][1]
+            lines.append(
+                "  ratios to balanced: "
+                + ", ".join(
+                    f"{name} {p50 / base:.3f}x"
+                    for name, (_, p50, _) in measured.items()
+                    if name != "mpipe-balanced"
+                )
+            )
+        if sims:
+            lines.append(
+                "  simulated balanced speed-up over arrival: "
+                + ", ".join(f"P={ranks} {ratio:.3f}x" for ranks, ratio in sims.items())
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    check(args, parser)
+    from graph_exec.examples import qwen2vl
+
+    pp, vpp = args.ranks, args.vpp
+    num_stages = pp * vpp
+    num_layers = max(qwen2vl.SIZES[args.size].layers, num_stages)
+    micros = (args.micro,) if args.micro else MICROS
+    rows = args.batch // micros[0] if args.batch else 1
+    if args.batch and any(args.batch % m for m in micros):
+        parser.error(f"--batch {args.batch} is not a multiple of --micro {micros[0]}")
+    tower_orders = args.tower_order or TOWER_ORDERS
+    print(
+        f"image-mix bench of {EXAMPLE} ({args.size}), P={pp} V={vpp} M={','.join(map(str, micros))}: calibrating",
+        flush=True,
+    )
+    pin = args.pin_cores and DevicePolicy.for_target(args.device).pin_cores
+    costs = sweep_cli.calibrate(args.size, num_stages, rows, args.device, pin, args.timeout)
+    try:
+        depths = [costs.depth_for(image_mix.light_ratio(args.image_mix, m)) for m in micros]
+    except ValueError as exc:
+        print(f"graph-exec bench: {exc}", file=sys.stderr)
+        return 2
+    points = []
+    try:
+        for micro, depth in zip(micros, depths, strict=True):
+            light = costs.tower(depth)
+            mean = light * image_mix.mean_weight(args.image_mix, micro)
+            rebalanced = rebalanced_layers(num_layers, pp, vpp, costs.layer_step, [mean])
+            job = checked_job(
+                args,
+                parser,
+                mix_runs(tower_orders, rebalanced),
+                micro=micro,
+                batch=rows * micro,
+                steps=args.steps,
+                warmup=args.warmup,
+                calibrate=True,
+            )
+            options = {
+                "vision_depth": depth,
+                "image_mix": args.image_mix,
+                "mix_micro": micro,
+                "tower_unit": light / costs.chunk_forward,
+            }
+            job = dataclasses.replace(job, model_options=options)
+            print(
+                f"M={micro}: {depth} vision blocks, rebalanced split {list(rebalanced)}: "
+                f"{len(job.runs)} runs x {job.total_steps} steps",
+                flush=True,
+            )
+            with run_directory(args.log_dir / f"image_mix_M{micro}" if args.log_dir else None) as run_dir:
+                execute(
+                    job, run_dir, args.timeout, lambda line: None, "graph-exec bench", nodes_of(args, parser)
+                )
+                results = evaluate(job, run_dir)
+            measured = {r.variant: percentiles(r.summary.step_times) for r in results}
+            sims = (
+                simulated_ratio(
+                    results,
+                    args.image_mix,
+                    micro,
+                    pp,
+                    vpp,
+                    num_layers,
+                    light,
+                    range(job.warmup, job.total_steps),
+                )
+                if set(TOWER_ORDERS) <= set(tower_orders)
+                else {}
+            )
+            points.append((micro, depth, light, measured, sims))
+    except JobFailed as failed:
+        return failed.code
+    sys.stdout.write("\n" + table(args.image_mix, costs, points, pp))
+    return 0

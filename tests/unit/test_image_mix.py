@@ -1,0 +1,77 @@
+"""``graph-exec bench qwen2vl --image-mix``: the mix's definition by cost, the example's
+per-micro-batch tower costs read from its batch, and the command's argument checks (no launch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from graph_exec.cli import image_mix_bench, jobs, main
+from graph_exec.report import image_mix
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def tripwire(*args: object, **kwargs: object) -> None:
+        raise AssertionError("something was launched")
+
+    monkeypatch.setattr(jobs, "launch", tripwire)
+    monkeypatch.setattr(image_mix_bench.sweep_cli, "calibrate", tripwire)
+
+
+@pytest.mark.parametrize("micro", [4, 8])
+def test_skewed_costs_vary_four_fold_heavy_rare_mean_two_chunks(micro: int) -> None:
+    for step in range(20):
+        weights = image_mix.micro_weights("skewed", micro, step)
+        assert len(weights) == micro
+        assert image_mix.spread(weights) == pytest.approx(4.0)
+        heavy = sum(w > 1 for w in weights)
+        assert heavy == micro // 4 and heavy <= micro / 4  # rare: at most one in four
+        # a light micro-batch at light_ratio chunk forwards makes the mean MEAN_RATIO (= 2)
+        mean = sum(weights) / micro * image_mix.light_ratio("skewed", micro)
+        assert mean == pytest.approx(2.0)
+    positions = {image_mix.heavy_micros("skewed", micro, step) for step in range(20)}
+    assert len(positions) > 1  # the heavy micro-batch moves from step to step
+    assert image_mix.heavy_micros("skewed", micro, 3) == image_mix.heavy_micros("skewed", micro, 3)
+
+
+def test_uniform_is_one_cost_per_micro_batch() -> None:
+    for step in range(5):
+        assert image_mix.micro_weights("uniform", 8, step) == (1.0,) * 8
+    assert image_mix.light_ratio("uniform", 8) == pytest.approx(2.0)
+
+
+def test_heavy_image_has_four_times_the_patches() -> None:
+    (h, w), (lh, lw) = image_mix.heavy_side(16), image_mix.light_side(16)
+    assert h * w == 4 * lh * lw
+    with pytest.raises(ValueError, match="'spiky'"):
+        image_mix.heavy_count("spiky", 4)
+
+
+def test_example_reads_each_micro_batch_cost_from_its_batch() -> None:
+    pytest.importorskip("mindone")
+    from graph_exec.examples import qwen2vl
+
+    model = qwen2vl.build(4, image_mix="skewed", mix_micro=4, tower_unit=0.5)
+    for step in range(3):
+        inputs, _ = model.batch(step, 8)
+        want = tuple(0.5 * w for w in image_mix.micro_weights("skewed", 4, step))
+        assert model.tower_costs(inputs, 4) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "vl_tower", "--image-mix", "skewed"], "images of 'qwen2vl', not of 'vl_tower'"),
+        (["bench", "qwen2vl", "--image-mix", "skewed", "--ranks", "1"], "at least 2"),
+        (["bench", "qwen2vl", "--tower-order", "balanced"], "goes with --image-mix"),
+        (["bench", "qwen2vl", "--image-mix", "skewed", "--tower-order", "fastest"], "'fastest'"),
+        (["bench", "qwen2vl", "--image-mix", "skewed", "--tower-ratio", "2"], "drop --tower-ratio"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_them(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
