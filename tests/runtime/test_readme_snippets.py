@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from tests.unit.test_readme_usage import usage_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,3 +59,14 @@ def test_the_real_models_block_trains_a_tied_qwen2(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     loss = [line for line in done.stdout.splitlines() if line.startswith("loss ")]
     assert len(loss) == 1 and float(loss[0].split()[1]) > 0, done.stdout
+
+
+def test_the_vision_language_block_trains_on_mixed_images(tmp_path: Path) -> None:
+    """The "Vision-language batches" block, as shown: real-size images (0, 1 and 2 per sample,
+    each its own grid) and text of four lengths, through ``vlm_batch`` and MPipe."""
+    script = tmp_path / "vlm.py"
+    script.write_text(_python_block_of("Vision-language batches"), encoding="utf-8")
+    done = _run(script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loss = [line for line in done.stdout.splitlines() if line.startswith("loss ")]
+    assert len(loss) == 1 and np.isfinite(float(loss[0].split()[1])), done.stdout

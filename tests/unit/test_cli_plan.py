@@ -157,6 +157,10 @@ def test_simulate_reports_and_writes_a_trace(tmp_path, capsys: pytest.CaptureFix
         "rank 1: busy 6 idle 2",
         "fair baseline (no transposition): step time 10",
         "MPipe saving: 2 (20.0% of the fair baseline's step)",
+        # 1F1B holds P - r micro-batches' activations on rank r
+        "predicted peak held per rank (items at once; bytes: the peak of their sum):",
+        "rank 0: activations 2, receives 2, preprocess outputs 1",
+        "rank 1: activations 1, receives 1, preprocess outputs 1",
         f"trace written to {trace}",
     ]
     assert {e["tid"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"} == {0, 1}
