@@ -80,6 +80,7 @@ class Trainer:
             **({"shape_buckets": {1: job.shape_buckets}} if bucketed else {}),
             "timeout_s": job.timeout_s,
             "body": spec.body,
+            "recompute": spec.recompute,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
             "mesh": mesh,
         }

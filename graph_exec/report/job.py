@@ -35,6 +35,7 @@ class RunSpec:
     backward: str = "central"
     keep_preprocess_tape: bool = False  #: see ScheduleMPipeTranspose
     body: str = "interleaved"  #: the schedules' ``body`` ("zb": the split backward)
+    recompute: bool = False  #: the schedules' ``recompute`` (keep stage inputs, not tapes)
     #: Decoder layers per stage for the example's ``build(layers=...)`` (``None``: its default
     #: split); the rebalanced baseline of ``graph-exec bench qwen2vl --tower-ratio`` sets it.
     layers: tuple[int, ...] | None = None
