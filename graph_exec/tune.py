@@ -68,6 +68,11 @@ class ModelCosts:
     last_stage_forward: float = 0.0
     first_stage_param_bytes: int = 0
     last_stage_param_bytes: int = 0
+    #: Share of every compute entry that does not grow with the rows (dispatch, kernel launch):
+    #: a micro-batch of ``k`` times the rows costs ``fixed_share + (1 - fixed_share) * k`` times.
+    fixed_share: float = 0.0
+    #: The runtime's own time per compute step (the schedule's Python between kernels).
+    op_overhead: float = 0.0
     #: Optimizer state per trained parameter byte (Adam: its two moments, 2.0).
     optimizer_bytes_per_param_byte: float = 2.0
     latency: float = 0.0  #: per transfer
@@ -83,6 +88,8 @@ class ModelCosts:
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
                 raise CostFileError(f"cost entry {field.name!r} must be a number, got {value!r}")
             least = 1 if field.name in ("layers", "micro_batch_size") else 0
+            if field.name == "fixed_share" and value > 1:
+                raise CostFileError(f"cost entry 'fixed_share' must be in [0, 1], got {value!r}")
             if value < least or (math.isinf(value) and field.name != "bandwidth"):
                 raise CostFileError(
                     f"cost entry {field.name!r} must be a finite number >= {least}, got {value!r}"
@@ -195,19 +202,21 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
     )
     plan = build_plan(config)
     again = 1.0 if candidate.recompute else 0.0  # recompute: the backward runs the forward first
-    forward = [n * costs.layer_forward * rows for n in layers]
-    backward = [n * (costs.layer_backward + again * costs.layer_forward) * rows for n in layers]
-    forward[0] += costs.first_stage_forward * rows
-    backward[0] += (costs.first_stage_backward + again * costs.first_stage_forward) * rows
-    forward[-1] += costs.last_stage_forward * rows  # fused: the last F is forward+loss+backward
+    work = costs.fixed_share + (1 - costs.fixed_share) * rows  # compute scale of a micro-batch
+    extra = costs.op_overhead
+    forward = [n * costs.layer_forward * work + extra for n in layers]
+    backward = [n * (costs.layer_backward + again * costs.layer_forward) * work + extra for n in layers]
+    forward[0] += costs.first_stage_forward * work
+    backward[0] += (costs.first_stage_backward + again * costs.first_stage_forward) * work
+    forward[-1] += costs.last_stage_forward * work  # fused: the last F is forward+loss+backward
     op_costs = OpCosts(
         forward=0.0,
         backward=0.0,
         stage_forward=tuple(forward),
         stage_backward=tuple(backward),
-        preprocess_forward=costs.preprocess_forward * rows,
-        preprocess_backward=costs.preprocess_backward * rows,
-        recompute=(costs.preprocess_forward + costs.preprocess_backward) * rows,
+        preprocess_forward=costs.preprocess_forward * work + extra,
+        preprocess_backward=costs.preprocess_backward * work + extra,
+        recompute=(costs.preprocess_forward + costs.preprocess_backward) * work + extra,
         latency=costs.latency,
         bandwidth=costs.bandwidth,
         activation_bytes=costs.hidden_bytes * rows,

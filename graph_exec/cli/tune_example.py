@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     costs = _calibrate(args, batch // pp, options)
     try:
         if args.latency is None:
-            costs = replace(costs, **_transfers(args, pp, batch, options, timeout_s))
+            costs = _in_pipeline(args, pp, batch, options, timeout_s, costs)
         else:
             costs = replace(costs, latency=args.latency, bandwidth=args.bandwidth)
     except JobFailed as failed:
@@ -191,24 +192,73 @@ def _job(
     )
 
 
-def _transfers(args: argparse.Namespace, pp: int, batch: int, options: dict, timeout_s: float) -> dict:
-    """Latency and bandwidth measured in a short launch of the fair baseline (V = 1, M = P)."""
+def _in_pipeline(
+    args: argparse.Namespace, pp: int, batch: int, options: dict, timeout_s: float, costs: ModelCosts
+) -> ModelCosts:
+    """``costs`` with its times measured where they matter: in short launches of the fair
+    baseline (``V = 2``, so that stages 1..2P-2 are decoder layers only) at the largest and the
+    smallest micro-batch the search tries (``M = P`` and ``M = B``), each run's per-op costs as
+    the bench measures them (:func:`graph_exec.report.predict.measured_costs`) split into layers
+    and stage extras (:func:`graph_exec.report.tower_sweep.layer_costs`). The two sizes give the
+    share of compute that does not grow with the rows; what the measured step exceeds the
+    simulation of its own measured costs by, per compute step of a rank, is the runtime's own
+    time per step. Transfer latency and bandwidth come from the ``M = P`` launch."""
+    from graph_exec.balance import even_layers
     from graph_exec.report.bench_report import evaluate
+    from graph_exec.report.tower_sweep import layer_costs
 
-    trainable = _trainable(args.example)
-    spec = RunSpec(name="transfers.graph", baseline=True, trainable=trainable)
-    job = _job(args, pp, 1, pp, batch, (spec,), options, timeout_s, calibrate=True, steps=3, warmup=2)
-    print(f"measuring transfers: the fair baseline on {pp} ranks, {job.total_steps} steps", flush=True)
-    with run_directory(None if args.log_dir is None else args.log_dir / "transfers") as run_dir:
-        execute(job, run_dir, args.timeout, lambda line: None, "graph-exec tune")
-        measured = evaluate(job, run_dir)[0].prediction.costs
-    return {"latency": measured.latency, "bandwidth": measured.bandwidth}
+    vpp = 2
+    split = even_layers(max(costs.layers, pp * vpp), pp * vpp)
+    spec = RunSpec(name="calibration.graph", baseline=True, trainable=costs.preprocess == "trainable")
+    measured = []
+    for micro in dict.fromkeys((pp, batch)):
+        job = _job(
+            args, pp, vpp, micro, batch, (spec,), options, timeout_s, calibrate=True, steps=4, warmup=2
+        )
+        print(
+            f"measuring in the pipeline: the fair baseline, V={vpp} M={micro}, {job.total_steps} steps",
+            flush=True,
+        )
+        where = None if args.log_dir is None else args.log_dir / f"calibration_M{micro}"
+        with run_directory(where) as run_dir:
+            execute(job, run_dir, args.timeout, lambda line: None, "graph-exec tune")
+            measured.append((micro, evaluate(job, run_dir)[0]))
+    (micro, big), *rest = measured
+    op, layer = big.prediction.costs, layer_costs(big.prediction.costs, split)
+    trained = costs.preprocess == "trainable"
 
+    def compute(c) -> float:  # one micro-batch's compute on every stage and the preprocess
+        stages = range(len(split))
+        return (
+            sum(c.forward_at(s) + c.backward_at(s) for s in stages)
+            + c.preprocess_forward
+            + (c.preprocess_backward if trained else 0.0)
+        )
 
-def _trainable(example: str) -> bool:
-    from graph_exec.examples import TRAINABLE_BY_DEFAULT
+    def overhead(m: int, result) -> float:
+        steps = m * (2 * vpp + 1 + trained)  # rank 0: F and B of its chunks, the preprocess
+        return max(result.summary.step_time - result.prediction.step_time, 0.0) / steps
 
-    return TRAINABLE_BY_DEFAULT[example]
+    fixed = 0.0
+    if rest:
+        small_micro, small = rest[0]
+        k = micro / small_micro  # rows of the small micro-batch over the big one's
+        fixed = min(max((compute(small.prediction.costs) / compute(op) - k) / (1 - k), 0.0), 1.0)
+    return replace(
+        costs,
+        micro_batch_size=batch // micro,
+        layer_forward=layer.forward,
+        layer_backward=layer.backward,
+        first_stage_forward=layer.first_forward,
+        first_stage_backward=layer.first_backward,
+        last_stage_forward=layer.last_extra,
+        preprocess_forward=op.preprocess_forward,
+        preprocess_backward=op.preprocess_backward if trained else 0.0,
+        latency=op.latency,
+        bandwidth=op.bandwidth,
+        fixed_share=fixed,
+        op_overhead=statistics.fmean(overhead(m, r) for m, r in measured),
+    )
 
 
 def run_spec(index: int, predicted: Predicted, trainable: bool) -> RunSpec:
