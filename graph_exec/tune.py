@@ -208,7 +208,8 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
     backward = [n * (costs.layer_backward + again * costs.layer_forward) * work + extra for n in layers]
     forward[0] += costs.first_stage_forward * work
     backward[0] += (costs.first_stage_backward + again * costs.first_stage_forward) * work
-    forward[-1] += costs.last_stage_forward * work  # fused: the last F is forward+loss+backward
+    forward[-1] += costs.last_stage_forward * work  # fused: the last F is forward+loss+backward,
+    backward[-1] -= extra  # one call: its overhead once
     op_costs = OpCosts(
         forward=0.0,
         backward=0.0,
