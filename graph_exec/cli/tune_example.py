@@ -92,7 +92,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.tower_ratio is not None:
         from graph_exec.cli.tower_sweep import calibrate as sweep_calibrate
 
-        startup = sweep_calibrate(args.size, 3, batch // pp, args.device, args.pin_cores, args.timeout)
+        # R in chunks of 2P stages, as `bench qwen2vl --tower-ratio` with its default V = 2
+        startup = sweep_calibrate(args.size, 2 * pp, batch // pp, args.device, args.pin_cores, args.timeout)
         try:
             options["vision_depth"] = startup.depth_for(args.tower_ratio)
         except ValueError as exc:
