@@ -22,7 +22,8 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import asdict, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from graph_exec.cli.argtypes import positive_int
@@ -35,6 +36,7 @@ from graph_exec.cli.jobs import (
     run_directory,
 )
 from graph_exec.report.job import JobSpec, RunSpec
+from graph_exec.simulate import OpCosts
 from graph_exec.tune import SPLITTABLE, CostFileError, ModelCosts, NoPlanFitsError, Predicted, table, tune
 
 #: The chosen plan counts as the right choice within this factor of the fastest verified.
@@ -206,7 +208,6 @@ def _in_pipeline(
     time per step. Transfer latency and bandwidth come from the ``M = P`` launch."""
     from graph_exec.balance import even_layers
     from graph_exec.report.bench_report import evaluate
-    from graph_exec.report.tower_sweep import layer_costs
 
     vpp = 2
     split = even_layers(max(costs.layers, pp * vpp), pp * vpp)
@@ -223,12 +224,36 @@ def _in_pipeline(
         where = None if args.log_dir is None else args.log_dir / f"calibration_M{micro}"
         with run_directory(where) as run_dir:
             execute(job, run_dir, args.timeout, lambda line: None, "graph-exec tune")
-            measured.append((micro, evaluate(job, run_dir)[0]))
-    (micro, big), *rest = measured
-    op, layer = big.prediction.costs, layer_costs(big.prediction.costs, split)
+            result = evaluate(job, run_dir)[0]
+        measured.append(
+            Launch(micro, result.prediction.costs, result.summary.step_time, result.prediction.step_time)
+        )
+    return from_launches(costs, batch, vpp, split, measured)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One calibration launch of the fair baseline: its ``M``, its per-op costs as measured, its
+    measured median step and the simulation of its own measured costs."""
+
+    micro: int
+    costs: OpCosts
+    step: float
+    simulated: float
+
+
+def from_launches(
+    costs: ModelCosts, batch: int, vpp: int, split: Sequence[int], launches: Sequence[Launch]
+) -> ModelCosts:
+    """``costs`` with the times of ``launches`` (the first at the largest micro-batch, a second,
+    if any, at a smaller one; see :func:`_in_pipeline`)."""
+    from graph_exec.report.tower_sweep import layer_costs
+
+    big, *rest = launches
+    layer = layer_costs(big.costs, split)
     trained = costs.preprocess == "trainable"
 
-    def compute(c) -> float:  # one micro-batch's compute on every stage and the preprocess
+    def compute(c: OpCosts) -> float:  # one micro-batch's compute on every stage and the preprocess
         stages = range(len(split))
         return (
             sum(c.forward_at(s) + c.backward_at(s) for s in stages)
@@ -236,29 +261,28 @@ def _in_pipeline(
             + (c.preprocess_backward if trained else 0.0)
         )
 
-    def overhead(m: int, result) -> float:
-        steps = m * (2 * vpp + 1 + trained)  # rank 0: F and B of its chunks, the preprocess
-        return max(result.summary.step_time - result.prediction.step_time, 0.0) / steps
+    def overhead(launch: Launch) -> float:
+        steps = launch.micro * (2 * vpp + 1 + trained)  # rank 0: F and B of its chunks, the preprocess
+        return max(launch.step - launch.simulated, 0.0) / steps
 
     fixed = 0.0
     if rest:
-        small_micro, small = rest[0]
-        k = micro / small_micro  # rows of the small micro-batch over the big one's
-        fixed = min(max((compute(small.prediction.costs) / compute(op) - k) / (1 - k), 0.0), 1.0)
+        k = big.micro / rest[0].micro  # rows of the small micro-batch over the big one's
+        fixed = min(max((compute(rest[0].costs) / compute(big.costs) - k) / (1 - k), 0.0), 1.0)
     return replace(
         costs,
-        micro_batch_size=batch // micro,
+        micro_batch_size=batch // big.micro,
         layer_forward=layer.forward,
         layer_backward=layer.backward,
         first_stage_forward=layer.first_forward,
         first_stage_backward=layer.first_backward,
         last_stage_forward=layer.last_extra,
-        preprocess_forward=op.preprocess_forward,
-        preprocess_backward=op.preprocess_backward if trained else 0.0,
-        latency=op.latency,
-        bandwidth=op.bandwidth,
+        preprocess_forward=big.costs.preprocess_forward,
+        preprocess_backward=big.costs.preprocess_backward if trained else 0.0,
+        latency=big.costs.latency,
+        bandwidth=big.costs.bandwidth,
         fixed_share=fixed,
-        op_overhead=statistics.fmean(overhead(m, r) for m, r in measured),
+        op_overhead=statistics.fmean(overhead(launch) for launch in launches),
     )
 
 

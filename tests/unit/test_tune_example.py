@@ -115,3 +115,33 @@ def test_calibrate_measures_a_users_own_model() -> None:
     assert tune(costs, 2, 8)
     with pytest.raises(ValueError, match="at least 3 stages"):
         calibrate(stages[:2], [2, 1], (x,), (y,), nn.MSELoss(), repeats=1)
+
+
+def test_launch_costs_give_layers_extras_the_fixed_share_and_the_overhead() -> None:
+    """Two launches of 4 one-layer stages (V = 2, P = 2, batch 8). At M = 2 (4 rows) a layer's
+    F is 2 and B 4, stage 0 adds 1 to each, the fused last F is 2 + 4 + 3; at M = 8 (1 row)
+    every compute costs half: rows down 4x, cost down 2x, so the fixed share f solves
+    f + (1 - f) / 4 = 1/2: f = 1/3. The first launch measured 3.0 s more than its simulation,
+    over 2 x (2 x 2 + 1) = 10 compute steps of rank 0; the second 0.8 s over 40."""
+    from graph_exec.cli.tune_example import Launch, from_launches
+    from graph_exec.simulate import OpCosts
+
+    def op(scale: float) -> OpCosts:
+        return OpCosts(
+            stage_forward=tuple(scale * f for f in (3, 2, 2, 9)),
+            stage_backward=tuple(scale * b for b in (5, 4, 4, 0.5)),
+            preprocess_forward=scale * 6,
+            latency=0.01,
+            bandwidth=1e9,
+        )
+
+    costs = replace(PLAIN, preprocess="frozen", preprocess_output_bytes=8)
+    got = from_launches(
+        costs, 8, 2, (1, 1, 1, 1), [Launch(2, op(1.0), 13.0, 10.0), Launch(8, op(0.5), 20.8, 20.0)]
+    )
+    assert (got.micro_batch_size, got.layer_forward, got.layer_backward) == (4, 2.0, 4.0)
+    assert (got.first_stage_forward, got.first_stage_backward, got.last_stage_forward) == (1.0, 1.0, 3.0)
+    assert (got.preprocess_forward, got.latency, got.bandwidth) == (6.0, 0.01, 1e9)
+    assert got.fixed_share == pytest.approx(1 / 3)
+    assert got.op_overhead == pytest.approx((3.0 / 10 + 0.8 / 40) / 2)
+    assert got.layer_param_bytes == PLAIN.layer_param_bytes  # sizes stay as calibrated
