@@ -254,6 +254,20 @@ def memory_peaks() -> dict[str, int | None]:
     return peaks
 
 
+def memory_in_use() -> int:
+    """Bytes in use now: MindSpore's allocator where the device keeps its own account
+    (:attr:`DevicePolicy.allocator_reports_peak`), else the process's resident set (on CPU
+    tensors are host memory, and 2.10's allocator reports 0 there)."""
+    if policy().allocator_reports_peak:
+        import mindspore as ms
+
+        return int(ms.runtime.memory_allocated())
+    import os
+
+    with open("/proc/self/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def assign_in_place(target: Any, value: Any) -> None:
     """Write ``value`` into ``target``'s own memory (a compiled graph reading ``target`` sees
     it): ``ops.assign``, or ``Tensor.copy_`` for a bfloat16 tensor where ``Assign`` has no

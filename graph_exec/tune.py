@@ -61,6 +61,18 @@ class ModelCosts:
     preprocess_output_bytes: int = 0  #: its output, shipped to rank 0
     preprocess_tape_bytes: int = 0  #: what its forward keeps for a taped backward
     preprocess_param_bytes: int = 0  #: its parameters (held on every rank that runs it)
+    #: What stage 0 and the last stage do besides their layers (embedding; head and loss, whose
+    #: forward and backward the last stage runs in one fused call), and the parameters they add.
+    first_stage_forward: float = 0.0
+    first_stage_backward: float = 0.0
+    last_stage_forward: float = 0.0
+    first_stage_param_bytes: int = 0
+    last_stage_param_bytes: int = 0
+    #: Share of every compute entry that does not grow with the rows (dispatch, kernel launch):
+    #: a micro-batch of ``k`` times the rows costs ``fixed_share + (1 - fixed_share) * k`` times.
+    fixed_share: float = 0.0
+    #: The runtime's own time per compute step (the schedule's Python between kernels).
+    op_overhead: float = 0.0
     #: Optimizer state per trained parameter byte (Adam: its two moments, 2.0).
     optimizer_bytes_per_param_byte: float = 2.0
     latency: float = 0.0  #: per transfer
@@ -76,6 +88,8 @@ class ModelCosts:
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
                 raise CostFileError(f"cost entry {field.name!r} must be a number, got {value!r}")
             least = 1 if field.name in ("layers", "micro_batch_size") else 0
+            if field.name == "fixed_share" and value > 1:
+                raise CostFileError(f"cost entry 'fixed_share' must be in [0, 1], got {value!r}")
             if value < least or (math.isinf(value) and field.name != "bandwidth"):
                 raise CostFileError(
                     f"cost entry {field.name!r} must be a finite number >= {least}, got {value!r}"
@@ -151,6 +165,7 @@ def candidates(
     batch: int,
     vpps: Sequence[int] = (1, 2, 4),
     micros: Sequence[int] | None = None,
+    splits: Sequence[str] = ("even", "rebalanced"),
 ) -> list[Candidate]:
     """Every combination that applies: MPipe options only with a preprocess, ``backward`` only
     with a trainable one, the rebalanced split only where the preprocess runs on rank 0, a ``V``
@@ -161,8 +176,9 @@ def candidates(
     out = []
     for vpp, micro, recompute in itertools.product(vpps, micros, (False, True)):
         out.append(Candidate("baseline", "even", vpp, micro, recompute=recompute))
-        if has_pre:
+        if has_pre and "rebalanced" in splits:
             out.append(Candidate("baseline", "rebalanced", vpp, micro, recompute=recompute))
+        if has_pre:
             for run_ahead, backward in itertools.product(
                 ("full", "min"), ("central", "owner") if trainable else ("central",)
             ):
@@ -186,14 +202,22 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
     )
     plan = build_plan(config)
     again = 1.0 if candidate.recompute else 0.0  # recompute: the backward runs the forward first
+    work = costs.fixed_share + (1 - costs.fixed_share) * rows  # compute scale of a micro-batch
+    extra = costs.op_overhead
+    forward = [n * costs.layer_forward * work + extra for n in layers]
+    backward = [n * (costs.layer_backward + again * costs.layer_forward) * work + extra for n in layers]
+    forward[0] += costs.first_stage_forward * work
+    backward[0] += (costs.first_stage_backward + again * costs.first_stage_forward) * work
+    forward[-1] += costs.last_stage_forward * work  # fused: the last F is forward+loss+backward,
+    backward[-1] -= extra  # one call: its overhead once
     op_costs = OpCosts(
         forward=0.0,
         backward=0.0,
-        stage_forward=tuple(n * costs.layer_forward * rows for n in layers),
-        stage_backward=tuple(n * (costs.layer_backward + again * costs.layer_forward) * rows for n in layers),
-        preprocess_forward=costs.preprocess_forward * rows,
-        preprocess_backward=costs.preprocess_backward * rows,
-        recompute=(costs.preprocess_forward + costs.preprocess_backward) * rows,
+        stage_forward=tuple(forward),
+        stage_backward=tuple(backward),
+        preprocess_forward=costs.preprocess_forward * work + extra,
+        preprocess_backward=costs.preprocess_backward * work + extra,
+        recompute=(costs.preprocess_forward + costs.preprocess_backward) * work + extra,
         latency=costs.latency,
         bandwidth=costs.bandwidth,
         activation_bytes=costs.hidden_bytes * rows,
@@ -218,22 +242,44 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
 
 
 def tune(
-    costs: ModelCosts,
+    costs: ModelCosts | str,
     pp: int,
     batch: int,
     memory_budget: int | None = None,
     vpps: Sequence[int] = (1, 2, 4),
     micros: Sequence[int] | None = None,
+    splits: Sequence[str] = ("even", "rebalanced"),
+    *,
+    size: str = "tiny",
 ) -> list[Predicted]:
     """Every candidate that fits ``memory_budget`` bytes per rank (``None``: any), fastest
-    first (ties: the smaller peak). Raises :class:`NoPlanFitsError` naming the smallest peak."""
+    first (ties: the smaller peak). Raises :class:`NoPlanFitsError` naming the smallest peak.
+
+    ``costs``: a :class:`ModelCosts`, or the name of a built-in example (``size``: its preset),
+    calibrated first in this process (:func:`graph_exec.harness.model_costs.example_costs`:
+    needs MindSpore; transfers are then taken as free, which ``graph-exec tune EXAMPLE``
+    measures instead)."""
+    if isinstance(costs, str):
+        costs, splits = _example_costs(costs, size, pp, batch, splits)
     if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
         raise ValueError(f"pp must be an integer >= 1, got {pp!r}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     if memory_budget is not None and not memory_budget > 0:
         raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget!r}")
-    every = [predict(costs, pp, batch, c) for c in candidates(costs, pp, batch, vpps, micros)]
+    every = [predict(costs, pp, batch, c) for c in candidates(costs, pp, batch, vpps, micros, splits)]
+    # a rebalanced split that moved nothing is the even baseline again: one of them is enough
+    evens = {
+        (p.candidate.vpp, p.candidate.micro, p.candidate.recompute, p.layers)
+        for p in every
+        if p.candidate.split == "even" and p.candidate.schedule == "baseline"
+    }
+    every = [
+        p
+        for p in every
+        if p.candidate.split == "even"
+        or (p.candidate.vpp, p.candidate.micro, p.candidate.recompute, p.layers) not in evens
+    ]
     if not every:
         raise ValueError(
             f"no candidate plan: {costs.layers} layers over {pp} ranks with V in {list(vpps)} and a "
@@ -250,6 +296,27 @@ def tune(
     return sorted(fitting, key=lambda p: (p.step_time, p.max_peak))
 
 
+#: The built-in examples whose ``build`` takes a per-stage ``layers`` split (the rebalanced one).
+SPLITTABLE = ("qwen2vl", "llama")
+
+
+def _example_costs(
+    example: str, size: str, pp: int, batch: int, splits: Sequence[str]
+) -> tuple[ModelCosts, tuple[str, ...]]:
+    """A built-in example calibrated here (one micro-batch of ``batch / pp`` rows)."""
+    from graph_exec.examples import EXAMPLES
+
+    if example not in EXAMPLES:
+        raise ValueError(f"unknown example {example!r}; choose one of: {', '.join(EXAMPLES)}")
+    from graph_exec.harness.model_costs import example_costs
+    from graph_exec.msenv import prepare_mindspore
+
+    prepare_mindspore()
+    costs = example_costs(example, size, max(batch // pp, 1), layers=0)
+    allowed = tuple(s for s in splits if s == "even" or example in SPLITTABLE)
+    return costs, allowed
+
+
 def _layers(costs: ModelCosts, pp: int, candidate: Candidate, rows: float) -> tuple[int, ...]:
     if candidate.split == "even":
         return even_layers(costs.layers, pp * candidate.vpp)
@@ -261,6 +328,8 @@ def _layers(costs: ModelCosts, pp: int, candidate: Candidate, rows: float) -> tu
 def _state_bytes(costs: ModelCosts, pp: int, candidate: Candidate, layers: Sequence[int], rank: int) -> int:
     """Parameters, gradient accumulators and optimizer state of ``rank``."""
     own = sum(n for s, n in enumerate(layers) if s % pp == rank) * costs.layer_param_bytes
+    own += costs.first_stage_param_bytes if rank == 0 else 0
+    own += costs.last_stage_param_bytes if (len(layers) - 1) % pp == rank else 0
     trained = own
     runs_preprocess = costs.preprocess != "none" and (candidate.schedule == "mpipe" or rank == 0)
     held = own + (costs.preprocess_param_bytes if runs_preprocess else 0)

@@ -1,8 +1,10 @@
-"""``graph-exec tune``: the plans that fit a memory budget, fastest first, from a cost file.
+"""``graph-exec tune``: the plans that fit a memory budget, fastest first, from measured costs.
 
-Pure Python (no MindSpore): the costs are a JSON object of :class:`graph_exec.tune.ModelCosts`'s
-fields, measured once on one micro-batch; every candidate is simulated and its per-rank peak
-predicted (:mod:`graph_exec.tune`).
+``--costs FILE`` is pure Python (no MindSpore): the costs are a JSON object of
+:class:`graph_exec.tune.ModelCosts`'s fields, measured once on one micro-batch; every candidate
+is simulated and its per-rank peak predicted (:mod:`graph_exec.tune`). ``tune EXAMPLE``
+calibrates a built-in example first and writes its cost file (:mod:`graph_exec.cli.tune_example`);
+``--verify`` then runs the best three and prints predicted against measured.
 """
 
 from __future__ import annotations
@@ -44,11 +46,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "--costs", metavar="FILE", required=True, help="JSON cost file (graph_exec.tune.ModelCosts)"
+        "example",
+        nargs="?",
+        metavar="EXAMPLE",
+        help="a built-in example to calibrate by measurement (one of: "
+        + ", ".join(_example_names())
+        + "); or pass --costs",
+    )
+    parser.add_argument(
+        "--costs", metavar="FILE", help="JSON cost file (graph_exec.tune.ModelCosts), instead of EXAMPLE"
     )
     parser.add_argument("--ranks", metavar="P", type=positive_int, default=2, help="pipeline ranks")
     parser.add_argument(
-        "--batch", metavar="B", type=positive_int, required=True, help="global batch, rows per step"
+        "--batch",
+        metavar="B",
+        type=positive_int,
+        help="global batch, rows per step (required with --costs; EXAMPLE: 4 x P)",
     )
     parser.add_argument(
         "--memory-budget", metavar="SIZE", type=memory_size, help="bytes per rank (default: any)"
@@ -63,10 +76,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="micro-batch counts to try (default: every divisor of B >= P)",
     )
     parser.add_argument("--top", metavar="N", type=positive_int, default=10, help="candidates to print")
-    parser.set_defaults(func=_run)
+    from graph_exec.cli import tune_example
+
+    tune_example.add_arguments(parser)
+    parser.set_defaults(func=lambda args: _run(args, parser))
 
 
-def _run(args: argparse.Namespace) -> int:
+def _example_names() -> tuple[str, ...]:
+    from graph_exec.examples import EXAMPLES
+
+    return tuple(EXAMPLES)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if (args.example is None) == (args.costs is None):
+        parser.error("pass either EXAMPLE (calibrated by measurement) or --costs FILE, not both or neither")
+    if args.example is not None:
+        from graph_exec.cli import tune_example
+
+        return tune_example.run(args, parser)
+    if args.batch is None:
+        parser.error("--costs needs --batch B (the global batch, rows per step)")
     try:
         costs = ModelCosts.load(args.costs)
         results = tune(costs, args.ranks, args.batch, args.memory_budget, args.vpp, args.micro)

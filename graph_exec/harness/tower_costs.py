@@ -39,7 +39,7 @@ REPEATS = 15
 DEEP = 4
 
 
-def _timed(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], repeats: int = REPEATS) -> list[float]:
+def timed(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], repeats: int = REPEATS) -> list[float]:
     """The median seconds of each ``(fn, args)`` of ``calls``, timed in turns (one call of each,
     then again) so that the machine's noise and the process's warming up hit them alike."""
     from graph_exec.device import wait_for
@@ -56,15 +56,39 @@ def _timed(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], repeats: int
     return [statistics.median(turn[i] for turn in samples) for i in range(len(calls))]
 
 
-def measure(size: str, num_stages: int, rows: int):  # -> StartupCosts
-    """The :class:`StartupCosts` of the qwen2vl example of preset ``size`` split ``num_stages`` ways."""
-    import mindspore as ms
+def chunk_seconds(
+    executor: Any, stage: int, hidden: tuple[Any, ...], repeats: int = REPEATS
+) -> list[tuple[float, float]]:
+    """Seconds of ``stage``'s ``F`` and of ``F`` + ``B`` through ``executor`` (its
+    ``stage_forward`` records what the backward needs, as in a pipeline step), one micro-batch
+    of input ``hidden`` per call, after two calls that compile: one pair per repeat."""
     from mindspore import ops
 
     from graph_exec.device import wait_for
+    from graph_exec.kernels import FLOAT_DTYPES
+
+    micros = itertools.count()
+
+    def forward_and_backward() -> tuple[float, float]:
+        micro = next(micros)
+        begin = time.perf_counter()
+        outputs = executor.stage_forward(stage, micro, hidden)
+        wait_for(outputs)
+        forward = time.perf_counter() - begin
+        cotangents = tuple(ops.ones_like(o) if o.dtype in FLOAT_DTYPES else None for o in outputs)
+        wait_for(tuple(g for g in executor.stage_backward(stage, micro, cotangents) if g is not None))
+        return forward, time.perf_counter() - begin
+
+    forward_and_backward(), forward_and_backward()  # the first compiles
+    return [forward_and_backward() for _ in range(repeats)]
+
+
+def measure(size: str, num_stages: int, rows: int):  # -> StartupCosts
+    """The :class:`StartupCosts` of the qwen2vl example of preset ``size`` split ``num_stages`` ways."""
+    import mindspore as ms
+
     from graph_exec.examples import qwen2vl
     from graph_exec.executors.graph import GraphExecutor
-    from graph_exec.kernels import FLOAT_DTYPES
     from graph_exec.report.tower_sweep import StartupCosts
 
     calls = []
@@ -72,7 +96,7 @@ def measure(size: str, num_stages: int, rows: int):  # -> StartupCosts
         model = qwen2vl.build(num_stages, size=size, vision_depth=depth)
         inputs, _ = model.batch(0, rows)
         calls.append((ms.jit(model.preprocess), inputs))
-    towers = _timed(calls)
+    towers = timed(calls)
     block = (towers[1] - towers[0]) / (DEEP - 1)
     if block <= 0:
         raise RuntimeError(
@@ -83,21 +107,7 @@ def measure(size: str, num_stages: int, rows: int):  # -> StartupCosts
     layers = len(chunk.blocks)
     hidden = tuple(model.stages[0](*model.preprocess(*inputs)))
     executor = GraphExecutor({1: chunk}, loss_fn=model.loss_fn, last_stage=num_stages - 1)
-    micros = itertools.count()
-
-    def forward_and_backward() -> tuple[float, float]:
-        """Seconds of the chunk's ``F`` and of ``F`` + ``B``, on one micro-batch."""
-        micro = next(micros)
-        begin = time.perf_counter()
-        outputs = executor.stage_forward(1, micro, hidden)
-        wait_for(outputs)
-        forward = time.perf_counter() - begin
-        cotangents = tuple(ops.ones_like(o) if o.dtype in FLOAT_DTYPES else None for o in outputs)
-        wait_for(tuple(g for g in executor.stage_backward(1, micro, cotangents) if g is not None))
-        return forward, time.perf_counter() - begin
-
-    forward_and_backward(), forward_and_backward()  # the first compile
-    samples = [forward_and_backward() for _ in range(REPEATS)]
+    samples = chunk_seconds(executor, 1, hidden)
     chunk_forward = statistics.median(f for f, _ in samples)
     layer_step = statistics.median(t for _, t in samples) / max(layers, 1)
     return StartupCosts(

@@ -148,3 +148,17 @@ def test_the_allocator_peak_is_read_where_the_device_keeps_one(
     assert peaks["allocator_peak"] == allocator
     assert len(calls) == (0 if allocator is None else 1)  # CPU never asks: it would say 0
     assert peaks["peak_rss"] > 2**20  # this process holds more than a MiB, in bytes not KiB
+
+
+@pytest.mark.parametrize("target", ["CPU", "GPU", "Ascend"])
+def test_memory_in_use_reads_the_allocator_where_the_device_keeps_one(
+    monkeypatch: pytest.MonkeyPatch, target: str
+) -> None:
+    fake = types.SimpleNamespace(runtime=types.SimpleNamespace(memory_allocated=lambda: 5 * 2**20))
+    monkeypatch.setitem(sys.modules, "mindspore", fake)
+    monkeypatch.setattr(device, "policy", lambda: DevicePolicy.for_target(target))
+    in_use = device.memory_in_use()
+    if target == "CPU":  # the resident set: far more than the fake allocator's 5 MiB
+        assert in_use > 10 * 2**20 and in_use != 5 * 2**20
+    else:
+        assert in_use == 5 * 2**20

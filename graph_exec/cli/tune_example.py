@@ -1,0 +1,349 @@
+"""``graph-exec tune EXAMPLE``: calibrate a built-in example, search, and (``--verify``) measure.
+
+1. Compute and sizes: :mod:`graph_exec.harness.model_costs` in a process of its own, bound to
+   one core as a rank is (the tower sweep's start-up calibration, generalised). With
+   ``--tower-ratio R`` (qwen2vl) the sweep's own calibration
+   (:func:`graph_exec.cli.tower_sweep.calibrate`) first picks the vision depth whose tower is R
+   chunk forwards.
+2. Transfers: a short launch of the fair baseline through the bench harness (``calibrate``
+   job), its latency and bandwidth fitted by :func:`graph_exec.report.predict.measured_costs`;
+   ``--latency``/``--bandwidth`` skip it.
+3. The cost file is written (``--save-costs``; edit it and rerun with ``--costs``), every
+   candidate is simulated, and the best that fit are printed.
+4. ``--verify``: the best three run through the bench harness (ranks pinned), one launch per
+   distinct ``(V, M)``; predicted against measured, and whether the chosen plan is within
+   :data:`WITHIN` of the fastest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from graph_exec.cli.argtypes import positive_int
+from graph_exec.cli.jobs import (
+    JobFailed,
+    add_launch_arguments,
+    execute,
+    output_file,
+    peer_timeout,
+    run_directory,
+)
+from graph_exec.report.job import JobSpec, RunSpec
+from graph_exec.simulate import OpCosts
+from graph_exec.tune import SPLITTABLE, CostFileError, ModelCosts, NoPlanFitsError, Predicted, table, tune
+
+#: The chosen plan counts as the right choice within this factor of the fastest verified.
+WITHIN = 1.03
+#: Candidates ``--verify`` runs.
+VERIFIED = 3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("EXAMPLE (calibrated by measurement)")
+    group.add_argument("--size", choices=("tiny", "small"), default="tiny", help="model size preset")
+    group.add_argument(
+        "--tower-ratio",
+        metavar="R",
+        type=float,
+        help="qwen2vl: vision blocks so that the tower's forward is R x one chunk's forward",
+    )
+    group.add_argument(
+        "--save-costs",
+        metavar="FILE",
+        type=output_file,
+        help="where the calibrated cost file goes (default EXAMPLE-costs.json here)",
+    )
+    group.add_argument(
+        "--latency", metavar="S", type=float, help="per transfer; with --bandwidth: no transfer launch"
+    )
+    group.add_argument("--bandwidth", metavar="B/S", type=float, help="bytes per second of a transfer")
+    group.add_argument("--verify", action="store_true", help=f"run the best {VERIFIED} and measure them")
+    group.add_argument("--steps", metavar="K", type=positive_int, default=5, help="measured steps per run")
+    group.add_argument("--warmup", metavar="W", type=positive_int, default=2, help="steps before measuring")
+    add_launch_arguments(parser, timeout_s=900)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from graph_exec.examples import EXAMPLES
+
+    if args.example not in EXAMPLES:
+        parser.error(f"unknown example {args.example!r}; choose one of: {', '.join(EXAMPLES)}")
+    if args.tower_ratio is not None and args.example != "qwen2vl":
+        parser.error(f"--tower-ratio scales the vision tower of 'qwen2vl', not of {args.example!r}")
+    if args.tower_ratio is not None and not 0 < args.tower_ratio < math.inf:
+        parser.error(f"--tower-ratio must be a number > 0, got {args.tower_ratio:g}")
+    if (args.latency is None) != (args.bandwidth is None):
+        parser.error("--latency and --bandwidth go together (or neither: a launch measures them)")
+    if args.latency is not None and (args.latency < 0 or not args.bandwidth > 0):
+        parser.error(
+            f"--latency must be >= 0 and --bandwidth > 0, got {args.latency:g} and {args.bandwidth:g}"
+        )
+    if args.ranks < 2:
+        parser.error(f"tune EXAMPLE plans a pipeline: --ranks must be at least 2, got {args.ranks}")
+    pp = args.ranks
+    batch = args.batch or 4 * pp
+    timeout_s = peer_timeout(args, parser)
+    options: dict = {}
+    if args.tower_ratio is not None:
+        from graph_exec.cli.tower_sweep import calibrate as sweep_calibrate
+
+        # R in chunks of 2P stages, as `bench qwen2vl --tower-ratio` with its default V = 2
+        startup = sweep_calibrate(args.size, 2 * pp, batch // pp, args.device, args.pin_cores, args.timeout)
+        try:
+            options["vision_depth"] = startup.depth_for(args.tower_ratio)
+        except ValueError as exc:
+            print(f"graph-exec tune: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"R={args.tower_ratio:g}: {options['vision_depth']} vision blocks", flush=True)
+    print(f"tune {args.example} ({args.size}), P={pp} batch {batch}: calibrating", flush=True)
+    costs = _calibrate(args, batch // pp, options)
+    try:
+        if args.latency is None:
+            costs = _in_pipeline(args, pp, batch, options, timeout_s, costs)
+        else:
+            costs = replace(costs, latency=args.latency, bandwidth=args.bandwidth)
+    except JobFailed as failed:
+        return failed.code
+    path = args.save_costs or Path(f"{args.example}-costs.json")
+    path.write_text(json.dumps(asdict(costs), indent=1) + "\n", encoding="utf-8")
+    print(f"cost file written to {path} (edit it and rerun with --costs {path} --batch {batch})")
+    splits = ("even", "rebalanced") if args.example in SPLITTABLE else ("even",)
+    try:
+        results = tune(costs, pp, batch, args.memory_budget, args.vpp, args.micro, splits)
+    except (CostFileError, NoPlanFitsError, ValueError) as exc:
+        print(f"graph-exec tune: error: {exc}", file=sys.stderr)
+        return 2
+    budget = "any memory" if args.memory_budget is None else f"{args.memory_budget / 2**20:.1f} MiB per rank"
+    print(f"{len(results)} plans fit {budget}; the best {min(args.top, len(results))} (step in seconds):")
+    sys.stdout.write(table(results, args.top))
+    if not args.verify:
+        return 0
+    try:
+        measured = verify(args, results[:VERIFIED], pp, batch, costs, options, timeout_s)
+    except JobFailed as failed:
+        return failed.code
+    sys.stdout.write(verify_table(results[:VERIFIED], measured))
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, rows: int, options: dict) -> ModelCosts:
+    """The example's costs, measured in a process of its own (bound to one core where ranks are)."""
+    import subprocess
+
+    from graph_exec.device import DevicePolicy
+    from graph_exec.harness.model_costs import RESULT
+
+    pin = args.pin_cores and DevicePolicy.for_target(args.device).pin_cores
+    command = [
+        sys.executable,
+        "-m",
+        "graph_exec.harness.model_costs",
+        args.example,
+        args.size,
+        str(rows),
+        "0",
+        args.device,
+        json.dumps(options),
+        *(["pin"] if pin else []),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT):
+            return ModelCosts.from_mapping(json.loads(line[len(RESULT) :]))
+    raise SystemExit(
+        f"graph-exec tune: the calibration failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
+    )
+
+
+def _job(
+    args: argparse.Namespace,
+    pp: int,
+    vpp: int,
+    micro: int,
+    batch: int,
+    runs: tuple[RunSpec, ...],
+    options: dict,
+    timeout_s: float,
+    *,
+    calibrate: bool = False,
+    steps: int | None = None,
+    warmup: int | None = None,
+) -> JobSpec:
+    return JobSpec(
+        example=args.example,
+        size=args.size,
+        ranks=pp,
+        vpp=vpp,
+        micro=micro,
+        batch=batch,
+        steps=steps or args.steps,
+        warmup=warmup or args.warmup,
+        runs=runs,
+        timeout_s=timeout_s,
+        calibrate=calibrate,
+        pin_cores=args.pin_cores,
+        verbose=args.verbose,
+        device=args.device,
+        model_options=options or None,
+    )
+
+
+def _in_pipeline(
+    args: argparse.Namespace, pp: int, batch: int, options: dict, timeout_s: float, costs: ModelCosts
+) -> ModelCosts:
+    """``costs`` with its times measured where they matter: in short launches of the fair
+    baseline (``V = 2``, so that stages 1..2P-2 are decoder layers only) at the largest and the
+    smallest micro-batch the search tries (``M = P`` and ``M = B``), each run's per-op costs as
+    the bench measures them (:func:`graph_exec.report.predict.measured_costs`) split into layers
+    and stage extras (:func:`graph_exec.report.tower_sweep.layer_costs`). The two sizes give the
+    share of compute that does not grow with the rows; what the measured step exceeds the
+    simulation of its own measured costs by, per compute step of a rank, is the runtime's own
+    time per step. Transfer latency and bandwidth come from the ``M = P`` launch."""
+    from graph_exec.balance import even_layers
+    from graph_exec.report.bench_report import evaluate
+
+    vpp = 2
+    split = even_layers(max(costs.layers, pp * vpp), pp * vpp)
+    spec = RunSpec(name="calibration.graph", baseline=True, trainable=costs.preprocess == "trainable")
+    measured = []
+    for micro in dict.fromkeys((pp, batch)):
+        job = _job(
+            args, pp, vpp, micro, batch, (spec,), options, timeout_s, calibrate=True, steps=4, warmup=2
+        )
+        print(
+            f"measuring in the pipeline: the fair baseline, V={vpp} M={micro}, {job.total_steps} steps",
+            flush=True,
+        )
+        where = None if args.log_dir is None else args.log_dir / f"calibration_M{micro}"
+        with run_directory(where) as run_dir:
+            execute(job, run_dir, args.timeout, lambda line: None, "graph-exec tune")
+            result = evaluate(job, run_dir)[0]
+        measured.append(
+            Launch(micro, result.prediction.costs, result.summary.step_time, result.prediction.step_time)
+        )
+    return from_launches(costs, batch, vpp, split, measured)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One calibration launch of the fair baseline: its ``M``, its per-op costs as measured, its
+    measured median step and the simulation of its own measured costs."""
+
+    micro: int
+    costs: OpCosts
+    step: float
+    simulated: float
+
+
+def from_launches(
+    costs: ModelCosts, batch: int, vpp: int, split: Sequence[int], launches: Sequence[Launch]
+) -> ModelCosts:
+    """``costs`` with the times of ``launches`` (the first at the largest micro-batch, a second,
+    if any, at a smaller one; see :func:`_in_pipeline`)."""
+    from graph_exec.report.tower_sweep import layer_costs
+
+    big, *rest = launches
+    layer = layer_costs(big.costs, split)
+    trained = costs.preprocess == "trainable"
+
+    def compute(c: OpCosts) -> float:  # one micro-batch's compute on every stage and the preprocess
+        stages = range(len(split))
+        return (
+            sum(c.forward_at(s) + c.backward_at(s) for s in stages)
+            + c.preprocess_forward
+            + (c.preprocess_backward if trained else 0.0)
+        )
+
+    def overhead(launch: Launch) -> float:
+        steps = launch.micro * (2 * vpp + 1 + trained)  # rank 0: F and B of its chunks, the preprocess
+        return max(launch.step - launch.simulated, 0.0) / steps
+
+    fixed = 0.0
+    if rest:
+        k = big.micro / rest[0].micro  # rows of the small micro-batch over the big one's
+        fixed = min(max((compute(rest[0].costs) / compute(big.costs) - k) / (1 - k), 0.0), 1.0)
+    return replace(
+        costs,
+        micro_batch_size=batch // big.micro,
+        layer_forward=layer.forward,
+        layer_backward=layer.backward,
+        first_stage_forward=layer.first_forward,
+        first_stage_backward=layer.first_backward,
+        last_stage_forward=layer.last_extra,
+        preprocess_forward=big.costs.preprocess_forward,
+        preprocess_backward=big.costs.preprocess_backward if trained else 0.0,
+        latency=big.costs.latency,
+        bandwidth=big.costs.bandwidth,
+        fixed_share=fixed,
+        op_overhead=statistics.fmean(overhead(launch) for launch in launches),
+    )
+
+
+def run_spec(index: int, predicted: Predicted, trainable: bool) -> RunSpec:
+    """The bench harness's run of a candidate."""
+    c = predicted.candidate
+    return RunSpec(
+        name=f"candidate{index}.graph",
+        baseline=c.schedule == "baseline",
+        trainable=trainable,
+        overflow=c.run_ahead,
+        backward=c.backward,
+        recompute=c.recompute,
+        layers=predicted.layers if c.split == "rebalanced" else None,
+    )
+
+
+def verify(
+    args: argparse.Namespace,
+    best: list[Predicted],
+    pp: int,
+    batch: int,
+    costs: ModelCosts,
+    options: dict,
+    timeout_s: float,
+) -> list[float]:
+    """The measured median step of each of ``best`` (seconds), one launch per ``(V, M)``."""
+    from graph_exec.report.bench_report import evaluate
+
+    trainable = costs.preprocess == "trainable"
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k, p in enumerate(best):
+        groups.setdefault((p.candidate.vpp, p.candidate.micro), []).append(k)
+    measured = [math.nan] * len(best)
+    for (vpp, micro), members in groups.items():
+        runs = tuple(run_spec(k + 1, best[k], trainable) for k in members)
+        job = _job(args, pp, vpp, micro, batch, runs, options, timeout_s)
+        print(
+            f"verifying {', '.join(f'#{k + 1}' for k in members)} (V={vpp} M={micro}): "
+            f"{len(runs)} runs x {job.total_steps} steps",
+            flush=True,
+        )
+        where = None if args.log_dir is None else args.log_dir / f"verify_V{vpp}_M{micro}"
+        with run_directory(where) as run_dir:
+            execute(job, run_dir, args.timeout, lambda line: None, "graph-exec tune")
+            for k, result in zip(members, evaluate(job, run_dir), strict=True):
+                measured[k] = result.summary.step_time
+    return measured
+
+
+def verify_table(best: list[Predicted], measured: list[float]) -> str:
+    """Predicted against measured for each verified candidate, and the verdict on the choice."""
+    lines = ["", "verified (ms):"]
+    for k, (p, m) in enumerate(zip(best, measured, strict=True), 1):
+        lines.append(
+            f"{k:2d}. {p.candidate.describe():<62} predicted {p.step_time * 1e3:8.2f}  measured "
+            f"{m * 1e3:8.2f}  measured/predicted {m / p.step_time:.3f}"
+        )
+    fastest = min(range(len(best)), key=lambda k: measured[k])
+    ratio = measured[0] / measured[fastest]
+    lines.append(f"fastest measured: #{fastest + 1} {best[fastest].candidate.describe()}")
+    verdict = "within" if ratio <= WITHIN else "NOT within"
+    lines.append(f"chosen #1 is {ratio:.3f}x the fastest verified: {verdict} {WITHIN:g}x")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,66 @@
+"""``graph-exec tune vl_tower --ranks 2 --verify`` end to end, smallest settings: calibration in
+one process and two short launches, the cost file, the table of the best plans, and the verify
+launch of the best three. Structure only: no time is asserted (the machine is shared)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from graph_exec.report.job import JobSpec
+from graph_exec.tune import ModelCosts
+
+COMMAND = [sys.executable, "-m", "graph_exec.cli"]
+ENV = {**os.environ, "GLOG_v": "3"}
+ROW = re.compile(
+    r"^ ?\d+\. (baseline|mpipe) split=even V=1 M=2 .*recompute=(on|off) +step [0-9.e-]+  peak MiB/rank \S+ \S+$"
+)
+VERIFIED = re.compile(
+    r"^ [123]\. (baseline|mpipe) .+ predicted +[0-9.]+  measured +[0-9.]+  measured/predicted [0-9.]+$"
+)
+
+
+def test_tune_verify_prints_the_plans_and_measures_the_best_three(tmp_path: Path) -> None:
+    costs_file, logs = tmp_path / "costs.json", tmp_path / "logs"
+    argv = [*COMMAND, "tune", "vl_tower", "--ranks", "2", "--batch", "4", "--micro", "2", "--verify"]
+    argv += ["--steps", "2", "--warmup", "1", "--save-costs", str(costs_file), "--log-dir", str(logs)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+
+    costs = ModelCosts.load(costs_file)  # a valid cost file, measured in the pipeline
+    assert costs.preprocess == "frozen" and costs.latency > 0 and 0 <= costs.fixed_share <= 1
+    assert costs.hidden_bytes > 0 and costs.layer_param_bytes > 0
+
+    header = next(
+        k for k, line in enumerate(out) if re.match(r"^\d+ plans fit any memory; the best \d+", line)
+    )
+    shown = int(re.match(r"^\d+ plans fit any memory; the best (\d+)", out[header]).group(1))
+    rows = out[header + 1 : header + 1 + shown]
+    assert shown >= 3 and all(ROW.match(row) for row in rows), rows
+
+    start = out.index("verified (ms):")
+    verified = out[start + 1 : start + 4]
+    assert all(VERIFIED.match(line) for line in verified), verified
+    for row, line in zip(rows, verified, strict=False):  # the same three, in the same order
+        assert (
+            row.split("step")[0].split(". ", 1)[1].strip()
+            == line.split("predicted")[0].split(". ", 1)[1].strip()
+        )
+    assert re.match(r"^fastest measured: #[123] ", out[start + 4])
+    assert re.match(r"^chosen #1 is [0-9.]+x the fastest verified: (NOT )?within 1\.03x$", out[start + 5])
+
+    # one verify launch (every candidate has M = 2), which ran the three as separate runs
+    job = JobSpec.read(logs / "verify_V1_M2" / "job.json")
+    assert [r.name for r in job.runs] == ["candidate1.graph", "candidate2.graph", "candidate3.graph"]
+    records = sorted((logs / "verify_V1_M2").glob("**/*candidate*"))
+    assert records, "the verify launch wrote no records"
+    for line in verified:
+        measured = float(re.search(r"measured +([0-9.]+)  ", line).group(1))
+        assert measured > 0 and math.isfinite(measured)
+    assert json.loads(costs_file.read_text())["layers"] == costs.layers

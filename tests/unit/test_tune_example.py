@@ -1,0 +1,147 @@
+"""``graph-exec tune EXAMPLE``'s pieces without a launch: its bad input, the cost model's fixed
+share and per-step overhead checked by hand, the verify table, the runs it launches, and
+``calibrate`` on a user's own three-stage model (one process, MindSpore)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from graph_exec.cli import main
+from graph_exec.cli.tune_example import run_spec, verify_table
+from graph_exec.tune import Candidate, CostFileError, ModelCosts, predict
+
+PLAIN = ModelCosts(
+    layers=4,
+    micro_batch_size=2,
+    layer_forward=1.0,
+    layer_backward=2.0,
+    layer_activation_bytes=100,
+    layer_param_bytes=10,
+    hidden_bytes=8,
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["tune", "nosuch"], "unknown example 'nosuch'; choose one of: vl_tower, embed_lm, qwen2vl, llama"),
+        (["tune", "vl_tower", "--tower-ratio", "2"], "--tower-ratio scales the vision tower of 'qwen2vl'"),
+        (["tune"], "pass either EXAMPLE"),
+        (["tune", "vl_tower", "--latency", "0.001"], "--latency and --bandwidth go together"),
+        (["tune", "vl_tower", "--ranks", "1"], "--ranks must be at least 2, got 1"),
+    ],
+)
+def test_bad_input_exits_2_before_anything_runs(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_fixed_share_and_op_overhead_as_counted_by_hand() -> None:
+    """One rank, V = 1: the step is M fused steps of the 4 layers (F + B each). M = 2 of a
+    batch of 2 is half the calibrated rows: with a fixed share f each costs f + (1 - f) / 2 of
+    the calibrated 4 x 3, plus the overhead once (the fused last stage's B costs nothing)."""
+    base = predict(PLAIN, 1, 2, Candidate("baseline", "even", 1, 2))
+    assert base.step_time == pytest.approx(2 * 4 * 3 * 0.5)
+    costs = replace(PLAIN, fixed_share=0.4, op_overhead=0.25)
+    got = predict(costs, 1, 2, Candidate("baseline", "even", 1, 2))
+    assert got.step_time == pytest.approx(2 * (4 * 3 * (0.4 + 0.6 * 0.5) + 0.25))
+    assert got.peak_bytes == base.peak_bytes  # sizes still scale with the rows alone
+
+
+def test_a_fixed_share_outside_0_1_is_named() -> None:
+    with pytest.raises(CostFileError, match="'fixed_share' must be in"):
+        replace(PLAIN, fixed_share=1.5)
+    with pytest.raises(CostFileError, match="'op_overhead' must be a finite number >= 0"):
+        replace(PLAIN, op_overhead=-1.0)
+
+
+def test_the_verify_table_names_the_fastest_and_judges_the_choice() -> None:
+    best = [predict(PLAIN, 2, 4, Candidate("baseline", "even", v, 4)) for v in (1, 2)]
+    out = verify_table(best, [best[0].step_time * 1.05, best[0].step_time])
+    lines = out.strip().splitlines()
+    assert lines[0] == "verified (ms):" and lines[1].startswith(" 1. ") and lines[2].startswith(" 2. ")
+    assert "measured/predicted 1.050" in lines[1]
+    assert lines[3] == f"fastest measured: #2 {best[1].candidate.describe()}"
+    assert lines[4] == "chosen #1 is 1.050x the fastest verified: NOT within 1.03x"
+    assert verify_table(best, [1.0, 1.02]).strip().endswith("within 1.03x")
+    assert "NOT" not in verify_table(best, [1.0, 1.02])
+
+
+def test_the_runs_verify_launches_carry_the_candidates_options() -> None:
+    frozen = replace(PLAIN, preprocess="frozen", preprocess_forward=3.0)
+    mpipe = predict(frozen, 2, 4, Candidate("mpipe", "even", 1, 4, run_ahead="min", recompute=True))
+    spec = run_spec(1, mpipe, trainable=False)
+    assert (spec.baseline, spec.overflow, spec.recompute, spec.layers) == (False, "min", True, None)
+    rebalanced = predict(frozen, 2, 4, Candidate("baseline", "rebalanced", 1, 4))
+    spec = run_spec(2, rebalanced, trainable=False)
+    assert spec.baseline and spec.layers == rebalanced.layers and spec.layers != (2, 2)
+
+
+def test_calibrate_measures_a_users_own_model() -> None:
+    """Three Dense chunks of 2, 1 and 1 layers on 4 rows: the sizes are exact, the times
+    positive and finite, and the result is a valid cost file that plans."""
+    pytest.importorskip("mindspore")
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn
+
+    from graph_exec.harness.model_costs import calibrate
+    from graph_exec.msenv import prepare_mindspore
+    from graph_exec.tune import tune
+
+    prepare_mindspore("CPU")
+    ms.set_seed(0)
+    width = 16
+
+    def chunk(n: int) -> nn.Cell:
+        return nn.SequentialCell([layer for _ in range(n) for layer in (nn.Dense(width, width), nn.Tanh())])
+
+    stages = [chunk(2), chunk(1), chunk(1)]
+    for k, stage in enumerate(stages):
+        stage.update_parameters_name(f"stage{k}.")
+    x = ms.Tensor(np.ones((4, width), np.float32))
+    y = ms.Tensor(np.zeros((4, width), np.float32))
+    costs = calibrate(stages, [2, 1, 1], (x,), (y,), nn.MSELoss(), repeats=3)
+    assert costs.layers == 4 and costs.micro_batch_size == 4 and costs.preprocess == "none"
+    assert costs.hidden_bytes == 4 * width * 4
+    assert costs.layer_param_bytes == (width * width + width) * 4
+    assert costs.layer_activation_bytes >= costs.hidden_bytes
+    assert 0 < costs.layer_forward < math.inf and 0 <= costs.layer_backward < math.inf
+    assert tune(costs, 2, 8)
+    with pytest.raises(ValueError, match="at least 3 stages"):
+        calibrate(stages[:2], [2, 1], (x,), (y,), nn.MSELoss(), repeats=1)
+
+
+def test_launch_costs_give_layers_extras_the_fixed_share_and_the_overhead() -> None:
+    """Two launches of 4 one-layer stages (V = 2, P = 2, batch 8). At M = 2 (4 rows) a layer's
+    F is 2 and B 4, stage 0 adds 1 to each, the fused last F is 2 + 4 + 3; at M = 8 (1 row)
+    every compute costs half: rows down 4x, cost down 2x, so the fixed share f solves
+    f + (1 - f) / 4 = 1/2: f = 1/3. The first launch measured 3.0 s more than its simulation,
+    over 2 x (2 x 2 + 1) = 10 compute steps of rank 0; the second 0.8 s over 40."""
+    from graph_exec.cli.tune_example import Launch, from_launches
+    from graph_exec.simulate import OpCosts
+
+    def op(scale: float) -> OpCosts:
+        return OpCosts(
+            stage_forward=tuple(scale * f for f in (3, 2, 2, 9)),
+            stage_backward=tuple(scale * b for b in (5, 4, 4, 0.5)),
+            preprocess_forward=scale * 6,
+            latency=0.01,
+            bandwidth=1e9,
+        )
+
+    costs = replace(PLAIN, preprocess="frozen", preprocess_output_bytes=8)
+    got = from_launches(
+        costs, 8, 2, (1, 1, 1, 1), [Launch(2, op(1.0), 13.0, 10.0), Launch(8, op(0.5), 20.8, 20.0)]
+    )
+    assert (got.micro_batch_size, got.layer_forward, got.layer_backward) == (4, 2.0, 4.0)
+    assert (got.first_stage_forward, got.first_stage_backward, got.last_stage_forward) == (1.0, 1.0, 3.0)
+    assert (got.preprocess_forward, got.latency, got.bandwidth) == (6.0, 0.01, 1e9)
+    assert got.fixed_share == pytest.approx(1 / 3)
+    assert got.op_overhead == pytest.approx((3.0 / 10 + 0.8 / 40) / 2)
+    assert got.layer_param_bytes == PLAIN.layer_param_bytes  # sizes stay as calibrated
