@@ -78,9 +78,12 @@ def simulated_ratio(
     num_layers: int,
     light_tower: float,
     steps: Sequence[int],
-) -> dict[int, float]:
-    """Per simulated rank count: mean over ``steps`` of the simulated arrival / balanced step time.
+) -> dict[int, tuple[float, float]]:
+    """Per simulated rank count: means over ``steps`` of the simulated arrival / balanced step
+    time, and of arrival / the same plan with every tower free.
 
+    The second is the *ceiling*: no placement of the towers can make the step shorter than
+    towers that cost nothing, so no order can beat arrival by more than that ratio.
     Everything but the towers is the launch's measured costs (the arrival run's, its layers
     scaled with the pipeline as in ``--tower-ratio``: ``L' = L·P'/P``, ``M' = M·P'/P``); each
     micro-batch's tower is ``light_tower`` (the calibrated light micro-batch) times its weight
@@ -96,7 +99,10 @@ def simulated_ratio(
         plan = build_plan(
             PlanConfig(pp=ranks, vpp=vpp, micro=sim_micro, preprocess="frozen", overflow="full")
         )
-        ratios = []
+        body_only = simulate(
+            plan, replace(arrival, stage_forward=forward, stage_backward=backward, preprocess_forward=0.0)
+        ).step_time
+        ratios, ceilings = [], []
         for step in steps:
             costs = replace(
                 arrival,
@@ -105,17 +111,19 @@ def simulated_ratio(
                 preprocess_forward=light_tower,
                 tower_costs=image_mix.micro_weights(mix, sim_micro, step),
             )
-            ratios.append(
-                simulate(plan, costs, "arrival").step_time / simulate(plan, costs, "balanced").step_time
-            )
-        out[ranks] = statistics.fmean(ratios)
+            in_arrival = simulate(plan, costs, "arrival").step_time
+            ratios.append(in_arrival / simulate(plan, costs, "balanced").step_time)
+            ceilings.append(in_arrival / body_only)
+        out[ranks] = (statistics.fmean(ratios), statistics.fmean(ceilings))
     return out
 
 
 def table(
     mix: str,
     costs: StartupCosts,
-    points: Sequence[tuple[int, int, float, dict[str, tuple[float, float, float]], dict[int, float]]],
+    points: Sequence[
+        tuple[int, int, float, dict[str, tuple[float, float, float]], dict[int, tuple[float, float]]]
+    ],
     pp: int,
 ) -> str:
     """The measured step times and ratios side by side, then the simulator's ratios."""
@@ -146,7 +154,11 @@ def table(
         if sims:
             lines.append(
                 "  simulated balanced speed-up over arrival: "
-                + ", ".join(f"P={ranks} {ratio:.3f}x" for ranks, ratio in sims.items())
+                + ", ".join(f"P={ranks} {ratio:.3f}x" for ranks, (ratio, _) in sims.items())
+            )
+            lines.append(
+                "  ceiling of any placement (arrival / towers free): "
+                + ", ".join(f"P={ranks} {ceiling:.3f}x" for ranks, (_, ceiling) in sims.items())
             )
     return "\n".join(lines) + "\n"
 

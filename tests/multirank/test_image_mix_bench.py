@@ -29,4 +29,10 @@ def test_image_mix_bench_prints_every_run_ratios_and_simulation() -> None:
     assert re.search(
         r"ratios to balanced: baseline-frozen [\d.]+x, baseline-rebalanced [\d.]+x, mpipe-arrival", out
     )
-    assert re.search(r"simulated balanced speed-up over arrival: P=4 [\d.]+x, P=8 [\d.]+x", out)
+    sims = re.search(r"simulated balanced speed-up over arrival: P=4 ([\d.]+)x, P=8 ([\d.]+)x", out)
+    ceilings = re.search(
+        r"ceiling of any placement \(arrival / towers free\): P=4 ([\d.]+)x, P=8 ([\d.]+)x", out
+    )
+    assert sims and ceilings, out
+    for ratio, ceiling in zip(sims.groups(), ceilings.groups(), strict=True):
+        assert float(ceiling) >= 1.0 and float(ratio) <= float(ceiling) + 1e-3

@@ -290,3 +290,21 @@ def test_a_simulation_too_large_for_the_machine_is_refused_before_it_runs(
         simulate(plan, OpCosts())
     monkeypatch.setattr(size, "physical_memory_bytes", lambda: 4 * steps * size.SIMULATE_BYTES_PER_STEP)
     assert simulate(plan, OpCosts()).baseline is not None
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "micro", "overflow"), [(2, 2, 4, "full"), (4, 1, 8, "min"), (8, 1, 16, "full")]
+)
+def test_no_tower_order_beats_towers_that_cost_nothing(pp: int, vpp: int, micro: int, overflow: str) -> None:
+    """The image-mix bench's ceiling: with the orders fixed, a shorter step never comes from a
+    longer tower, so arrival / towers-free bounds what any placement can gain."""
+    import random
+
+    plan = build_plan(PlanConfig(pp=pp, vpp=vpp, micro=micro, preprocess="frozen", overflow=overflow))
+    free = simulate(plan, OpCosts(preprocess_forward=0.0)).step_time
+    draw = random.Random(micro)
+    for _ in range(5):
+        weights = tuple(draw.choice((1.0, 4.0)) for _ in range(micro))
+        costs = OpCosts(preprocess_forward=1.5, tower_costs=weights)
+        for order in ("arrival", "balanced"):
+            assert simulate(plan, costs, order).step_time >= free
