@@ -32,6 +32,10 @@ class ExampleModel:
     #: ``tower_costs(inputs, micro)``: each micro-batch's preprocess cost in chunk forwards, read
     #: from the batch (what ``tower_order="balanced"`` places by); ``None``: not known.
     tower_costs: Callable[[Sequence[Any], int], tuple[float, ...]] | None = None
+    #: ``micro_batches(step, batch_size, micro)``: step ``step``'s batch as ``micro`` micro-batches,
+    #: each padded only to its own sizes (``run(micro_batches=...)``: a micro-batch of small images
+    #: runs the tower at its own patch count); ``None``: the batch is padded as a whole.
+    micro_batches: Callable[[int, int, int], list[tuple[tuple[Tensor, ...], Tensor]]] | None = None
 
     def batch(
         self, step: int, batch_size: int, length: int | None = None

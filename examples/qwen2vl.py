@@ -261,6 +261,7 @@ def build(
     image_mix: str | None = None,
     mix_micro: int = 1,
     tower_unit: float = 1.0,
+    pad_per_micro: bool = False,
 ) -> ExampleModel:
     """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked.
 
@@ -276,6 +277,11 @@ def build(
     bench's mix of :func:`mix_samples` over ``mix_micro`` micro-batches, each micro-batch's tower
     cost (:attr:`ExampleModel.tower_costs`) its real patches in light micro-batches times
     ``tower_unit`` (a light micro-batch's tower forward in chunk forwards, calibrated).
+
+    ``pad_per_micro`` (with real samples): the example also gives its batches as micro-batches
+    padded each to its own sizes (:attr:`ExampleModel.micro_batches`,
+    :func:`graph_exec.models.vlm_micro_batches`), so each micro-batch's tower runs at its own
+    patch count instead of the batch's largest.
     """
     import mindspore as ms
 
@@ -310,14 +316,21 @@ def build(
     sizes = image_sizes or [(preset.image, preset.image)]
     counts = images_per_sample or (1, 1)
 
+    def samples(step: int, batch_size: int) -> list[dict]:
+        if image_mix is not None:
+            return mix_samples(step, batch_size, image_mix, mix_micro, size)
+        return mixed_samples(step, batch_size, sizes, counts, size)
+
+    def tensors(made: gm.VLMBatch) -> tuple[tuple[ms.Tensor, ...], ms.Tensor]:
+        return tuple(ms.Tensor(a) for a in made.inputs), ms.Tensor(made.labels)
+
     def make_batch(step: int, batch_size: int):
         if not mixed:
             return batch(whole, step, batch_size, size)
-        if image_mix is not None:
-            made = gm.vlm_batch(whole, mix_samples(step, batch_size, image_mix, mix_micro, size))
-        else:
-            made = gm.vlm_batch(whole, mixed_samples(step, batch_size, sizes, counts, size))
-        return tuple(ms.Tensor(a) for a in made.inputs), ms.Tensor(made.labels)
+        return tensors(gm.vlm_batch(whole, samples(step, batch_size)))
+
+    def micro_batches(step: int, batch_size: int, micro: int):
+        return [tensors(made) for made in gm.vlm_micro_batches(whole, samples(step, batch_size), micro)]
 
     def tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
         """Per micro-batch: its real patches (``VLMBatch.patches`` summed) in light micro-batches,
@@ -328,7 +341,8 @@ def build(
         return tuple(float(p) / light * tower_unit for p in per_micro)
 
     images = (
-        f"{image_mix} image mix of {preset.image}px and {image_mix_heavy(preset.image)}px images (padded, masked)"
+        f"{image_mix} image mix of {preset.image}px and {image_mix_heavy(preset.image)}px images "
+        f"({'each micro-batch' if pad_per_micro else 'the batch'} padded, masked)"
         if image_mix is not None
         else f"{counts[0]}-{counts[1]} images per sample of {', '.join(f'{h}x{w}' for h, w in sizes)} px (padded, masked)"
         if mixed
@@ -343,6 +357,8 @@ def build(
     )
     if mixed:
         example.tower_costs = tower_costs
+        if pad_per_micro:
+            example.micro_batches = micro_batches
     return example
 
 

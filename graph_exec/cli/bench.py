@@ -129,6 +129,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=image_mix_bench.orders,
         help="with --image-mix: comma-separated MPipe tower orders (default arrival,balanced)",
     )
+    parser.add_argument(
+        "--padding",
+        choices=image_mix_bench.PADDINGS,
+        help="with --image-mix: pad each micro-batch to its own sizes (micro: its tower runs at its "
+        "own patch count) or the whole batch to its largest (batch) (default micro)",
+    )
     add_launch_arguments(parser, timeout_s=1200)
     parser.set_defaults(func=lambda args: _run(args, parser))
 
@@ -149,6 +155,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}")
     if args.tower_order and not args.image_mix:
         parser.error("--tower-order goes with --image-mix (the costs it places by)")
+    if args.padding and not args.image_mix:
+        parser.error("--padding goes with --image-mix (the batches it draws)")
     if args.image_mix:
         return image_mix_bench.run(args, parser)
     if args.tower_ratio:

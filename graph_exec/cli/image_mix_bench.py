@@ -38,6 +38,8 @@ EXAMPLE = "qwen2vl"
 MICROS = (4, 8)
 SIMULATED_RANKS = (4, 8)
 BASELINES = ("baseline-frozen", "baseline-rebalanced")
+#: ``--padding``: each micro-batch to its own sizes, or the whole batch to its largest.
+PADDINGS = ("micro", "batch")
 
 
 def orders(text: str) -> tuple[str, ...]:
@@ -120,6 +122,7 @@ def simulated_ratio(
 
 def table(
     mix: str,
+    padding: str,
     costs: StartupCosts,
     points: Sequence[
         tuple[int, int, float, dict[str, tuple[float, float, float]], dict[int, tuple[float, float]]]
@@ -130,7 +133,12 @@ def table(
     lines = [
         f"image mix {mix!r}: mean tower forward per micro-batch {image_mix.MEAN_RATIO:g}x a chunk's forward "
         f"(chunk forward {costs.chunk_forward * 1e3:.2f} ms at start-up), heavy micro-batches "
-        f"{image_mix.HEAVY_FACTOR}x the patches of a light one",
+        f"{image_mix.HEAVY_FACTOR}x the patches of a light one; "
+        + (
+            "each micro-batch padded to its own sizes"
+            if padding == "micro"
+            else "the batch padded as a whole"
+        ),
         f"measured at P={pp} (step ms p10/p50/p90 over the measured steps; ratio = other / balanced p50)",
     ]
     for micro, depth, light, measured, sims in points:
@@ -175,6 +183,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.batch and any(args.batch % m for m in micros):
         parser.error(f"--batch {args.batch} is not a multiple of --micro {micros[0]}")
     tower_orders = args.tower_order or TOWER_ORDERS
+    padding = args.padding or PADDINGS[0]
     print(
         f"image-mix bench of {EXAMPLE} ({args.size}), P={pp} V={vpp} M={','.join(map(str, micros))}: calibrating",
         flush=True,
@@ -207,6 +216,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 "image_mix": args.image_mix,
                 "mix_micro": micro,
                 "tower_unit": light / costs.chunk_forward,
+                "pad_per_micro": padding == "micro",
             }
             job = dataclasses.replace(job, model_options=options)
             print(
@@ -237,5 +247,5 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             points.append((micro, depth, light, measured, sims))
     except JobFailed as failed:
         return failed.code
-    sys.stdout.write("\n" + table(args.image_mix, costs, points, pp))
+    sys.stdout.write("\n" + table(args.image_mix, padding, costs, points, pp))
     return 0

@@ -127,10 +127,19 @@ class Trainer:
 
         Prints nothing: :meth:`report` announces the step once a checkpoint due after it is written.
         """
-        inputs, labels = self._replica_batch(index) if self.loader is None else self._loaded_batch(index)
-        barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
-        start = time.perf_counter()
-        losses = self.schedule.run(*inputs, labels=labels, tower_costs=self._tower_costs(inputs))
+        if self.model.micro_batches is not None and self.loader is None:
+            # Each micro-batch padded to its own sizes: run() takes them as they are.
+            batches = self._replica_micro_batches(index)
+            costs = self._tower_costs_of(batches)
+            barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
+            start = time.perf_counter()
+            losses = self.schedule.run(micro_batches=batches, tower_costs=costs)
+        else:
+            inputs, labels = self._replica_batch(index) if self.loader is None else self._loaded_batch(index)
+            costs = self._tower_costs(inputs)
+            barrier(timeout_s=self.job.timeout_s)
+            start = time.perf_counter()
+            losses = self.schedule.run(*inputs, labels=labels, tower_costs=costs)
         end = time.perf_counter()
         timeline = self.schedule.timeline
         # The first run() sets up communication and the plan before the runtime's clock starts:
@@ -232,17 +241,39 @@ class Trainer:
         inputs, labels = tuple(fields[: self._input_fields]), fields[self._input_fields :]
         return inputs, labels[0] if len(labels) == 1 else tuple(labels)
 
+    def _replica_micro_batches(self, index: int) -> list[tuple[tuple[Any, ...], Any]]:
+        """Step ``index``'s micro-batches, each padded to its own sizes (the example's
+        ``micro_batches``); one pipeline only: a replica's share would be cut before padding."""
+        if self.mesh.dp_size > 1:
+            raise ValueError(
+                f"run {self.spec.name}: micro-batches padded each to its own sizes need dp = 1, "
+                f"got dp = {self.mesh.dp_size}"
+            )
+        return self.model.micro_batches(index, self.job.batch, self.job.micro)
+
     def _tower_costs(self, inputs: Sequence[Any]) -> tuple[float, ...] | None:
         """Each micro-batch's tower cost for ``tower_order="balanced"``, from the batch itself
         (replicated input: every rank holds the same batch, so reaches the same placement)."""
-        if self.spec.baseline or self.spec.tower_order == "arrival":
+        if not self._places_towers():
             return None
+        return self.model.tower_costs(inputs, self.job.micro)
+
+    def _tower_costs_of(self, batches: Sequence[tuple[Sequence[Any], Any]]) -> tuple[float, ...] | None:
+        """:meth:`_tower_costs` of micro-batches given one by one."""
+        if not self._places_towers():
+            return None
+        return tuple(self.model.tower_costs(inputs, 1)[0] for inputs, _ in batches)
+
+    def _places_towers(self) -> bool:
+        """Whether this run places its towers by cost (refused where the example has no costs)."""
+        if self.spec.baseline or self.spec.tower_order == "arrival":
+            return False
         if self.model.tower_costs is None:
             raise ValueError(
                 f"run {self.spec.name}: tower_order='balanced' needs the example's per-micro-batch "
                 f"tower costs, and {self.job.example!r} has none (use tower_order='arrival')"
             )
-        return self.model.tower_costs(inputs, self.job.micro)
+        return True
 
     def _mean_loss(self, losses: list[Any]) -> float:
         """The mean loss of this step over every micro-batch of every replica."""
