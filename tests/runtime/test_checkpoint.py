@@ -423,7 +423,11 @@ def test_a_resuming_worker_says_which_step_it_loads_before_loading(monkeypatch, 
 
     monkeypatch.setattr(ge, "load_checkpoint", corrupt)
     worker = SimpleNamespace(
-        spec=SimpleNamespace(name="run"), schedule=None, optimizer=None, _checkpoint_dir=lambda: tmp_path
+        spec=SimpleNamespace(name="run"),
+        schedule=None,
+        optimizer=None,
+        loader=None,
+        _checkpoint_dir=lambda: tmp_path,
     )
     with pytest.raises(CheckpointCorruptError):
         Trainer.resume(worker, 4)
