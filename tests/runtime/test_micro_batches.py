@@ -196,7 +196,7 @@ def test_buckets_pad_each_micro_batch_to_its_own_bucket():
         match=r"micro_batches\[1\]: input 0 has length 9 on dim 1, above the largest shape bucket 8",
     ):
         given_micro_batches(
-            [((short,), short), ((np.ones((2, 9), np.int32),), short)],
+            [((short,), short), ((np.ones((2, 9), np.int32),), np.ones((2, 9), np.int32))],
             MICRO,
             labels_required=True,
             pad=buckets.pad,
