@@ -13,6 +13,7 @@ build the model as usual and cut it::
     split = gm.split_model(model, num_stages=P * V)  # any images per sample, padded batches
     # split.preprocess, split.num_transpose_layers, split.stages: the schedules' arguments
     # gm.vlm_batch(split, samples): a batch; gm.causal_lm_loss: the loss_fn
+    # gm.vlm_micro_batches(split, samples, M): M batches, each padded to its own sizes
 """
 
 from graph_exec.models import cpu_ops
@@ -26,7 +27,7 @@ from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss  # noqa: E402
 from graph_exec.models.materialise import load_split  # noqa: E402
 from graph_exec.models.pretrained import model_class  # noqa: E402
 from graph_exec.models.split import SplitModel, split_model  # noqa: E402
-from graph_exec.models.vlm_batch import VLMBatch, vlm_batch  # noqa: E402
+from graph_exec.models.vlm_batch import VLMBatch, vlm_batch, vlm_micro_batches, vlm_tower_costs  # noqa: E402
 
 
 def mindone():  # -> the mindone.transformers module
@@ -56,4 +57,6 @@ __all__ = [
     "split_model",
     "vlm_batch",
     "vlm_inputs",
+    "vlm_micro_batches",
+    "vlm_tower_costs",
 ]

@@ -37,7 +37,8 @@ from graph_exec.models.loss import IGNORE_INDEX
 
 
 class VLMBatch(NamedTuple):
-    """What :func:`vlm_batch` returns: ``sched.run(*batch.inputs, labels=batch.labels)``."""
+    """What :func:`vlm_batch` returns: ``sched.run(*batch.inputs, labels=batch.labels)``; a list
+    of them (:func:`vlm_micro_batches`): ``sched.run(micro_batches=batches)``."""
 
     inputs: tuple[np.ndarray, ...]  #: pixel_values, patch_image, patch_positions, ids, positions, mask
     labels: np.ndarray  #: (B, S) int32, -100 where nothing is predicted
@@ -218,17 +219,86 @@ def vlm_batch(
     of patch × merge, image tokens that do not match the sample's images, labels of another
     length, a sample longer than ``pad_to`` allows.
     """
+    model = _model_of(split_or_model)
+    _check_samples(samples, model, pad_token_id)
+    return _padded_batch(model, samples, 0, pad_to, patch_pad_to, pad_token_id)
+
+
+def vlm_micro_batches(
+    split_or_model: Any,
+    samples: Sequence[Mapping[str, Any]],
+    micro: int,
+    *,
+    pad_to: int | Sequence[int] | None = None,
+    patch_pad_to: int | Sequence[int] | None = None,
+    pad_token_id: int = 0,
+) -> list[VLMBatch]:
+    """``samples`` cut into ``micro`` consecutive groups, each made by :func:`vlm_batch` on its
+    own: ``sched.run(micro_batches=vlm_micro_batches(split, samples, M), tower_costs=...)``.
+
+    One batch cut on dim 0 pads every micro-batch to the *whole* batch's largest patch count and
+    longest text, so a micro-batch of small images runs the tower at the heaviest one's shape.
+    Here each micro-batch is padded only to its own (or to its own bucket of ``pad_to`` /
+    ``patch_pad_to``): its tower computes what its real patches cost, which is what
+    :func:`vlm_tower_costs` reports and ``tower_order="balanced"`` places by. The arguments are
+    :func:`vlm_batch`'s; ``len(samples)`` must be a multiple of ``micro``. Errors name the sample
+    by its index in ``samples``.
+    """
+    model = _model_of(split_or_model)
+    _check_samples(samples, model, pad_token_id)
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise ValueError(f"micro must be a positive int (the number of micro-batches), got {micro!r}")
+    if len(samples) % micro:
+        raise ValueError(
+            f"{len(samples)} samples cannot be cut into {micro} equal micro-batches: pass a multiple "
+            f"of {micro} samples"
+        )
+    rows = len(samples) // micro
+    return [
+        _padded_batch(model, samples[m * rows : (m + 1) * rows], m * rows, pad_to, patch_pad_to, pad_token_id)
+        for m in range(micro)
+    ]
+
+
+def vlm_tower_costs(batches: Sequence[VLMBatch], per_patch: float = 1.0) -> list[float]:
+    """Each micro-batch's tower cost for ``run(..., tower_costs=...)``: its real patches (padding
+    excluded, :attr:`VLMBatch.patches` summed) times ``per_patch``, one patch's tower forward in
+    units of one chunk forward (measured, e.g. by ``graph-exec bench qwen2vl --tower-ratio``'s
+    calibration). The placement weighs these costs against a transfer and the slack between
+    chunk forwards, so raw patch counts (the default ``per_patch=1.0``) rank the micro-batches
+    right but overstate the towers against those. With
+    :func:`vlm_micro_batches` this is also what each tower computes, since each micro-batch is
+    padded to its own patch count only."""
+    return [float(batch.patches.sum()) * per_patch for batch in batches]
+
+
+def _model_of(split_or_model: Any) -> Any:
+    """The whole mindone model of a :class:`~graph_exec.models.SplitModel`, or the model itself."""
     from graph_exec.models.split import SplitModel
 
-    model = split_or_model.model if isinstance(split_or_model, SplitModel) else split_or_model
-    v = _vision_of(model.config)
+    return split_or_model.model if isinstance(split_or_model, SplitModel) else split_or_model
+
+
+def _check_samples(samples: Any, model: Any, pad_token_id: int) -> None:
     if isinstance(samples, Mapping) or not isinstance(samples, Sequence) or not samples:
         raise ValueError(f"samples must be a non-empty list of dicts, got {type(samples).__name__}")
-    if pad_token_id == v.image_token:
+    if pad_token_id == _vision_of(model.config).image_token:
         raise ValueError(f"pad_token_id {pad_token_id} is the image token: choose another")
+
+
+def _padded_batch(
+    model: Any,
+    samples: Sequence[Mapping[str, Any]],
+    first: int,
+    pad_to: int | Sequence[int] | None,
+    patch_pad_to: int | Sequence[int] | None,
+    pad_token_id: int,
+) -> VLMBatch:
+    """:func:`vlm_batch` of checked ``samples``, whose first is sample ``first`` in errors."""
+    v = _vision_of(model.config)
     texts, labels, patches = [], [], []
     for k, sample in enumerate(samples):
-        where = f"sample {k}"
+        where = f"sample {first + k}"
         if not isinstance(sample, Mapping) or "input_ids" not in sample:
             raise ValueError(f"{where}: a sample is a dict with 'input_ids' (and 'labels', 'images')")
         ids = _numpy(sample["input_ids"])
@@ -250,13 +320,16 @@ def vlm_batch(
     counts = [sum(len(p) for p, _ in made) for made in patches]
     longest = max(range(len(texts)), key=lambda k: len(texts[k]))
     length = _bucket(
-        len(texts[longest]), pad_to, f"sample {longest} has {len(texts[longest])} tokens, which", "pad_to"
+        len(texts[longest]),
+        pad_to,
+        f"sample {first + longest} has {len(texts[longest])} tokens, which",
+        "pad_to",
     )
     most = max(range(len(counts)), key=lambda k: counts[k])
     num_patches = _bucket(
         max(counts[most], v.merge**2),
         patch_pad_to,
-        f"sample {most} has {counts[most]} patches, which",
+        f"sample {first + most} has {counts[most]} patches, which",
         "patch_pad_to",
     )
     if num_patches % v.merge**2:

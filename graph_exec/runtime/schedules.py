@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from graph_exec import checks
@@ -36,7 +37,13 @@ from graph_exec.runtime.grad_norm import GlobalGradNorm, check_max_norm, check_n
 from graph_exec.runtime.handshake import check_ranks_agree, share_setup_outcome
 from graph_exec.runtime.loss_scaling import LossScale
 from graph_exec.runtime.memory_account import optimizer_state_bytes, parameter_bytes, tensors_bytes
-from graph_exec.runtime.microbatch import MicroBatches, in_user_order, permuted, split_batch
+from graph_exec.runtime.microbatch import (
+    MicroBatches,
+    given_micro_batches,
+    in_user_order,
+    permuted,
+    split_batch,
+)
 from graph_exec.runtime.options import (
     ScheduleOptions,
     option_names,
@@ -229,7 +236,12 @@ class PipelineSchedule:
         return tuple(sorted(order[m] for m in self.plan.config.owned(self.mesh.pp_rank)))
 
     def run(
-        self, *inputs: Any, labels: Any = None, tower_costs: Any = None, **kwargs: Any
+        self,
+        *inputs: Any,
+        labels: Any = None,
+        tower_costs: Any = None,
+        micro_batches: Any = None,
+        **kwargs: Any,
     ) -> list[Any] | None:
         """One training step: forward and backward of every micro-batch, gradients accumulated.
 
@@ -243,9 +255,19 @@ class PipelineSchedule:
         ``None`` elsewhere. ``tower_costs`` (with ``tower_order="balanced"``): each micro-batch's
         preprocess cost, e.g. its image patches times a calibrated cost per patch, in units of one
         chunk forward; the same on every rank of the replica.
+
+        ``micro_batches=[(inputs, labels), ...]`` (instead of ``inputs`` and ``labels``): the step
+        already cut, exactly ``micro_batch_num`` pairs in the user's order (a
+        :class:`~graph_exec.models.VLMBatch` is one), each padded to its own sizes only: shapes
+        may differ between micro-batches, the number of tensors and their dtypes may not
+        (:func:`~graph_exec.runtime.microbatch.given_micro_batches`). A micro-batch of small
+        images then runs the tower at its own patch count, which is what ``tower_costs`` should
+        count. Not with ``input="owned"`` yet.
         """
         costs = self._check_tower_costs(tower_costs)
-        batch = self._check_batch("run()", inputs, labels, kwargs, labels_required=True)
+        batch = self._check_batch(
+            "run()", inputs, labels, kwargs, labels_required=True, micro_batches=micro_batches
+        )
         setup = self._setup or self._set_up()
         order = self._tower_placement(setup.plan.config, costs)
         try:
@@ -263,7 +285,12 @@ class PipelineSchedule:
         return None
 
     def evaluate(
-        self, *inputs: Any, labels: Any = None, tower_costs: Any = None, **kwargs: Any
+        self,
+        *inputs: Any,
+        labels: Any = None,
+        tower_costs: Any = None,
+        micro_batches: Any = None,
+        **kwargs: Any,
     ) -> list[Any] | None:
         """Forward only, through the same plan's forward half (``docs/schedule.md``,
         "Forward-only plans"): MPipe still runs the preprocess of the micro-batches a rank owns
@@ -274,10 +301,13 @@ class PipelineSchedule:
         ``labels`` are given (``sum / count`` with ``loss_reduction="token"``), else the last
         stage's per-micro-batch outputs (a tensor each, or a tuple for several outputs);
         ``None`` elsewhere. Cells run as they are: call ``set_train(False)`` on them first for
-        layers that behave differently in evaluation (dropout). ``tower_costs``: as for :meth:`run`.
+        layers that behave differently in evaluation (dropout). ``tower_costs`` and
+        ``micro_batches`` (labels ``None`` in every pair for the outputs): as for :meth:`run`.
         """
         costs = self._check_tower_costs(tower_costs)
-        batch = self._check_batch("evaluate()", inputs, labels, kwargs, labels_required=False)
+        batch = self._check_batch(
+            "evaluate()", inputs, labels, kwargs, labels_required=False, micro_batches=micro_batches
+        )
         setup = self._setup or self._set_up()
         try:
             if setup.evaluation is None:
@@ -292,7 +322,7 @@ class PipelineSchedule:
             raise
         if not self.stages[-1].is_last:
             return None
-        if labels is None:
+        if batch.labels is None:
             return [r[0] if len(r) == 1 else r for r in in_user_order(results, order)]
         if self.loss_reduction == "token":
             results = per_token_losses(results)[0]
@@ -505,11 +535,28 @@ class PipelineSchedule:
             )
 
     def _check_batch(
-        self, what: str, inputs: tuple[Any, ...], labels: Any, kwargs: dict[str, Any], labels_required: bool
+        self,
+        what: str,
+        inputs: tuple[Any, ...],
+        labels: Any,
+        kwargs: dict[str, Any],
+        labels_required: bool,
+        micro_batches: Any = None,
     ) -> MicroBatches:
         """The micro-batches of a ``run()``/``evaluate()`` call, after every local check."""
         self._refuse_after_failure()
-        if labels_required and self.loss_fn is not None and labels is None:
+        needs_labels = labels_required and self.loss_fn is not None
+        if micro_batches is not None:
+            self._check_given_micro_batches(what, inputs, labels, kwargs)
+            pad = (
+                None
+                if self.options.bucketing is None
+                else partial(self._pad, labels_required=labels_required)
+            )
+            return given_micro_batches(
+                micro_batches, self.micro_batch_num, labels_required=needs_labels, pad=pad
+            )
+        if needs_labels and labels is None:
             raise ValueError(
                 "labels are required: this schedule has a loss_fn, called as loss_fn(output, *labels)"
             )
@@ -518,10 +565,33 @@ class PipelineSchedule:
                 f"keyword inputs {sorted(kwargs)} go to the preprocess module, but there is none"
             )
         if self.options.bucketing is not None:
-            padded, with_masks = self.options.bucketing.pad(inputs, labels)
-            # The masks go to the loss; a forward-only call without labels has none to take them.
-            inputs, labels = padded, (with_masks if labels is not None or labels_required else None)
+            inputs, labels = self._pad(inputs, labels, labels_required=labels_required)
         return split_batch(inputs, kwargs, labels, self.micro_batch_num)
+
+    def _pad(self, inputs: Any, labels: Any, *, labels_required: bool) -> tuple[Any, Any]:
+        """``(inputs, labels)`` padded to the shape buckets, the masks after the labels."""
+        padded, with_masks = self.options.bucketing.pad(inputs, labels)
+        # The masks go to the loss; a forward-only call without labels has none to take them.
+        return padded, (with_masks if labels is not None or labels_required else None)
+
+    def _check_given_micro_batches(
+        self, what: str, inputs: tuple[Any, ...], labels: Any, kwargs: dict[str, Any]
+    ) -> None:
+        """``micro_batches=`` carries the whole step: nothing else may, and owned input (each
+        rank holding only its own rows) is not supported with it yet."""
+        if inputs or kwargs or labels is not None:
+            given = [f"{len(inputs)} positional inputs"] if inputs else []
+            given += [f"keyword inputs {sorted(kwargs)}"] if kwargs else []
+            given += ["labels="] if labels is not None else []
+            raise ValueError(
+                f"{what} got micro_batches= and also {', '.join(given)}: pass the step's data one way, "
+                "either the whole batch (cut into equal micro-batches) or micro_batches=[(inputs, labels), ...]"
+            )
+        if self.input == "owned":
+            raise ValueError(
+                f"{what} with micro_batches= is not supported yet with input='owned': pass the whole "
+                "batch, or use input='replicated'"
+            )
 
     def _optimizer_params(self, optimizer: Any) -> tuple[Any, ...]:
         """``optimizer``'s parameters, each one this rank trains (the order of its gradients)."""

@@ -37,7 +37,7 @@ from graph_exec.transport.cpu_workarounds import (
     rebind_default_groups,
     world_barrier,
 )
-from graph_exec.transport.frame_memory import Allocator, HostFrames, TensorFrames
+from graph_exec.transport.frame_memory import Allocator, HostFrames, TensorFrames, message_bytes
 from graph_exec.transport.frames import (
     DATA,
     PREFIX_WORDS,
@@ -313,6 +313,17 @@ def _register(group: str, ranks: tuple[int, ...], worker: CommWorker) -> int:
     return epoch
 
 
+def _header_message(words: np.ndarray, previous: tuple[_Signature, FrameLayout] | None) -> np.ndarray:
+    """A header's message: its words, padded with zeros to the size of the frames the receiver
+    last took under the label (its receive for the next one is posted at that size, and NCCL and
+    HCCL match a message by its byte count); a label's first header is the control size."""
+    if previous is None or message_bytes(previous[1]) == CONTROL_BYTES:
+        return words
+    message = np.zeros(message_bytes(previous[1]), np.uint8)
+    message[:CONTROL_BYTES] = words.view(np.uint8)
+    return message
+
+
 class Transport:
     """Messaging for one rank of one communication group.
 
@@ -401,8 +412,8 @@ class Transport:
                     None if t is None else TensorMeta(dtype_name(t.dtype), tuple(t.shape)) for t in tensors
                 ),
             )
+            header = _header_message(encode_header(meta, self.epoch, out.seq), known)
             known = (signature, layout_of(meta.entries))  # both raise ValueError before any message
-            header = encode_header(meta, self.epoch, out.seq)
         frame, staging = self.frames.compose(known[1], label, self._label(label), out.seq, tensors)
         header_tensor = None if header is None else self.frames.control_tensor(header)
         # With a deadline: isend usually returns at once, but to a peer that has died it blocks

@@ -1,7 +1,8 @@
 """Batches of real Qwen2-VL samples on 2 real ranks, against the whole model on each unpadded
 sample. One msrun launch runs every case (see workers/vlm_batch_checks.py): graph and
-pynative, frozen and trainable tower, central and owner backward, V = 1 and 2, and
-``shapes="dynamic"`` over three batches whose shapes differ."""
+pynative, frozen and trainable tower, central and owner backward, V = 1 and 2,
+``shapes="dynamic"`` over three batches whose shapes differ, and ragged micro-batches
+(``vlm_micro_batches``, graph, dynamic, balanced placement) over two."""
 
 import pytest
 
@@ -14,6 +15,7 @@ CASES = {
     "vlmb_pynative_trainable_v2": 1,
     "vlmb_pynative_frozen_v2": 1,
     "vlmb_graph_dynamic_trainable": 3,
+    "vlmb_graph_dynamic_ragged": 2,
 }
 
 

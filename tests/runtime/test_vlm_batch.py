@@ -190,3 +190,103 @@ def test_the_example_with_mixed_images_builds_and_trains():
         optimizer(tuple(sched.grads().values()))
         sched.zero_grad()
     assert losses[-1] < losses[0], losses
+
+
+def tower_shapes(sched, monkeypatch) -> list[tuple[int, ...]]:
+    """The ``pixel_values`` shape of every tower forward the schedule's executor runs, in order."""
+    sched.set_up()
+    executor, seen = sched._setup.executor, []
+
+    def spying(original):
+        def spy(*args):
+            seen.append(tuple(args[-2][0].shape))  # (..., inputs, kwargs)
+            return original(*args)
+
+        return spy
+
+    for name in ("preprocess_forward", "preprocess_forward_taped"):
+        monkeypatch.setattr(executor, name, spying(getattr(executor, name)))
+    return seen
+
+
+@pytest.mark.parametrize(("mode", "trainable"), [("pynative", False), ("graph", True)])
+def test_ragged_micro_batches_match_the_whole_model_on_each_unpadded_sample(mode, trainable, monkeypatch):
+    """``vlm_micro_batches`` pads each micro-batch to its own sizes (micro-batch 0: a sample of
+    two images, 28 patches, 14 tokens; micro-batch 1: a text-only sample and 8 patches, 11
+    tokens), the tower runs at each one's own patch count, and the losses and every gradient
+    still equal the whole model's on each unpadded sample."""
+    model, ref = mm.whole("qwen2vl", 2), mm.whole("qwen2vl", 2)
+    parts = gm.split_model(model, 2, trainable_preprocess=trainable)
+    frozen_like(ref, parts)
+    samples = mm.vlm_samples()
+    batches = gm.vlm_micro_batches(parts, samples, MICRO)
+    assert [b.inputs[0].shape[1] for b in batches] == [28, 8]
+    assert [b.inputs[3].shape[1] for b in batches] == [14, 11]
+    assert gm.vlm_tower_costs(batches) == [44.0, 8.0] == [float(b.patches.sum()) for b in batches]
+    whole = gm.vlm_batch(parts, samples)  # the same rows, cropped to each micro-batch's sizes
+    for m, b in enumerate(batches):
+        for mine, cut in zip((*b.inputs, b.labels), (*whole.inputs, whole.labels), strict=True):
+            crop = (slice(2 * m, 2 * m + 2), *(slice(0, n) for n in mine.shape[1:]))
+            np.testing.assert_array_equal(mine, cut[crop])
+    sched = schedule(parts, mode)
+    towers = tower_shapes(sched, monkeypatch)
+    losses = sched.run(micro_batches=batches)
+    row = batches[0].inputs[0].shape[2]
+    assert sorted(towers) == [(2, 8, row), (2, 28, row)]
+    ref_losses, ref_grads = mm.vlm_reference(ref, samples, MICRO, scale=1.0 / MICRO)
+    assert_matches(sched, losses, ref_losses, ref_grads)
+
+
+def test_balanced_placement_of_ragged_micro_batches_keeps_the_users_order(monkeypatch):
+    """With ``tower_order="balanced"`` and ``tower_costs`` from the batches, a placement that
+    reverses the micro-batches (one process keeps arrival order by itself, so the decision is
+    patched as in tests/runtime/test_tower_order.py) runs the light tower first at its own
+    shape; the losses come back in the user's order and the gradients are unchanged."""
+    from graph_exec.schedule import placement
+
+    decided = []
+
+    def reverse(positions, costs, mode):
+        decided.append((tuple(costs), mode))
+        return tuple(reversed(range(len(costs))))
+
+    monkeypatch.setattr(placement, "tower_order", reverse)
+    model, ref = mm.whole("qwen2vl", 2), mm.whole("qwen2vl", 2)
+    parts = gm.split_model(model, 2)
+    frozen_like(ref, parts)
+    samples = mm.vlm_samples()
+    batches = gm.vlm_micro_batches(parts, samples, MICRO)
+    sched = schedule(parts, "pynative", tower_order="balanced")
+    towers = tower_shapes(sched, monkeypatch)
+    losses = sched.run(micro_batches=batches, tower_costs=gm.vlm_tower_costs(batches))
+    assert decided == [((44.0, 8.0), "balanced")]
+    row = batches[0].inputs[0].shape[2]
+    assert towers == [(2, 8, row), (2, 28, row)]  # the user's micro-batch 1 ran first
+    ref_losses, ref_grads = mm.vlm_reference(ref, samples, MICRO, scale=1.0 / MICRO)
+    assert_matches(sched, losses, ref_losses, ref_grads)
+
+
+def test_ragged_micro_batches_compile_within_the_dynamic_bound():
+    """``shapes="dynamic"``, graph mode: 10 steps of ragged micro-batches (each step's two
+    micro-batches of different patch counts and lengths, new mixes every step) compile no
+    library kernel after the first step and each kernel at most 3 times by MindSpore's count
+    (docs/shapes.md); the last step still matches the whole model on each unpadded sample."""
+    model, ref = mm.whole("qwen2vl", 2), mm.whole("qwen2vl", 2)
+    parts = gm.split_model(model, 2)
+    frozen_like(ref, parts)
+    sched = schedule(parts, "graph", shapes="dynamic")
+    rng = np.random.default_rng(11)
+    kernels, shapes = None, set()
+    for step in range(10):
+        samples = mm.vlm_samples(random_mix(rng, 4), seed=step)
+        batches = gm.vlm_micro_batches(parts, samples, MICRO)
+        shapes |= {(b.inputs[0].shape[1], b.inputs[3].shape[1]) for b in batches}
+        sched.zero_grad()
+        losses = sched.run(micro_batches=batches)
+        stats = sched.stats()
+        kernels = stats["compilations"] if kernels is None else kernels
+        assert stats["compilations"] == kernels, (step, stats)
+    assert len(shapes) >= 8, shapes
+    assert stats["mindspore_compilations"] <= 3 * kernels, stats
+    ref_losses, ref_grads = mm.vlm_reference(ref, samples, MICRO, scale=1.0 / MICRO)
+    assert_matches(sched, losses, ref_losses, ref_grads)

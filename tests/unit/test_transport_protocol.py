@@ -233,6 +233,30 @@ def test_sender_and_receiver_name_the_same_message_sizes(pair):
     assert asked == [CONTROL_BYTES, CONTROL_BYTES, CONTROL_BYTES, CONTROL_BYTES, 6464, 6464]
 
 
+def test_a_new_layout_after_a_large_frame_is_announced_at_the_size_the_receiver_posts(pair):
+    """A receiver posts its next receive under a label at the size of the frame it last took
+    there; a header announcing a new layout (shapes that change between steps, or ragged
+    micro-batches placed in another order) is padded to that size, so it has exactly the byte
+    count of the receive that takes it, whichever way the size changes."""
+    a, b, link = pair
+    asked = []
+    allocate = b.frames.allocate
+
+    def alloc(nbytes):
+        asked.append(nbytes)
+        return allocate(nbytes)
+
+    for shape in ((40, 40), (3,), (50, 40), (40, 40), (40, 40)):
+        values = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        a.send((tensor(values),), 1, "Fsend0.1")
+        sent = [len(message) for message in link.queues[(0, 1)]]
+        before = len(asked)
+        assert np.array_equal(b.recv(0, "Fsend0.1", alloc)[0].asnumpy(), values)
+        assert asked[before:] == sent
+    assert asked == [CONTROL_BYTES, 6464, 6464, CONTROL_BYTES, CONTROL_BYTES, 8064, 8064, 6464, 6464]
+    assert b.stats.headers_received == 4
+
+
 def test_host_reads_fail_where_the_received_memory_is_not_host_memory(monkeypatch):
     """The device-like fake catches a transport that reads received bytes through host memory:
     host frames (the CPU fast path, which does) fail over it, while the tensor frames pass every

@@ -9,7 +9,11 @@ per-micro-batch losses on the last stage's rank, every gradient it trains (atol 
 rtol 1e-4). A failed comparison is printed and counted, not raised, so the ranks stay in step.
 
 Cases: graph and pynative, frozen and trainable tower, central and owner backward, V = 1 and 2,
-and ``shapes="dynamic"`` over three batches of different mixes (shapes change between steps).
+and ``shapes="dynamic"`` over three batches of different mixes (shapes change between steps);
+then ragged micro-batches (``vlm_micro_batches``: each micro-batch padded to its own patch count
+and length, so shapes differ between micro-batches within a step) in graph mode with
+``shapes="dynamic"`` and ``tower_order="balanced"`` placed by ``vlm_tower_costs``, over two
+steps of different mixes (a micro-batch's shapes change under its label between steps).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Case:
     vpp: int = 1
     shapes: str = "static"
     steps: int = 1
+    ragged: bool = False  #: run(micro_batches=vlm_micro_batches(...)), placed by their tower costs
 
 
 CASES = [
@@ -53,6 +58,7 @@ CASES = [
     Case("vlmb_pynative_trainable_v2", mode="pynative", trainable=True, vpp=2),
     Case("vlmb_pynative_frozen_v2", mode="pynative", vpp=2),
     Case("vlmb_graph_dynamic_trainable", trainable=True, shapes="dynamic", steps=3),
+    Case("vlmb_graph_dynamic_ragged", trainable=True, shapes="dynamic", steps=2, ragged=True),
 ]
 MICRO = 2
 
@@ -76,6 +82,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
         scale_grads=True,
         backward=case.backward,
         shapes=case.shapes,
+        tower_order="balanced" if case.ragged else "arrival",
         timeout_s=180,
     )
     mine = {p.name for s in stages for p in s.submodule.trainable_params()}
@@ -83,10 +90,9 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
         mine |= {p.name for p in parts.preprocess.trainable_params()}
     for step in range(case.steps):
         samples = mm.vlm_samples(MIXES[step], seed=step)  # the same samples on every rank
-        batch = gm.vlm_batch(parts, samples)
         ref_losses, ref_grads = mm.vlm_reference(ref, samples, MICRO, scale=1.0 / MICRO)
         sched.zero_grad()
-        losses = sched.run(*(ms.Tensor(a) for a in batch.inputs), labels=ms.Tensor(batch.labels))
+        losses = run_step(sched, parts, samples, case.ragged)
         holds_last = rank == pp - 1
         checker.check(f"{case.name}.step{step}.losses_where_expected", (losses is not None) == holds_last)
         if holds_last:
@@ -94,6 +100,16 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
         expected = {k: v for k, v in ref_grads.items() if k in mine}
         checker.close(f"{case.name}.step{step}.grads", grads_numpy(sched), expected)
     print(f"case {case.name} took {time.perf_counter() - began:.1f} s", flush=True)
+
+
+def run_step(sched: ge.ScheduleMPipeTranspose, parts: gm.SplitModel, samples: list, ragged: bool):
+    """One step on ``samples``: one batch cut by the schedule, or ragged micro-batches (each
+    padded to its own sizes) placed by their real patches."""
+    if not ragged:
+        batch = gm.vlm_batch(parts, samples)
+        return sched.run(*(ms.Tensor(a) for a in batch.inputs), labels=ms.Tensor(batch.labels))
+    batches = gm.vlm_micro_batches(parts, samples, MICRO)
+    return sched.run(micro_batches=batches, tower_costs=gm.vlm_tower_costs(batches))
 
 
 def main() -> int:
