@@ -28,6 +28,15 @@ def assert_close(actual: Tensor | np.ndarray, expected: Tensor | np.ndarray, wha
     np.testing.assert_allclose(actual, expected, atol=ATOL, rtol=RTOL, err_msg=what)
 
 
+def assert_matches(sched, losses, ref_losses, ref_grads) -> None:
+    """A step's losses and every gradient of ``sched`` equal the reference's, by name."""
+    np.testing.assert_allclose([float(loss.asnumpy()) for loss in losses], ref_losses, atol=ATOL, rtol=RTOL)
+    grads = sched.grads()
+    assert set(grads) == set(ref_grads)
+    for name, grad in grads.items():
+        np.testing.assert_allclose(grad.asnumpy(), ref_grads[name], atol=ATOL, rtol=RTOL, err_msg=name)
+
+
 def announce_policy() -> None:
     """Print this process's device policy (``POLICY <description>``), so that a multi-rank test
     can check that its workers took the path it asked for (see ``run_launch(device_path=...)``)."""

@@ -19,7 +19,7 @@ from mindspore import Tensor
 import graph_exec as ge
 from graph_exec.runtime.microbatch import given_micro_batches, split_batch
 from graph_exec.runtime.shapes import ShapeBuckets
-from tests.models.common import ATOL, RTOL, loss_fn
+from tests.models.common import ATOL, RTOL, assert_matches, loss_fn
 from tests.models.pipeline import FEATURES, batch, build, reference
 
 MICRO = 2
@@ -49,14 +49,6 @@ def per_micro_reference(ref, micro_batches):
         losses.append(loss)
         grads = {k: grads.get(k, 0) + v for k, v in g.items()}
     return losses, grads
-
-
-def assert_matches(sched, losses, ref_losses, ref_grads):
-    np.testing.assert_allclose([float(x.asnumpy()) for x in losses], ref_losses, atol=ATOL, rtol=RTOL)
-    grads = sched.grads()
-    assert set(grads) == set(ref_grads)
-    for name, grad in grads.items():
-        np.testing.assert_allclose(grad.asnumpy(), ref_grads[name], atol=ATOL, rtol=RTOL, err_msg=name)
 
 
 @pytest.fixture(scope="module")

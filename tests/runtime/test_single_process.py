@@ -3,11 +3,10 @@
 Numbers are checked against the non-pipelined reference (atol 1e-5, rtol 1e-4).
 """
 
-import numpy as np
 import pytest
 
 import graph_exec as ge
-from tests.models.common import ATOL, RTOL, loss_fn
+from tests.models.common import assert_matches, loss_fn
 from tests.models.pipeline import batch, build, reference
 
 
@@ -17,14 +16,6 @@ def schedule(model, micro, mode="graph", **options):
     return ge.ScheduleMPipeTranspose(
         stages, micro, model.preprocess, layers, mode=mode, loss_fn=loss_fn, **options
     )
-
-
-def assert_matches(sched, losses, ref_losses, ref_grads):
-    np.testing.assert_allclose([float(loss.asnumpy()) for loss in losses], ref_losses, atol=ATOL, rtol=RTOL)
-    grads = sched.grads()
-    assert set(grads) == set(ref_grads)
-    for name, grad in grads.items():
-        np.testing.assert_allclose(grad.asnumpy(), ref_grads[name], atol=ATOL, rtol=RTOL, err_msg=name)
 
 
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
