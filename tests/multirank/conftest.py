@@ -94,6 +94,26 @@ def launch_problems(result: LaunchResult, expect_ok: bool = True) -> list[str]:
     return problems
 
 
+#: A worker's log after MindSpore 2.10's teardown race: every check done and reported, then a
+#: segmentation fault in a thread of MindSpore's own while the interpreter exits (seen about once
+#: per full suite, on any launch; the crashing thread and the main thread run no Python code).
+_DONE = "ALL DONE failures=0"
+_SEGFAULT = "Fatal Python error: Segmentation fault"
+
+
+def crashed_only_at_exit(result: LaunchResult, nproc: int) -> bool:
+    """Whether every rank finished all its checks (``ALL DONE failures=0``) and the only trouble is
+    a segmentation fault after that line, with no Python frame in the main thread."""
+    logs = [result.worker_logs.get(rank, "") for rank in range(nproc)]
+    if result.timed_out or not all(_DONE in log for log in logs) or failed_checks(result):
+        return False
+    crashed = [log for log in logs if _SEGFAULT in log]
+    return bool(crashed) and all(
+        log.index(_SEGFAULT) > log.index(_DONE) and "<no Python frame>" in log[log.index(_SEGFAULT) :]
+        for log in crashed
+    )
+
+
 def run_launch(
     log_dir: Path,
     script: str,
@@ -118,6 +138,17 @@ def run_launch(
         **(env or {}),
     }
     result = launch(WORKERS / script, args, nproc=nproc, log_dir=log_dir, timeout_s=timeout_s, env=full_env)
+    if expect_ok and result.returncode != 0 and crashed_only_at_exit(result, nproc):
+        # MindSpore's teardown race, not the code under test: once more, and a second crash fails.
+        print(f"{script}: a rank crashed after its last check (MindSpore teardown); relaunching once")
+        result = launch(
+            WORKERS / script,
+            args,
+            nproc=nproc,
+            log_dir=log_dir / "relaunch",
+            timeout_s=timeout_s,
+            env=full_env,
+        )
     expected = DevicePolicy.for_target("CPU", fast_paths_requested(full_env))
     problems = launch_problems(result, expect_ok) + policy_problems(result, expected, nproc)
     if problems:

@@ -112,3 +112,46 @@ def test_a_device_path_launch_needs_every_rank_to_show_the_device_path(
 def test_a_device_path_launch_whose_ranks_show_it_passes(fake_launch, tmp_path: Path) -> None:
     fake_launch["result"] = result({rank: DEVICE_PATH + log for rank, log in CLEAN.items()})
     assert harness.checks(harness.run_launch(tmp_path, "any.py", 2, device_path=True), 1) == {"beta"}
+
+
+DONE = "CHECK alpha OK\nALL DONE failures=0\n"
+TEARDOWN = (
+    "Fatal Python error: Segmentation fault\n\nThread 0x1 (most recent call first):\n  <no Python frame>\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("logs", "timed_out", "retried"),
+    [
+        ({0: DONE, 1: DONE + TEARDOWN}, False, True),  # MindSpore's teardown race
+        ({0: DONE, 1: TEARDOWN + DONE}, False, False),  # crashed before its last check
+        ({0: DONE, 1: "CHECK alpha OK\n" + TEARDOWN}, False, False),  # never finished
+        ({0: DONE, 1: DONE + "Fatal Python error: Segmentation fault\n  File x.py"}, False, False),
+        ({0: DONE, 1: DONE + "CHECK beta FAIL late\n" + TEARDOWN}, False, False),
+        ({0: DONE, 1: DONE + TEARDOWN}, True, False),
+        ({0: DONE, 1: DONE}, False, False),  # exited non-zero for another reason
+    ],
+)
+def test_only_a_crash_after_every_check_is_relaunched_once(monkeypatch, logs, timed_out, retried) -> None:
+    launched = []
+
+    def fake_launch(script, args, **kwargs):
+        launched.append(kwargs["log_dir"])
+        return result(logs, 1, timed_out) if len(launched) == 1 else result({0: DONE, 1: DONE})
+
+    monkeypatch.setattr(harness, "launch", fake_launch)
+    if retried:
+        harness.run_launch(Path("/nonexistent"), "w.py", 2)
+        assert launched == [Path("/nonexistent"), Path("/nonexistent/relaunch")]
+    else:
+        with pytest.raises(pytest.fail.Exception):
+            harness.run_launch(Path("/nonexistent"), "w.py", 2)
+        assert len(launched) == 1
+
+
+def test_a_second_teardown_crash_fails_the_test(monkeypatch) -> None:
+    monkeypatch.setattr(
+        harness, "launch", lambda script, args, **kw: result({0: DONE, 1: DONE + TEARDOWN}, 1)
+    )
+    with pytest.raises(pytest.fail.Exception, match="exited with code 1"):
+        harness.run_launch(Path("/nonexistent"), "w.py", 2)
