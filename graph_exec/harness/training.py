@@ -130,16 +130,14 @@ class Trainer:
         if self.model.micro_batches is not None and self.loader is None:
             # Each micro-batch padded to its own sizes: run() takes them as they are.
             batches = self._replica_micro_batches(index)
-            costs = self._tower_costs_of(batches)
-            barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
-            start = time.perf_counter()
-            losses = self.schedule.run(micro_batches=batches, tower_costs=costs)
+            data = {"micro_batches": batches, "tower_costs": self._tower_costs_of(batches)}
+            inputs: tuple[Any, ...] = ()
         else:
             inputs, labels = self._replica_batch(index) if self.loader is None else self._loaded_batch(index)
-            costs = self._tower_costs(inputs)
-            barrier(timeout_s=self.job.timeout_s)
-            start = time.perf_counter()
-            losses = self.schedule.run(*inputs, labels=labels, tower_costs=costs)
+            data = {"labels": labels, "tower_costs": self._tower_costs(inputs)}
+        barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
+        start = time.perf_counter()
+        losses = self.schedule.run(*inputs, **data)
         end = time.perf_counter()
         timeline = self.schedule.timeline
         # The first run() sets up communication and the plan before the runtime's clock starts:
