@@ -212,17 +212,23 @@ def test_received_host_tensors_are_views_of_the_allocated_memory(monkeypatch):
         assert np.shares_memory(got[0].asnumpy(), given[-1])
 
 
+def recording_allocator(receiver):
+    """``(asked, alloc)``: ``receiver``'s frame allocator, noting in ``asked`` each size it is asked for."""
+    asked = []
+
+    def alloc(nbytes):
+        asked.append(nbytes)
+        return receiver.frames.allocate(nbytes)
+
+    return asked, alloc
+
+
 def test_sender_and_receiver_name_the_same_message_sizes(pair):
     """NCCL and HCCL match a point-to-point message by its byte count: every message a receiver
     asks its allocator for has exactly the size of the message sent (small frames are padded to a
     control message, which an abort notice needs)."""
     a, b, link = pair
-    asked = []
-    allocate = b.frames.allocate
-
-    def alloc(nbytes):
-        asked.append(nbytes)
-        return allocate(nbytes)
+    asked, alloc = recording_allocator(b)
 
     for values in (np.ones(3), np.ones(3), np.ones((40, 40)), np.ones((40, 40))):
         a.send((tensor(values),), 1, "Fsend0.1")
@@ -239,12 +245,7 @@ def test_a_new_layout_after_a_large_frame_is_announced_at_the_size_the_receiver_
     micro-batches placed in another order) is padded to that size, so it has exactly the byte
     count of the receive that takes it, whichever way the size changes."""
     a, b, link = pair
-    asked = []
-    allocate = b.frames.allocate
-
-    def alloc(nbytes):
-        asked.append(nbytes)
-        return allocate(nbytes)
+    asked, alloc = recording_allocator(b)
 
     for shape in ((40, 40), (3,), (50, 40), (40, 40), (40, 40)):
         values = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
