@@ -58,6 +58,9 @@ class ModelCosts:
     preprocess: str = "none"  #: ``"frozen"``, ``"trainable"`` or ``"none"``
     preprocess_forward: float = 0.0  #: the preprocess's forward
     preprocess_backward: float = 0.0  #: its backward from the tape (trainable only)
+    #: MPipe's recompute-backward of the preprocess (trainable only): its forward and backward in
+    #: one call, which a compiled graph can run for less than the two apart. ``None``: their sum.
+    preprocess_recompute: float | None = None
     preprocess_output_bytes: int = 0  #: its output, shipped to rank 0
     preprocess_tape_bytes: int = 0  #: what its forward keeps for a taped backward
     preprocess_param_bytes: int = 0  #: its parameters (held on every rank that runs it)
@@ -84,6 +87,8 @@ class ModelCosts:
             if field.name == "preprocess":
                 if value not in ("frozen", "trainable", "none"):
                     raise CostFileError(f"preprocess must be 'frozen', 'trainable' or 'none', got {value!r}")
+                continue
+            if field.name == "preprocess_recompute" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
                 raise CostFileError(f"cost entry {field.name!r} must be a number, got {value!r}")
@@ -217,7 +222,7 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
         stage_backward=tuple(backward),
         preprocess_forward=costs.preprocess_forward * work + extra,
         preprocess_backward=costs.preprocess_backward * work + extra,
-        recompute=(costs.preprocess_forward + costs.preprocess_backward) * work + extra,
+        recompute=_preprocess_recompute(costs) * work + extra,
         latency=costs.latency,
         bandwidth=costs.bandwidth,
         activation_bytes=costs.hidden_bytes * rows,
@@ -323,6 +328,12 @@ def _layers(costs: ModelCosts, pp: int, candidate: Candidate, rows: float) -> tu
     layer = costs.layer_forward + costs.layer_backward
     tower = costs.preprocess_forward + (costs.preprocess_backward if costs.preprocess == "trainable" else 0)
     return rebalanced_layers(costs.layers, pp, candidate.vpp, layer * rows, [tower * rows])
+
+
+def _preprocess_recompute(costs: ModelCosts) -> float:
+    if costs.preprocess_recompute is None:
+        return costs.preprocess_forward + costs.preprocess_backward
+    return costs.preprocess_recompute
 
 
 def _state_bytes(costs: ModelCosts, pp: int, candidate: Candidate, layers: Sequence[int], rank: int) -> int:

@@ -74,6 +74,18 @@ def test_a_budget_no_plan_fits_names_the_smallest_peak_and_its_plan() -> None:
     assert smallest.candidate.describe() in str(err.value)
 
 
+def test_a_measured_recompute_replaces_forward_plus_backward() -> None:
+    """MPipe with a trainable preprocess and owners' backward: every owner's recompute-backward
+    sits on its critical path, so a cheaper measured recompute shortens the step, and a cost
+    file without it (``None``) prices it as the preprocess's forward plus backward."""
+    trainable = replace(COSTS, preprocess="trainable", preprocess_backward=3.0)
+    plan = Candidate("mpipe", "even", 1, 8, backward="owner")
+    summed = predict(trainable, 2, 8, plan).step_time
+    assert predict(replace(trainable, preprocess_recompute=7.0), 2, 8, plan).step_time == summed
+    assert predict(replace(trainable, preprocess_recompute=2.0), 2, 8, plan).step_time < summed
+    assert ModelCosts.from_mapping(asdict(trainable)).preprocess_recompute is None
+
+
 def test_rebalanced_candidates_take_layers_off_rank_0() -> None:
     got = predict(COSTS, 2, 8, Candidate("baseline", "rebalanced", 1, 8))
     assert got.layers[0] < got.layers[1] and sum(got.layers) == 8
@@ -86,6 +98,7 @@ def test_rebalanced_candidates_take_layers_off_rank_0() -> None:
         ({"layers": 0}, "'layers' must be a finite number >= 1"),
         ({"hidden_bytes": "many"}, "'hidden_bytes' must be a number"),
         ({"preprocess": "maybe"}, "preprocess must be 'frozen', 'trainable' or 'none'"),
+        ({"preprocess_recompute": -0.5}, "'preprocess_recompute' must be a finite number >= 0"),
         ({"speed": 3}, r"unknown cost entries \['speed'\]"),
     ],
 )

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from graph_exec.cli import main
-from graph_exec.cli.tune_example import run_spec, verify_table
-from graph_exec.tune import Candidate, CostFileError, ModelCosts, predict
+from graph_exec.cli.tune_example import VERIFIED, run_spec, to_verify, verify_table
+from graph_exec.tune import Candidate, CostFileError, ModelCosts, predict, tune
 
 PLAIN = ModelCosts(
     layers=4,
@@ -70,6 +70,37 @@ def test_the_verify_table_names_the_fastest_and_judges_the_choice() -> None:
     assert lines[4] == "chosen #1 is 1.050x the fastest verified: NOT within 1.03x"
     assert verify_table(best, [1.0, 1.02]).strip().endswith("within 1.03x")
     assert "NOT" not in verify_table(best, [1.0, 1.02])
+
+
+def test_verify_adds_the_best_of_every_family_missing_from_the_top_three() -> None:
+    """Whether MPipe was the right schedule is measured only if a baseline runs beside it: the
+    top three, then the best fair and rebalanced baselines where they are not among them."""
+    frozen = replace(PLAIN, preprocess="frozen", preprocess_forward=6.0, layers=8)
+    results = tune(frozen, 2, 8)
+    checked = to_verify(results)
+    assert checked[:VERIFIED] == results[:VERIFIED]
+    families = [(p.candidate.schedule, p.candidate.split) for p in checked]
+    assert set(families) == {(p.candidate.schedule, p.candidate.split) for p in results}
+    for extra in checked[VERIFIED:]:
+        same = [p for p in results if (p.candidate.schedule, p.candidate.split) == (
+            extra.candidate.schedule, extra.candidate.split)]
+        assert extra is same[0]  # the family's fastest predicted
+
+
+def test_the_mpipe_verdict_compares_with_the_fastest_baseline() -> None:
+    frozen = replace(PLAIN, preprocess="frozen", preprocess_forward=6.0, layers=8)
+    mpipe = predict(frozen, 2, 8, Candidate("mpipe", "even", 1, 8))
+    even = predict(frozen, 2, 8, Candidate("baseline", "even", 1, 8))
+    rebalanced = predict(frozen, 2, 8, Candidate("baseline", "rebalanced", 1, 8))
+    out = verify_table([mpipe, even, rebalanced], [1.0, 1.2, 1.1]).strip().splitlines()
+    assert out[-1] == (
+        "MPipe faster than the best baseline (baseline split=rebalanced: 1000.00 against 1100.00 ms);"
+        " the search chose mpipe: agrees"
+    )
+    out = verify_table([mpipe, even, rebalanced], [1.0, 0.9, 1.1]).strip().splitlines()
+    assert out[-1].startswith("MPipe not faster than the best baseline (baseline split=even")
+    assert out[-1].endswith("the search chose mpipe: DISAGREES")
+    assert "MPipe" not in verify_table([even, rebalanced], [1.0, 1.1])
 
 
 def test_the_runs_verify_launches_carry_the_candidates_options() -> None:
@@ -145,3 +176,8 @@ def test_launch_costs_give_layers_extras_the_fixed_share_and_the_overhead() -> N
     assert got.fixed_share == pytest.approx(1 / 3)
     assert got.op_overhead == pytest.approx((3.0 / 10 + 0.8 / 40) / 2)
     assert got.layer_param_bytes == PLAIN.layer_param_bytes  # sizes stay as calibrated
+    assert got.preprocess_recompute is None  # a frozen preprocess is never recomputed
+    trainable = replace(costs, preprocess="trainable")
+    launches = [Launch(2, replace(op(1.0), preprocess_backward=7.0), 13.0, 10.0)]
+    got = from_launches(trainable, 8, 2, (1, 1, 1, 1), launches, recompute=9.5)
+    assert (got.preprocess_backward, got.preprocess_recompute) == (7.0, 9.5)
