@@ -82,8 +82,11 @@ def test_verify_adds_the_best_of_every_family_missing_from_the_top_three() -> No
     families = [(p.candidate.schedule, p.candidate.split) for p in checked]
     assert set(families) == {(p.candidate.schedule, p.candidate.split) for p in results}
     for extra in checked[VERIFIED:]:
-        same = [p for p in results if (p.candidate.schedule, p.candidate.split) == (
-            extra.candidate.schedule, extra.candidate.split)]
+        same = [
+            p
+            for p in results
+            if (p.candidate.schedule, p.candidate.split) == (extra.candidate.schedule, extra.candidate.split)
+        ]
         assert extra is same[0]  # the family's fastest predicted
 
 
