@@ -72,8 +72,14 @@ class ModelCosts:
     first_stage_param_bytes: int = 0
     last_stage_param_bytes: int = 0
     #: Share of every compute entry that does not grow with the rows (dispatch, kernel launch):
-    #: a micro-batch of ``k`` times the rows costs ``fixed_share + (1 - fixed_share) * k`` times.
+    #: a micro-batch of ``k`` times the rows costs ``fixed_share + (1 - fixed_share) * k`` times
+    #: (where ``scale_points`` do not say better).
     fixed_share: float = 0.0
+    #: Measured compute scales at other micro-batch sizes, ``((k, s), ...)``: a micro-batch of
+    #: ``k`` times the rows costs ``s`` times. Per-row cost is rarely a straight line (caches,
+    #: vector widths), so sizes between measured ones interpolate them; outside them
+    #: ``fixed_share`` extrapolates.
+    scale_points: tuple[tuple[float, float], ...] = ()
     #: The runtime's own time per compute step (the schedule's Python between kernels).
     op_overhead: float = 0.0
     #: Optimizer state per trained parameter byte (Adam: its two moments, 2.0).
@@ -89,6 +95,9 @@ class ModelCosts:
                     raise CostFileError(f"preprocess must be 'frozen', 'trainable' or 'none', got {value!r}")
                 continue
             if field.name == "preprocess_recompute" and value is None:
+                continue
+            if field.name == "scale_points":
+                object.__setattr__(self, field.name, _scale_points(value))
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
                 raise CostFileError(f"cost entry {field.name!r} must be a number, got {value!r}")
@@ -207,7 +216,7 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
     )
     plan = build_plan(config)
     again = 1.0 if candidate.recompute else 0.0  # recompute: the backward runs the forward first
-    work = costs.fixed_share + (1 - costs.fixed_share) * rows  # compute scale of a micro-batch
+    work = compute_scale(costs, rows)
     extra = costs.op_overhead
     forward = [n * costs.layer_forward * work + extra for n in layers]
     backward = [n * (costs.layer_backward + again * costs.layer_forward) * work + extra for n in layers]
@@ -328,6 +337,30 @@ def _layers(costs: ModelCosts, pp: int, candidate: Candidate, rows: float) -> tu
     layer = costs.layer_forward + costs.layer_backward
     tower = costs.preprocess_forward + (costs.preprocess_backward if costs.preprocess == "trainable" else 0)
     return rebalanced_layers(costs.layers, pp, candidate.vpp, layer * rows, [tower * rows])
+
+
+def compute_scale(costs: ModelCosts, k: float) -> float:
+    """What a micro-batch of ``k`` times the calibrated rows costs, in calibrated micro-batches:
+    the measured points (and ``(1, 1)``) interpolated where ``k`` lies among them, the fixed
+    share's line beyond them."""
+    points = sorted({(1.0, 1.0), *costs.scale_points})
+    if points[0][0] <= k <= points[-1][0]:
+        for (k0, s0), (k1, s1) in itertools.pairwise(points):
+            if k0 <= k <= k1:
+                return s0 if k1 == k0 else s0 + (s1 - s0) * (k - k0) / (k1 - k0)
+    return costs.fixed_share + (1 - costs.fixed_share) * k
+
+
+def _scale_points(value: Any) -> tuple[tuple[float, float], ...]:
+    """``scale_points`` as a tuple of ``(k, s)`` pairs of positive numbers (a cost file has lists)."""
+    try:
+        points = tuple((float(k), float(s)) for k, s in value)
+    except (TypeError, ValueError) as exc:
+        raise CostFileError(f"cost entry 'scale_points' must be pairs [k, s], got {value!r}") from exc
+    for k, s in points:
+        if not (0 < k < math.inf and 0 < s < math.inf):
+            raise CostFileError(f"cost entry 'scale_points' needs k > 0 and s > 0, got [{k!r}, {s!r}]")
+    return points
 
 
 def _preprocess_recompute(costs: ModelCosts) -> float:

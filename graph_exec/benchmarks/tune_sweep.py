@@ -8,8 +8,9 @@ shows as spread rather than as a bias of one case. Per case it prints the three 
 run and the spread (min / median / max) of the chosen plan's measured/predicted.
 
 Usage: ``python -m graph_exec.benchmarks.tune_sweep [--ranks 2] [--repeats 3]
-[--cases vl_tower,embed_lm,qwen2vl:0.5,qwen2vl:1,qwen2vl:2,qwen2vl:4]`` (run alone on the
-machine: it measures time).
+[--cases vl_tower,embed_lm,qwen2vl:0.5,qwen2vl:1,qwen2vl:2,qwen2vl:4] [--out-dir DIR]`` (run
+alone on the machine: it measures time). Each run's output, cost file and launch logs go to
+``DIR/CASE_runK``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from graph_exec.benchmarks.common import argument_parser
 
@@ -70,7 +72,7 @@ def parse(output: str) -> Verdict:
 def command(case: str, ranks: int) -> list[str]:
     example, _, ratio = case.partition(":")
     argv = [sys.executable, "-m", "graph_exec.cli", "tune", example, "--ranks", str(ranks), "--verify"]
-    argv += ["--steps", "6", "--warmup", "2"]
+    argv += ["--steps", "8", "--warmup", "2"]
     return argv + (["--tower-ratio", ratio] if ratio else [])
 
 
@@ -79,12 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cases", default=DEFAULT_CASES, help="EXAMPLE or qwen2vl:R, comma-separated")
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("tune-sweep"), help="each run's output and launch logs"
+    )
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     results: dict[str, list[Verdict]] = {case: [] for case in cases}
     for repeat in range(1, args.repeats + 1):
         for case in cases:
-            done = subprocess.run(command(case, args.ranks), capture_output=True, text=True, check=False)
+            where = args.out_dir / f"{case.replace(':', '_R')}_run{repeat}"
+            where.mkdir(parents=True, exist_ok=True)
+            argv = [*command(case, args.ranks), "--log-dir", str(where / "logs")]
+            argv += ["--save-costs", str(where / "costs.json")]
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            (where / "output.txt").write_text(done.stdout + done.stderr, encoding="utf-8")
             if done.returncode != 0:
                 print(f"{case} run {repeat}: tune failed (exit {done.returncode})\n{done.stderr[-3000:]}")
                 return 1

@@ -205,11 +205,11 @@ def _in_pipeline(
     args: argparse.Namespace, pp: int, batch: int, options: dict, timeout_s: float, costs: ModelCosts
 ) -> ModelCosts:
     """``costs`` with its times measured where they matter: in short launches of the fair
-    baseline (``V = 2``, so that stages 1..2P-2 are decoder layers only) at the largest and the
-    smallest micro-batch the search tries (``M = P`` and ``M = B``), each run's per-op costs as
-    the bench measures them (:func:`graph_exec.report.predict.measured_costs`) split into layers
-    and stage extras (:func:`graph_exec.report.tower_sweep.layer_costs`). The two sizes give the
-    share of compute that does not grow with the rows; what the measured step exceeds the
+    baseline (``V = 2``, so that stages 1..2P-2 are decoder layers only) at every micro-batch
+    count the search tries, each run's per-op costs as the bench measures them
+    (:func:`graph_exec.report.predict.measured_costs`) split into layers and stage extras
+    (:func:`graph_exec.report.tower_sweep.layer_costs`). The sizes give each micro-batch size's
+    compute scale and the share of compute that does not grow with the rows; what the measured step exceeds the
     simulation of its own measured costs by, per compute step of a rank, is the runtime's own
     time per step. Transfer latency and bandwidth come from the ``M = P`` launch. With a
     trainable preprocess that launch also runs MPipe, whose recompute-backward (forward and
@@ -223,9 +223,9 @@ def _in_pipeline(
     spec = RunSpec(name="calibration.graph", baseline=True, trainable=trainable)
     mpipe = RunSpec(name="calibration_mpipe.graph", baseline=False, trainable=True)
     measured, recompute = [], None
-    for micro in dict.fromkeys((pp, batch)):
+    for micro in searched_micros(pp, batch, args.micro):
         runs = (spec, mpipe) if trainable and not measured else (spec,)
-        job = _job(args, pp, vpp, micro, batch, runs, options, timeout_s, calibrate=True, steps=4, warmup=2)
+        job = _job(args, pp, vpp, micro, batch, runs, options, timeout_s, calibrate=True, steps=8, warmup=2)
         print(
             f"measuring in the pipeline: the fair baseline, V={vpp} M={micro}, {job.total_steps} steps",
             flush=True,
@@ -240,6 +240,12 @@ def _in_pipeline(
         if transposed:
             recompute = transposed[0].prediction.costs.recompute
     return from_launches(costs, batch, vpp, split, measured, recompute)
+
+
+def searched_micros(pp: int, batch: int, micros: Sequence[int] | None) -> list[int]:
+    """The micro-batch counts the search tries (as :func:`graph_exec.tune.candidates`), fewest
+    (the largest micro-batch) first."""
+    return sorted({m for m in (micros or range(pp, batch + 1)) if m >= 1 and batch % m == 0})
 
 
 @dataclass(frozen=True)
@@ -261,8 +267,8 @@ def from_launches(
     launches: Sequence[Launch],
     recompute: float | None = None,
 ) -> ModelCosts:
-    """``costs`` with the times of ``launches`` (the first at the largest micro-batch, a second,
-    if any, at a smaller one; see :func:`_in_pipeline`) and, for a trainable preprocess, the
+    """``costs`` with the times of ``launches`` (the first at the largest micro-batch, the others,
+    if any, at smaller ones, smallest last; see :func:`_in_pipeline`) and, for a trainable preprocess, the
     ``recompute`` measured in an MPipe run at the first launch's micro-batch (``None``: not
     measured, priced as its forward plus backward)."""
     from graph_exec.report.tower_sweep import layer_costs
@@ -283,10 +289,12 @@ def from_launches(
         steps = launch.micro * (2 * vpp + 1 + trained)  # rank 0: F and B of its chunks, the preprocess
         return max(launch.step - launch.simulated, 0.0) / steps
 
+    # each smaller micro-batch: its rows and its compute over the big one's
+    points = tuple((big.micro / launch.micro, compute(launch.costs) / compute(big.costs)) for launch in rest)
     fixed = 0.0
-    if rest:
-        k = big.micro / rest[0].micro  # rows of the small micro-batch over the big one's
-        fixed = min(max((compute(rest[0].costs) / compute(big.costs) - k) / (1 - k), 0.0), 1.0)
+    if points:
+        k, scale = points[-1]  # the smallest micro-batch: the fixed share's line through it
+        fixed = min(max((scale - k) / (1 - k), 0.0), 1.0)
     return replace(
         costs,
         micro_batch_size=batch // big.micro,
@@ -301,6 +309,7 @@ def from_launches(
         latency=big.costs.latency,
         bandwidth=big.costs.bandwidth,
         fixed_share=fixed,
+        scale_points=points,
         op_overhead=statistics.fmean(overhead(launch) for launch in launches),
     )
 

@@ -86,6 +86,22 @@ def test_a_measured_recompute_replaces_forward_plus_backward() -> None:
     assert ModelCosts.from_mapping(asdict(trainable)).preprocess_recompute is None
 
 
+def test_measured_scales_are_interpolated_and_the_fixed_share_extrapolates() -> None:
+    """Points at 1/4 and 1/2 of the calibrated rows (0.5 and 0.8 of its cost), with (1, 1)
+    implied: between them a straight line, beyond them the fixed share's line (0.2 + 0.8 k)."""
+    from graph_exec.tune import compute_scale
+
+    costs = replace(COSTS, fixed_share=0.2, scale_points=((0.5, 0.8), (0.25, 0.5)))
+    assert compute_scale(costs, 0.5) == pytest.approx(0.8)
+    assert compute_scale(costs, 0.375) == pytest.approx(0.65)
+    assert compute_scale(costs, 0.75) == pytest.approx(0.9)
+    assert compute_scale(costs, 2.0) == pytest.approx(1.8)
+    assert compute_scale(costs, 0.125) == pytest.approx(0.3)
+    assert compute_scale(replace(COSTS, fixed_share=0.2), 0.5) == pytest.approx(0.6)  # no points
+    entries = json.loads(json.dumps(asdict(costs)))  # a cost file holds lists
+    assert ModelCosts.from_mapping(entries).scale_points == ((0.5, 0.8), (0.25, 0.5))
+
+
 def test_rebalanced_candidates_take_layers_off_rank_0() -> None:
     got = predict(COSTS, 2, 8, Candidate("baseline", "rebalanced", 1, 8))
     assert got.layers[0] < got.layers[1] and sum(got.layers) == 8
@@ -99,6 +115,8 @@ def test_rebalanced_candidates_take_layers_off_rank_0() -> None:
         ({"hidden_bytes": "many"}, "'hidden_bytes' must be a number"),
         ({"preprocess": "maybe"}, "preprocess must be 'frozen', 'trainable' or 'none'"),
         ({"preprocess_recompute": -0.5}, "'preprocess_recompute' must be a finite number >= 0"),
+        ({"scale_points": [[0.5, 0]]}, r"'scale_points' needs k > 0 and s > 0, got \[0.5, 0.0\]"),
+        ({"scale_points": "fast"}, "'scale_points' must be pairs"),
         ({"speed": 3}, r"unknown cost entries \['speed'\]"),
     ],
 )

@@ -177,6 +177,7 @@ def test_launch_costs_give_layers_extras_the_fixed_share_and_the_overhead() -> N
     assert (got.first_stage_forward, got.first_stage_backward, got.last_stage_forward) == (1.0, 1.0, 3.0)
     assert (got.preprocess_forward, got.latency, got.bandwidth) == (6.0, 0.01, 1e9)
     assert got.fixed_share == pytest.approx(1 / 3)
+    assert got.scale_points == ((0.25, pytest.approx(0.5)),)  # 1/4 of the rows, half the compute
     assert got.op_overhead == pytest.approx((3.0 / 10 + 0.8 / 40) / 2)
     assert got.layer_param_bytes == PLAIN.layer_param_bytes  # sizes stay as calibrated
     assert got.preprocess_recompute is None  # a frozen preprocess is never recomputed
