@@ -10,7 +10,7 @@ run and the spread (min / median / max) of the chosen plan's measured/predicted.
 Usage: ``python -m graph_exec.benchmarks.tune_sweep [--ranks 2] [--repeats 3]
 [--cases vl_tower,embed_lm,qwen2vl:0.5,qwen2vl:1,qwen2vl:2,qwen2vl:4] [--out-dir DIR]`` (run
 alone on the machine: it measures time). Each run's output, cost file and launch logs go to
-``DIR/CASE_runK``.
+``DIR/CASE_runK``; ``--summarize`` reads them again without running.
 """
 
 from __future__ import annotations
@@ -84,21 +84,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out-dir", type=Path, default=Path("tune-sweep"), help="each run's output and launch logs"
     )
+    parser.add_argument(
+        "--summarize", action="store_true", help="run nothing: summarize the runs already in --out-dir"
+    )
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     results: dict[str, list[Verdict]] = {case: [] for case in cases}
     for repeat in range(1, args.repeats + 1):
         for case in cases:
             where = args.out_dir / f"{case.replace(':', '_R')}_run{repeat}"
-            where.mkdir(parents=True, exist_ok=True)
-            argv = [*command(case, args.ranks), "--log-dir", str(where / "logs")]
-            argv += ["--save-costs", str(where / "costs.json")]
-            done = subprocess.run(argv, capture_output=True, text=True, check=False)
-            (where / "output.txt").write_text(done.stdout + done.stderr, encoding="utf-8")
-            if done.returncode != 0:
-                print(f"{case} run {repeat}: tune failed (exit {done.returncode})\n{done.stderr[-3000:]}")
-                return 1
-            verdict = parse(done.stdout)
+            if not args.summarize:
+                where.mkdir(parents=True, exist_ok=True)
+                argv = [*command(case, args.ranks), "--log-dir", str(where / "logs")]
+                argv += ["--save-costs", str(where / "costs.json")]
+                done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                (where / "output.txt").write_text(done.stdout + done.stderr, encoding="utf-8")
+                if done.returncode != 0:
+                    print(f"{case} run {repeat}: tune failed (exit {done.returncode})\n{done.stderr[-3000:]}")
+                    return 1
+            verdict = parse((where / "output.txt").read_text(encoding="utf-8"))
             results[case].append(verdict)
             print(
                 f"{case} run {repeat}: chose {verdict.plan}; predicted {verdict.predicted_ms:.2f} ms, "
