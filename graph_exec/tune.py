@@ -167,6 +167,19 @@ class Predicted:
     step_time: float
     peak_bytes: tuple[int, ...]  #: per pipeline rank: parameters, gradients, optimizer, held items
     layers: tuple[int, ...]  #: decoder layers per stage
+    #: The per-step costs simulated (each compute step with the runtime's ``op_overhead``).
+    op_costs: OpCosts | None = None
+    op_overhead: float = 0.0
+
+    def compute_time(self, costs: OpCosts | None = None, overhead: float | None = None) -> float:
+        """One micro-batch's compute of the stages before the last, and the preprocess forward,
+        without the per-step overhead: of this prediction, or of ``costs`` measured for the same
+        plan (the last stage is left out: its fused step is counted differently in the two)."""
+        costs = costs or self.op_costs
+        overhead = self.op_overhead if overhead is None else overhead
+        stages = range(len(self.layers) - 1)
+        body = sum(costs.forward_at(s) + costs.backward_at(s) - 2 * overhead for s in stages)
+        return body + costs.preprocess_forward - (overhead if costs.preprocess_forward else 0.0)
 
     @property
     def max_peak(self) -> int:
@@ -252,7 +265,7 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
     peaks = tuple(
         _state_bytes(costs, pp, candidate, layers, r) + peak_bytes(plan, r, sizes) for r in range(pp)
     )
-    return Predicted(candidate, step_time, peaks, layers)
+    return Predicted(candidate, step_time, peaks, layers, op_costs, extra)
 
 
 def tune(

@@ -5,7 +5,9 @@ verified candidate, and is MPipe chosen exactly where it measured faster than ev
 Each case is one ``graph-exec tune EXAMPLE --ranks P --verify`` (its own calibration, search and
 verify launches; ranks pinned), run ``--repeats`` times in turn so that a drift of the machine
 shows as spread rather than as a bias of one case. Per case it prints the three verdicts of each
-run and the spread (min / median / max) of the chosen plan's measured/predicted.
+run and the spread (min / median / max) of the chosen plan's measured/predicted, and of its
+compute measured over calibrated (the verify table's ``compute``: where the two agree, the
+error is in the per-step costs, e.g. a machine whose speed changed since the calibration).
 
 Usage: ``python -m graph_exec.benchmarks.tune_sweep [--ranks 2] [--repeats 3]
 [--cases vl_tower,embed_lm,qwen2vl:0.5,qwen2vl:1,qwen2vl:2,qwen2vl:4] [--out-dir DIR]`` (run
@@ -30,7 +32,7 @@ PREDICTION_WITHIN = 0.10
 
 _CHOSEN = re.compile(
     r"^ 1\. (?P<plan>.+?) +predicted +(?P<predicted>[0-9.]+)  measured +(?P<measured>[0-9.]+)  "
-    r"measured/predicted (?P<ratio>[0-9.]+)$"
+    r"measured/predicted (?P<ratio>[0-9.]+)(  compute (?P<compute>[0-9.]+))?$"
 )
 _WITHIN = re.compile(r"^chosen #1 is (?P<ratio>[0-9.]+)x the fastest verified: (?P<verdict>(NOT )?within)")
 _MPIPE = re.compile(r"^MPipe .*; the search chose (?P<chose>\w+): (?P<verdict>agrees|DISAGREES)$")
@@ -45,6 +47,7 @@ class Verdict:
     measured_ms: float
     to_fastest: float  #: the chosen plan's measured step over the fastest verified
     mpipe_verdict: str  #: ``"agrees"``, ``"DISAGREES"`` or ``"-"`` (no baseline verified)
+    compute: float | None = None  #: the chosen plan's measured compute over its calibrated compute
 
     @property
     def measured_over_predicted(self) -> float:
@@ -66,6 +69,7 @@ def parse(output: str) -> Verdict:
         measured_ms=float(chosen["measured"]),
         to_fastest=float(within["ratio"]),
         mpipe_verdict=mpipe["verdict"] if mpipe else "-",
+        compute=float(chosen["compute"]) if chosen["compute"] else None,
     )
 
 
@@ -107,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{case} run {repeat}: chose {verdict.plan}; predicted {verdict.predicted_ms:.2f} ms, "
                 f"measured {verdict.measured_ms:.2f} ms ({verdict.measured_over_predicted:.3f}); "
-                f"{verdict.to_fastest:.3f}x the fastest verified; MPipe choice {verdict.mpipe_verdict}",
+                f"{verdict.to_fastest:.3f}x the fastest verified; MPipe choice {verdict.mpipe_verdict}; "
+                f"compute measured/calibrated {verdict.compute}",
                 flush=True,
             )
     print(f"\nsummary, P={args.ranks}, {args.repeats} runs per case (measured/predicted min / median / max)")
@@ -121,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             f"within 10%: {close}/{len(verdicts)}; within 1.03x of the fastest: {fastest}/{len(verdicts)}; "
             f"MPipe choice agrees: {agrees}/{len(verdicts)}; plans: {sorted({v.plan for v in verdicts})}"
         )
+        computes = [v.compute for v in verdicts if v.compute is not None]
+        if computes:
+            print(
+                f"{'':<12} its compute measured/calibrated: {min(computes):.3f} / "
+                f"{statistics.median(computes):.3f} / {max(computes):.3f}"
+            )
     return 0
 
 

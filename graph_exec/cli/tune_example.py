@@ -135,7 +135,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         measured = verify(args, checked, pp, batch, costs, options, timeout_s)
     except JobFailed as failed:
         return failed.code
-    sys.stdout.write(verify_table(checked, measured))
+    sys.stdout.write(verify_table(checked, *measured))
     return 0
 
 
@@ -336,8 +336,9 @@ def verify(
     costs: ModelCosts,
     options: dict,
     timeout_s: float,
-) -> list[float]:
-    """The measured median step of each of ``best`` (seconds), one launch per ``(V, M)``."""
+) -> tuple[list[float], list[OpCosts]]:
+    """The measured median step of each of ``best`` (seconds), one launch per ``(V, M)``, and
+    its per-step costs as measured (:func:`graph_exec.report.predict.measured_costs`)."""
     from graph_exec.report.bench_report import evaluate
 
     trainable = costs.preprocess == "trainable"
@@ -345,6 +346,7 @@ def verify(
     for k, p in enumerate(best):
         groups.setdefault((p.candidate.vpp, p.candidate.micro), []).append(k)
     measured = [math.nan] * len(best)
+    measured_ops: list[OpCosts] = [OpCosts()] * len(best)
     for (vpp, micro), members in groups.items():
         runs = tuple(run_spec(k + 1, best[k], trainable) for k in members)
         job = _job(args, pp, vpp, micro, batch, runs, options, timeout_s)
@@ -358,7 +360,8 @@ def verify(
             execute(job, run_dir, args.timeout, lambda line: None, "graph-exec tune")
             for k, result in zip(members, evaluate(job, run_dir), strict=True):
                 measured[k] = result.summary.step_time
-    return measured
+                measured_ops[k] = result.prediction.costs
+    return measured, measured_ops
 
 
 def _family(p: Predicted) -> str:
@@ -378,15 +381,23 @@ def to_verify(results: Sequence[Predicted]) -> list[Predicted]:
     return chosen
 
 
-def verify_table(best: list[Predicted], measured: list[float]) -> str:
+def verify_table(
+    best: list[Predicted], measured: list[float], measured_ops: list[OpCosts] | None = None
+) -> str:
     """Predicted against measured for each verified candidate, and the verdicts: is the choice
     within :data:`WITHIN` of the fastest, and did the search pick MPipe exactly where MPipe's
-    best measured faster than every baseline's best."""
+    best measured faster than every baseline's best. With ``measured_ops``, each line also
+    says how the compute of its steps measured against the calibrated costs (``compute``): a
+    step off by as much as its compute was mispriced per step (or ran on a machine whose speed
+    changed since the calibration), not mis-scheduled."""
     lines = ["", "verified (ms):"]
     for k, (p, m) in enumerate(zip(best, measured, strict=True), 1):
+        compute = ""
+        if measured_ops is not None and p.op_costs is not None and p.compute_time() > 0:
+            compute = f"  compute {p.compute_time(measured_ops[k - 1], 0.0) / p.compute_time():.3f}"
         lines.append(
             f"{k:2d}. {p.candidate.describe():<62} predicted {p.step_time * 1e3:8.2f}  measured "
-            f"{m * 1e3:8.2f}  measured/predicted {m / p.step_time:.3f}"
+            f"{m * 1e3:8.2f}  measured/predicted {m / p.step_time:.3f}{compute}"
         )
     fastest = min(range(len(best)), key=lambda k: measured[k])
     ratio = measured[0] / measured[fastest]

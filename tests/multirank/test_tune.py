@@ -21,7 +21,8 @@ ROW = re.compile(
     r"^ ?\d+\. (baseline|mpipe) split=even V=1 M=2 .*recompute=(on|off) +step [0-9.e-]+  peak MiB/rank \S+ \S+$"
 )
 VERIFIED = re.compile(
-    r"^ \d\. (baseline|mpipe) .+ predicted +[0-9.]+  measured +[0-9.]+  measured/predicted [0-9.]+$"
+    r"^ \d\. (baseline|mpipe) .+ predicted +[0-9.]+  measured +[0-9.]+  measured/predicted [0-9.]+"
+    r"  compute [0-9.]+$"
 )
 VERDICT = re.compile(
     r"^MPipe (not )?faster than the best baseline \(baseline split=even: [0-9.]+ against [0-9.]+ ms\); "

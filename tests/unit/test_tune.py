@@ -102,6 +102,18 @@ def test_measured_scales_are_interpolated_and_the_fixed_share_extrapolates() -> 
     assert ModelCosts.from_mapping(entries).scale_points == ((0.5, 0.8), (0.25, 0.5))
 
 
+def test_the_compute_of_a_prediction_leaves_out_the_overhead_and_the_last_stage() -> None:
+    """P = 2, V = 1, 4 layers a stage, one row as calibrated: stage 0's F + B is 4 × 3, the
+    tower's forward 4; the per-step overhead (0.5) is the runtime's, not compute. Measured
+    costs twice as slow on stage 0 give twice its compute."""
+    got = predict(replace(COSTS, op_overhead=0.5), 2, 1, Candidate("mpipe", "even", 1, 1))
+    assert got.compute_time() == pytest.approx(4 * 3 + 4)
+    slow = replace(
+        got.op_costs, stage_forward=(8.0, 99.0), stage_backward=(16.0, 99.0), preprocess_forward=4.0
+    )
+    assert got.compute_time(slow, 0.0) == pytest.approx(8 + 16 + 4)
+
+
 def test_rebalanced_candidates_take_layers_off_rank_0() -> None:
     got = predict(COSTS, 2, 8, Candidate("baseline", "rebalanced", 1, 8))
     assert got.layers[0] < got.layers[1] and sum(got.layers) == 8

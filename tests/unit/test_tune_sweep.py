@@ -28,13 +28,16 @@ def test_the_sweep_reads_what_verify_prints() -> None:
     mpipe = predict(FROZEN, 2, 8, Candidate("mpipe", "even", 1, 8))
     even = predict(FROZEN, 2, 8, Candidate("baseline", "even", 1, 8))
     measured = [mpipe.step_time * 1.07, mpipe.step_time * 1.05]
-    got = parse("calibrating\n" + verify_table([mpipe, even], measured))
+    ops = [replace(even.op_costs, stage_forward=tuple(2 * f for f in even.op_costs.stage_forward))] * 2
+    got = parse("calibrating\n" + verify_table([mpipe, even], measured, ops))
+    assert got.compute is not None and got.compute > 1
     assert got.plan == mpipe.candidate.describe()
     assert got.predicted_ms == pytest.approx(mpipe.step_time * 1e3, abs=0.005)
     assert got.measured_over_predicted == pytest.approx(1.07, abs=1e-3)
     assert got.to_fastest == pytest.approx(1.07 / 1.05, abs=1e-3)
     assert got.mpipe_verdict == "DISAGREES"  # MPipe chosen, the baseline measured faster
     assert parse(verify_table([even, replace(even)], [1.0, 1.0])).mpipe_verdict == "-"
+    assert parse(verify_table([even, replace(even)], [1.0, 1.0])).compute is None
     with pytest.raises(ValueError, match="no verify table"):
         parse("tune failed")
 
