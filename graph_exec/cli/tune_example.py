@@ -5,9 +5,11 @@
    ``--tower-ratio R`` (qwen2vl) the sweep's own calibration
    (:func:`graph_exec.cli.tower_sweep.calibrate`) first picks the vision depth whose tower is R
    chunk forwards.
-2. Transfers: a short launch of the fair baseline through the bench harness (``calibrate``
-   job), its latency and bandwidth fitted by :func:`graph_exec.report.predict.measured_costs`;
-   ``--latency``/``--bandwidth`` skip it.
+2. In the pipeline: a short launch of the fair baseline through the bench harness
+   (``calibrate`` job) per micro-batch count searched (with a trainable preprocess the first
+   also runs MPipe): the compute per layer, per stage extra and per micro-batch size, the
+   per-step overhead and the transfers' latency and bandwidth
+   (:func:`graph_exec.report.predict.measured_costs`); ``--latency``/``--bandwidth`` skip them.
 3. The cost file is written (``--save-costs``; edit it and rerun with ``--costs``), every
    candidate is simulated, and the best that fit are printed.
 4. ``--verify``: the best three, and the best of each other family (MPipe, the fair and the
