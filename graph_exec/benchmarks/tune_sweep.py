@@ -76,7 +76,7 @@ def parse(output: str) -> Verdict:
 def command(case: str, ranks: int) -> list[str]:
     example, _, ratio = case.partition(":")
     argv = [sys.executable, "-m", "graph_exec.cli", "tune", example, "--ranks", str(ranks), "--verify"]
-    argv += ["--steps", "8", "--warmup", "2"]
+    argv += ["--steps", "20", "--warmup", "2"]
     return argv + (["--tower-ratio", ratio] if ratio else [])
 
 

@@ -227,7 +227,7 @@ def _in_pipeline(
     measured, recompute = [], None
     for micro in searched_micros(pp, batch, args.micro):
         runs = (spec, mpipe) if trainable and not measured else (spec,)
-        job = _job(args, pp, vpp, micro, batch, runs, options, timeout_s, calibrate=True, steps=8, warmup=2)
+        job = _job(args, pp, vpp, micro, batch, runs, options, timeout_s, calibrate=True, steps=12, warmup=2)
         print(
             f"measuring in the pipeline: the fair baseline, V={vpp} M={micro}, {job.total_steps} steps",
             flush=True,
