@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"run the best {VERIFIED} and the best of each other family (schedule, split) and measure them",
     )
-    group.add_argument("--steps", metavar="K", type=positive_int, default=5, help="measured steps per run")
+    group.add_argument("--steps", metavar="K", type=positive_int, default=12, help="measured steps per run")
     group.add_argument("--warmup", metavar="W", type=positive_int, default=2, help="steps before measuring")
     add_launch_arguments(parser, timeout_s=900)
 
