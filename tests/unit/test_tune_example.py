@@ -1,6 +1,7 @@
 """``graph-exec tune EXAMPLE``'s pieces without a launch: its bad input, the cost model's fixed
-share and per-step overhead checked by hand, the verify table, the runs it launches, and
-``calibrate`` on a user's own three-stage model (one process, MindSpore)."""
+share and per-step overhead checked by hand, the verify table (and ``tune_sweep`` reading it),
+the runs it launches, and ``calibrate`` on a user's own three-stage model (one process,
+MindSpore)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from graph_exec.benchmarks.tune_sweep import command, parse
 from graph_exec.cli import main
 from graph_exec.cli.tune_example import VERIFIED, run_spec, to_verify, verify_table
 from graph_exec.tune import Candidate, CostFileError, ModelCosts, predict, tune
@@ -22,6 +24,8 @@ PLAIN = ModelCosts(
     layer_param_bytes=10,
     hidden_bytes=8,
 )
+#: A heavy frozen tower over 8 layers: MPipe, the fair and the rebalanced baseline all apply.
+FROZEN = replace(PLAIN, preprocess="frozen", preprocess_forward=6.0, layers=8)
 
 
 @pytest.mark.parametrize(
@@ -75,8 +79,7 @@ def test_the_verify_table_names_the_fastest_and_judges_the_choice() -> None:
 def test_verify_adds_the_best_of_every_family_missing_from_the_top_three() -> None:
     """Whether MPipe was the right schedule is measured only if a baseline runs beside it: the
     top three, then the best fair and rebalanced baselines where they are not among them."""
-    frozen = replace(PLAIN, preprocess="frozen", preprocess_forward=6.0, layers=8)
-    results = tune(frozen, 2, 8)
+    results = tune(FROZEN, 2, 8)
     checked = to_verify(results)
     assert checked[:VERIFIED] == results[:VERIFIED]
     families = [(p.candidate.schedule, p.candidate.split) for p in checked]
@@ -91,10 +94,9 @@ def test_verify_adds_the_best_of_every_family_missing_from_the_top_three() -> No
 
 
 def test_the_mpipe_verdict_compares_with_the_fastest_baseline() -> None:
-    frozen = replace(PLAIN, preprocess="frozen", preprocess_forward=6.0, layers=8)
-    mpipe = predict(frozen, 2, 8, Candidate("mpipe", "even", 1, 8))
-    even = predict(frozen, 2, 8, Candidate("baseline", "even", 1, 8))
-    rebalanced = predict(frozen, 2, 8, Candidate("baseline", "rebalanced", 1, 8))
+    mpipe = predict(FROZEN, 2, 8, Candidate("mpipe", "even", 1, 8))
+    even = predict(FROZEN, 2, 8, Candidate("baseline", "even", 1, 8))
+    rebalanced = predict(FROZEN, 2, 8, Candidate("baseline", "rebalanced", 1, 8))
     out = verify_table([mpipe, even, rebalanced], [1.0, 1.2, 1.1]).strip().splitlines()
     assert out[-1] == (
         "MPipe faster than the best baseline (baseline split=rebalanced: 1000.00 against 1100.00 ms);"
@@ -185,3 +187,26 @@ def test_launch_costs_give_layers_extras_the_fixed_share_and_the_overhead() -> N
     launches = [Launch(2, replace(op(1.0), preprocess_backward=7.0), 13.0, 10.0)]
     got = from_launches(trainable, 8, 2, (1, 1, 1, 1), launches, recompute=9.5)
     assert (got.preprocess_backward, got.preprocess_recompute) == (7.0, 9.5)
+
+
+def test_the_sweep_reads_what_verify_prints() -> None:
+    mpipe = predict(FROZEN, 2, 8, Candidate("mpipe", "even", 1, 8))
+    even = predict(FROZEN, 2, 8, Candidate("baseline", "even", 1, 8))
+    measured = [mpipe.step_time * 1.07, mpipe.step_time * 1.05]
+    ops = [replace(even.op_costs, stage_forward=tuple(2 * f for f in even.op_costs.stage_forward))] * 2
+    got = parse("calibrating\n" + verify_table([mpipe, even], measured, ops))
+    assert got.compute is not None and got.compute > 1
+    assert got.plan == mpipe.candidate.describe()
+    assert got.predicted_ms == pytest.approx(mpipe.step_time * 1e3, abs=0.005)
+    assert got.measured_over_predicted == pytest.approx(1.07, abs=1e-3)
+    assert got.to_fastest == pytest.approx(1.07 / 1.05, abs=1e-3)
+    assert got.mpipe_verdict == "DISAGREES"  # MPipe chosen, the baseline measured faster
+    assert parse(verify_table([even, replace(even)], [1.0, 1.0])).mpipe_verdict == "-"
+    assert parse(verify_table([even, replace(even)], [1.0, 1.0])).compute is None
+    with pytest.raises(ValueError, match="no verify table"):
+        parse("tune failed")
+
+
+def test_a_tower_ratio_case_passes_its_ratio() -> None:
+    assert command("qwen2vl:0.5", 2)[-2:] == ["--tower-ratio", "0.5"]
+    assert "--tower-ratio" not in command("embed_lm", 2)
