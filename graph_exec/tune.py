@@ -69,6 +69,12 @@ class ModelCosts:
     first_stage_forward: float = 0.0
     first_stage_backward: float = 0.0
     last_stage_forward: float = 0.0
+    #: What any other stage's forward / backward call costs besides its layers (its dispatch,
+    #: the send that follows): a stage of ``n`` layers costs ``chunk + n * layer``, so that a
+    #: split into fewer, longer stages (a smaller ``V``) is priced by its calls, not only its
+    #: layers. 0: the per-layer figures include it (one split cannot tell the two apart).
+    chunk_forward: float = 0.0
+    chunk_backward: float = 0.0
     first_stage_param_bytes: int = 0
     last_stage_param_bytes: int = 0
     #: Share of every compute entry that does not grow with the rows (dispatch, kernel launch):
@@ -231,8 +237,17 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
     again = 1.0 if candidate.recompute else 0.0  # recompute: the backward runs the forward first
     work = compute_scale(costs, rows)
     extra = costs.op_overhead
-    forward = [n * costs.layer_forward * work + extra for n in layers]
-    backward = [n * (costs.layer_backward + again * costs.layer_forward) * work + extra for n in layers]
+    # a stage between the first and the last pays its call's fixed part; a recompute reruns
+    # the layers' forward inside the backward's call, not a call of its own
+    chunk = [0.0 if s in (0, len(layers) - 1) else 1.0 for s in range(len(layers))]
+    forward = [
+        (n * costs.layer_forward + c * costs.chunk_forward) * work + extra
+        for n, c in zip(layers, chunk, strict=True)
+    ]
+    backward = [
+        (n * (costs.layer_backward + again * costs.layer_forward) + c * costs.chunk_backward) * work + extra
+        for n, c in zip(layers, chunk, strict=True)
+    ]
     forward[0] += costs.first_stage_forward * work
     backward[0] += (costs.first_stage_backward + again * costs.first_stage_forward) * work
     forward[-1] += costs.last_stage_forward * work  # fused: the last F is forward+loss+backward,

@@ -208,40 +208,50 @@ def _in_pipeline(
 ) -> ModelCosts:
     """``costs`` with its times measured where they matter: in short launches of the fair
     baseline (``V = 2``, so that stages 1..2P-2 are decoder layers only) at every micro-batch
-    count the search tries, each run's per-op costs as the bench measures them
-    (:func:`graph_exec.report.predict.measured_costs`) split into layers and stage extras
-    (:func:`graph_exec.report.tower_sweep.layer_costs`). The sizes give each micro-batch size's
-    compute scale and the share of compute that does not grow with the rows; what the measured step exceeds the
-    simulation of its own measured costs by, per compute step of a rank, is the runtime's own
-    time per step. Transfer latency and bandwidth come from the ``M = P`` launch. With a
-    trainable preprocess that launch also runs MPipe, whose recompute-backward (forward and
-    backward in one call) costs less than the baseline's two apart."""
+    count the search tries, and one at ``V = 1`` beside the first (stages of more layers each:
+    what tells a layer's cost from a stage call's fixed part,
+    :func:`graph_exec.report.stage_fit.fit_stages`). Each run's per-op costs are as the bench
+    measures them (:func:`graph_exec.report.predict.measured_costs`). The sizes give each
+    micro-batch size's compute scale and the share of compute that does not grow with the
+    rows; what the measured step exceeds the simulation of its own measured costs by, per
+    compute step of a rank, is the runtime's own time per step. Transfer latency and bandwidth
+    come from the first launch. With a trainable preprocess that launch also runs MPipe, whose
+    recompute-backward (forward and backward in one call) costs less than the baseline's two
+    apart."""
     from graph_exec.balance import even_layers
     from graph_exec.report.bench_report import evaluate
 
-    vpp = 2
-    split = even_layers(max(costs.layers, pp * vpp), pp * vpp)
     trainable = costs.preprocess == "trainable"
     spec = RunSpec(name="calibration.graph", baseline=True, trainable=trainable)
     mpipe = RunSpec(name="calibration_mpipe.graph", baseline=False, trainable=True)
+    micros = searched_micros(pp, batch, args.micro)
+    plan = [(2, micro) for micro in micros] + [(1, micros[0])]
     measured, recompute = [], None
-    for micro in searched_micros(pp, batch, args.micro):
+    for vpp, micro in plan:
         runs = (spec, mpipe) if trainable and not measured else (spec,)
         job = _job(args, pp, vpp, micro, batch, runs, options, timeout_s, calibrate=True, steps=12, warmup=2)
         print(
             f"measuring in the pipeline: the fair baseline, V={vpp} M={micro}, {job.total_steps} steps",
             flush=True,
         )
-        where = None if args.log_dir is None else args.log_dir / f"calibration_M{micro}"
+        where = None if args.log_dir is None else args.log_dir / f"calibration_V{vpp}_M{micro}"
         with run_directory(where) as run_dir:
             execute(job, run_dir, args.timeout, lambda line: None, "graph-exec tune")
             result, *transposed = evaluate(job, run_dir)
+        split = even_layers(max(costs.layers, pp * vpp), pp * vpp)
         measured.append(
-            Launch(micro, result.prediction.costs, result.summary.step_time, result.prediction.step_time)
+            Launch(
+                micro,
+                result.prediction.costs,
+                result.summary.step_time,
+                result.prediction.step_time,
+                vpp,
+                split,
+            )
         )
         if transposed:
             recompute = transposed[0].prediction.costs.recompute
-    return from_launches(costs, batch, vpp, split, measured, recompute)
+    return from_launches(costs, batch, measured, recompute)
 
 
 def searched_micros(pp: int, batch: int, micros: Sequence[int] | None) -> list[int]:
@@ -253,34 +263,35 @@ def searched_micros(pp: int, batch: int, micros: Sequence[int] | None) -> list[i
 @dataclass(frozen=True)
 class Launch:
     """One calibration launch of the fair baseline: its ``M``, its per-op costs as measured, its
-    measured median step and the simulation of its own measured costs."""
+    measured median step, the simulation of its own measured costs, its ``V`` and its split."""
 
     micro: int
     costs: OpCosts
     step: float
     simulated: float
+    vpp: int
+    layers: tuple[int, ...]
 
 
 def from_launches(
     costs: ModelCosts,
     batch: int,
-    vpp: int,
-    split: Sequence[int],
     launches: Sequence[Launch],
     recompute: float | None = None,
 ) -> ModelCosts:
-    """``costs`` with the times of ``launches`` (the first at the largest micro-batch, the others,
-    if any, at smaller ones, smallest last; see :func:`_in_pipeline`) and, for a trainable preprocess, the
-    ``recompute`` measured in an MPipe run at the first launch's micro-batch (``None``: not
-    measured, priced as its forward plus backward)."""
-    from graph_exec.report.tower_sweep import layer_costs
+    """``costs`` with the times of ``launches`` (see :func:`_in_pipeline`): the first at the
+    largest micro-batch; those of its ``V`` at smaller micro-batches give the compute scale;
+    those at its micro-batch, of any ``V``, give the per-layer and per-call costs. For a
+    trainable preprocess, ``recompute`` is the one measured in an MPipe run at the first
+    launch's micro-batch (``None``: not measured, priced as its forward plus backward)."""
+    from graph_exec.report.stage_fit import MeasuredSplit, fit_stages
 
-    big, *rest = launches
-    layer = layer_costs(big.costs, split)
+    big = launches[0]
+    fit = fit_stages([MeasuredSplit(x.costs, x.layers) for x in launches if x.micro == big.micro])
     trained = costs.preprocess == "trainable"
 
     def compute(c: OpCosts) -> float:  # one micro-batch's compute on every stage and the preprocess
-        stages = range(len(split))
+        stages = range(len(big.layers))
         return (
             sum(c.forward_at(s) + c.backward_at(s) for s in stages)
             + c.preprocess_forward
@@ -288,23 +299,26 @@ def from_launches(
         )
 
     def overhead(launch: Launch) -> float:
-        steps = launch.micro * (2 * vpp + 1 + trained)  # rank 0: F and B of its chunks, the preprocess
+        steps = launch.micro * (2 * launch.vpp + 1 + trained)  # rank 0: F and B of its chunks, the preprocess
         return max(launch.step - launch.simulated, 0.0) / steps
 
-    # each smaller micro-batch: its rows and its compute over the big one's
-    points = tuple((big.micro / launch.micro, compute(launch.costs) / compute(big.costs)) for launch in rest)
+    # each smaller micro-batch of the first launch's split: its rows and its compute over the first's
+    rest = [x for x in launches[1:] if x.layers == big.layers]
+    points = tuple((big.micro / x.micro, compute(x.costs) / compute(big.costs)) for x in rest)
     fixed = 0.0
     if points:
-        k, scale = points[-1]  # the smallest micro-batch: the fixed share's line through it
+        k, scale = min(points)  # the smallest micro-batch: the fixed share's line through it
         fixed = min(max((scale - k) / (1 - k), 0.0), 1.0)
     return replace(
         costs,
         micro_batch_size=batch // big.micro,
-        layer_forward=layer.forward,
-        layer_backward=layer.backward,
-        first_stage_forward=layer.first_forward,
-        first_stage_backward=layer.first_backward,
-        last_stage_forward=layer.last_extra,
+        layer_forward=fit.layer_forward,
+        layer_backward=fit.layer_backward,
+        chunk_forward=fit.chunk_forward,
+        chunk_backward=fit.chunk_backward,
+        first_stage_forward=fit.first_forward,
+        first_stage_backward=fit.first_backward,
+        last_stage_forward=fit.last_extra,
         preprocess_forward=big.costs.preprocess_forward,
         preprocess_backward=big.costs.preprocess_backward if trained else 0.0,
         preprocess_recompute=recompute if trained else None,

@@ -48,6 +48,24 @@ def test_recompute_holds_inputs_and_costs_a_forward() -> None:
     assert again.step_time > taped.step_time
 
 
+def test_a_stage_calls_fixed_part_prices_fewer_longer_stages_cheaper() -> None:
+    """8 layers, P = 2: the middle stages pay their call (0.5 forward, 0.75 backward) beside
+    their layers, stage 0 and the fused last stage their own fixed parts; a recompute reruns
+    the layers' forward inside the backward's call, not the call. With the call as dear as a
+    layer, V = 1 (2 stages of 4) costs less than V = 2 (4 stages of 2)."""
+    costs = replace(COSTS, chunk_forward=0.5, chunk_backward=0.75, first_stage_forward=0.25)
+    got = predict(costs, 2, 2, Candidate("baseline", "even", 2, 2))
+    assert got.op_costs.stage_forward == pytest.approx((2.25, 2.5, 2.5, 2.0))
+    assert got.op_costs.stage_backward == pytest.approx((4.0, 4.75, 4.75, 4.0))
+    again = predict(costs, 2, 2, Candidate("baseline", "even", 2, 2, recompute=True))
+    assert again.op_costs.stage_backward == pytest.approx((6.25, 6.75, 6.75, 6.0))  # + stage 0 extra
+    free = replace(COSTS, preprocess="none", preprocess_forward=0.0)
+    dear = replace(free, chunk_forward=1.0, chunk_backward=2.0)
+    one, two = (predict(dear, 2, 4, Candidate("baseline", "even", v, 4)).step_time for v in (1, 2))
+    plain = [predict(free, 2, 4, Candidate("baseline", "even", v, 4)).step_time for v in (1, 2)]
+    assert plain[1] < plain[0] and one < two  # interleaving wins only while calls are free
+
+
 def test_a_heavy_frozen_tower_picks_mpipe_and_a_free_one_does_not() -> None:
     heavy = tune(COSTS, 2, 8)[0]
     assert heavy.candidate.schedule == "mpipe"
@@ -127,6 +145,7 @@ def test_rebalanced_candidates_take_layers_off_rank_0() -> None:
         ({"hidden_bytes": "many"}, "'hidden_bytes' must be a number"),
         ({"preprocess": "maybe"}, "preprocess must be 'frozen', 'trainable' or 'none'"),
         ({"preprocess_recompute": -0.5}, "'preprocess_recompute' must be a finite number >= 0"),
+        ({"chunk_backward": -0.1}, "'chunk_backward' must be a finite number >= 0"),
         ({"scale_points": [[0.5, 0]]}, r"'scale_points' needs k > 0 and s > 0, got \[0.5, 0.0\]"),
         ({"scale_points": "fast"}, "'scale_points' must be pairs"),
         ({"speed": 3}, r"unknown cost entries \['speed'\]"),

@@ -153,39 +153,56 @@ def test_calibrate_measures_a_users_own_model() -> None:
         calibrate(stages[:2], [2, 1], (x,), (y,), nn.MSELoss(), repeats=1)
 
 
-def test_launch_costs_give_layers_extras_the_fixed_share_and_the_overhead() -> None:
-    """Two launches of 4 one-layer stages (V = 2, P = 2, batch 8). At M = 2 (4 rows) a layer's
-    F is 2 and B 4, stage 0 adds 1 to each, the fused last F is 2 + 4 + 3; at M = 8 (1 row)
-    every compute costs half: rows down 4x, cost down 2x, so the fixed share f solves
-    f + (1 - f) / 4 = 1/2: f = 1/3. The first launch measured 3.0 s more than its simulation,
-    over 2 x (2 x 2 + 1) = 10 compute steps of rank 0; the second 0.8 s over 40."""
+def test_launch_costs_give_layers_calls_extras_the_fixed_share_and_the_overhead() -> None:
+    """Three launches, batch 8, P = 2. At M = 2 (4 rows), V = 2 (4 one-layer stages): a layer's F
+    is 2 and B 4 on top of a call of 1 and 2 (the middle stages cost 3 and 6), stage 0 holds
+    the layer and a fixed 2 and 1, the last stage's fused F is 9 and its send 0.5; V = 1 (two
+    two-layer stages) tells the layer from the call: stage 0 costs 2 + 2 x 2 and 1 + 2 x 4, the
+    last 2 x 6 + 3.5. At M = 8 (1 row, V = 2) every compute costs half: rows down 4x, cost down
+    2x, so the fixed share f solves f + (1 - f) / 4 = 1/2: f = 1/3. Each launch measured more
+    than its simulation: 3.0 s over 2 x (2 x 2 + 1) = 10 compute steps of rank 0, 0.8 s over 40,
+    1.5 s over 2 x (2 x 1 + 1) = 6."""
     from graph_exec.cli.tune_example import Launch, from_launches
     from graph_exec.simulate import OpCosts
 
-    def op(scale: float) -> OpCosts:
+    def op(scale: float, forward=(4, 3, 3, 9), backward=(5, 6, 6, 0.5)) -> OpCosts:
         return OpCosts(
-            stage_forward=tuple(scale * f for f in (3, 2, 2, 9)),
-            stage_backward=tuple(scale * b for b in (5, 4, 4, 0.5)),
+            stage_forward=tuple(scale * f for f in forward),
+            stage_backward=tuple(scale * b for b in backward),
             preprocess_forward=scale * 6,
             latency=0.01,
             bandwidth=1e9,
         )
 
+    v1 = op(1.0, (6, 15.5), (9, 0))
+    launches = [
+        Launch(2, op(1.0), 13.0, 10.0, 2, (1, 1, 1, 1)),
+        Launch(8, op(0.5), 20.8, 20.0, 2, (1, 1, 1, 1)),
+        Launch(2, v1, 9.5, 8.0, 1, (2, 2)),
+    ]
     costs = replace(PLAIN, preprocess="frozen", preprocess_output_bytes=8)
-    got = from_launches(
-        costs, 8, 2, (1, 1, 1, 1), [Launch(2, op(1.0), 13.0, 10.0), Launch(8, op(0.5), 20.8, 20.0)]
-    )
-    assert (got.micro_batch_size, got.layer_forward, got.layer_backward) == (4, 2.0, 4.0)
-    assert (got.first_stage_forward, got.first_stage_backward, got.last_stage_forward) == (1.0, 1.0, 3.0)
+    got = from_launches(costs, 8, launches)
+    assert got.micro_batch_size == 4
+    assert (got.layer_forward, got.layer_backward) == (pytest.approx(2.0), pytest.approx(4.0))
+    assert (got.chunk_forward, got.chunk_backward) == (pytest.approx(1.0), pytest.approx(2.0))
+    assert (got.first_stage_forward, got.first_stage_backward) == (pytest.approx(2.0), pytest.approx(1.0))
+    assert got.last_stage_forward == pytest.approx(3.5)  # 9 + 0.5 - 6 and 15.5 - 12
     assert (got.preprocess_forward, got.latency, got.bandwidth) == (6.0, 0.01, 1e9)
     assert got.fixed_share == pytest.approx(1 / 3)
     assert got.scale_points == ((0.25, pytest.approx(0.5)),)  # 1/4 of the rows, half the compute
-    assert got.op_overhead == pytest.approx((3.0 / 10 + 0.8 / 40) / 2)
+    assert got.op_overhead == pytest.approx((3.0 / 10 + 0.8 / 40 + 1.5 / 6) / 3)
     assert got.layer_param_bytes == PLAIN.layer_param_bytes  # sizes stay as calibrated
     assert got.preprocess_recompute is None  # a frozen preprocess is never recomputed
+    # the plans priced with them cost what was measured (the runtime's own time aside)
+    for vpp, ops in ((2, op(1.0)), (1, v1)):
+        p = predict(replace(got, op_overhead=0.0), 2, 8, Candidate("baseline", "even", vpp, 2))
+        assert p.op_costs.stage_forward[:-1] == pytest.approx(ops.stage_forward[:-1])
+        assert p.op_costs.stage_backward[:-1] == pytest.approx(ops.stage_backward[:-1])
+        fused = p.op_costs.stage_forward[-1] + p.op_costs.stage_backward[-1]
+        assert fused == pytest.approx(ops.stage_forward[-1] + ops.stage_backward[-1])
     trainable = replace(costs, preprocess="trainable")
-    launches = [Launch(2, replace(op(1.0), preprocess_backward=7.0), 13.0, 10.0)]
-    got = from_launches(trainable, 8, 2, (1, 1, 1, 1), launches, recompute=9.5)
+    launches = [Launch(2, replace(op(1.0), preprocess_backward=7.0), 13.0, 10.0, 2, (1, 1, 1, 1))]
+    got = from_launches(trainable, 8, launches, recompute=9.5)
     assert (got.preprocess_backward, got.preprocess_recompute) == (7.0, 9.5)
 
 
