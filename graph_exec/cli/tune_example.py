@@ -218,9 +218,6 @@ def _in_pipeline(
     come from the first launch. With a trainable preprocess that launch also runs MPipe, whose
     recompute-backward (forward and backward in one call) costs less than the baseline's two
     apart."""
-    from graph_exec.balance import even_layers
-    from graph_exec.report.bench_report import evaluate
-
     trainable = costs.preprocess == "trainable"
     spec = RunSpec(name="calibration.graph", baseline=True, trainable=trainable)
     mpipe = RunSpec(name="calibration_mpipe.graph", baseline=False, trainable=True)
@@ -237,21 +234,32 @@ def _in_pipeline(
         where = None if args.log_dir is None else args.log_dir / f"calibration_V{vpp}_M{micro}"
         with run_directory(where) as run_dir:
             execute(job, run_dir, args.timeout, lambda line: None, "graph-exec tune")
-            result, *transposed = evaluate(job, run_dir)
-        split = even_layers(max(costs.layers, pp * vpp), pp * vpp)
-        measured.append(
-            Launch(
-                micro,
-                result.prediction.costs,
-                result.summary.step_time,
-                result.prediction.step_time,
-                vpp,
-                split,
-            )
-        )
-        if transposed:
-            recompute = transposed[0].prediction.costs.recompute
+            launch, measured_recompute = read_launch(job, run_dir, costs.layers)
+        measured.append(launch)
+        recompute = recompute if measured_recompute is None else measured_recompute
     return from_launches(costs, batch, measured, recompute)
+
+
+def read_launch(job: JobSpec, run_dir: Path, layers: int, run: int = 0) -> tuple[Launch, float | None]:
+    """The :class:`Launch` of ``job``'s run number ``run`` (the fair baseline, even split) from
+    its records in ``run_dir``, and the recompute an MPipe run beside it measured (``None``:
+    none ran)."""
+    from graph_exec.balance import even_layers
+    from graph_exec.report.bench_report import evaluate
+
+    results = evaluate(job, run_dir)
+    result = results[run]
+    stages = job.pp * job.vpp
+    launch = Launch(
+        job.micro,
+        result.prediction.costs,
+        result.summary.step_time,
+        result.prediction.step_time,
+        job.vpp,
+        even_layers(max(layers, stages), stages),
+    )
+    mpipe = [r for spec, r in zip(job.runs, results, strict=True) if not spec.baseline]
+    return launch, mpipe[0].prediction.costs.recompute if mpipe else None
 
 
 def searched_micros(pp: int, batch: int, micros: Sequence[int] | None) -> list[int]:
