@@ -100,6 +100,10 @@ def replay(run_dir: Path, v1_from_verify: bool = False) -> list[Repriced]:
     return out
 
 
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
 def _within(ratio: float) -> bool:
     return abs(ratio - 1) <= PREDICTION_WITHIN
 
@@ -113,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         help="runs without a V=1 calibration launch: take the verify launch's fair baseline at V=1",
     )
     args = parser.parse_args(argv)
-    runs = [args.dir] if (args.dir / "output.txt").exists() else sorted(args.dir.glob("*_run*"))
+    runs = [
+        run
+        for run in ([args.dir] if (args.dir / "output.txt").exists() else sorted(args.dir.glob("*_run*")))
+        if "verified (ms):" in _read(run / "output.txt")  # finished: a run still going is left out
+    ]
     if not runs:
         parser.error(f"no tune run under {args.dir} (a directory with output.txt, costs.json and logs/)")
     every: list[Repriced] = []

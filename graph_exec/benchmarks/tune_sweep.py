@@ -35,7 +35,12 @@ _CHOSEN = re.compile(
     r"measured/predicted (?P<ratio>[0-9.]+)(  compute (?P<compute>[0-9.]+))?$"
 )
 _WITHIN = re.compile(r"^chosen #1 is (?P<ratio>[0-9.]+)x the fastest verified: (?P<verdict>(NOT )?within)")
-_MPIPE = re.compile(r"^MPipe .*; the search chose (?P<chose>\w+): (?P<verdict>agrees|DISAGREES)$")
+_MPIPE = re.compile(
+    r"^MPipe .*: (?P<mpipe>[0-9.]+) against (?P<baseline>[0-9.]+) ms\); the search chose (?P<chose>\w+): "
+    r"(?P<verdict>agrees|DISAGREES)"
+)
+#: MPipe's and the baselines' best measured within this factor: a tie (as ``tune`` judges it).
+TIE_WITHIN = 1.03
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class Verdict:
     to_fastest: float  #: the chosen plan's measured step over the fastest verified
     mpipe_verdict: str  #: ``"agrees"``, ``"DISAGREES"`` or ``"-"`` (no baseline verified)
     compute: float | None = None  #: the chosen plan's measured compute over its calibrated compute
+    mpipe_tie: bool = False  #: MPipe's and the baselines' best measured within :data:`TIE_WITHIN`
 
     @property
     def measured_over_predicted(self) -> float:
@@ -70,7 +76,12 @@ def parse(output: str) -> Verdict:
         to_fastest=float(within["ratio"]),
         mpipe_verdict=mpipe["verdict"] if mpipe else "-",
         compute=float(chosen["compute"]) if chosen["compute"] else None,
+        mpipe_tie=mpipe is not None and _apart(float(mpipe["mpipe"]), float(mpipe["baseline"])) <= TIE_WITHIN,
     )
+
+
+def _apart(a: float, b: float) -> float:
+    return max(a, b) / min(a, b)
 
 
 def command(case: str, ranks: int) -> list[str]:
@@ -111,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{case} run {repeat}: chose {verdict.plan}; predicted {verdict.predicted_ms:.2f} ms, "
                 f"measured {verdict.measured_ms:.2f} ms ({verdict.measured_over_predicted:.3f}); "
-                f"{verdict.to_fastest:.3f}x the fastest verified; MPipe choice {verdict.mpipe_verdict}; "
+                f"{verdict.to_fastest:.3f}x the fastest verified; MPipe choice {verdict.mpipe_verdict}"
+                f"{' (a measured tie)' if verdict.mpipe_tie else ''}; "
                 f"compute measured/calibrated {verdict.compute}",
                 flush=True,
             )
@@ -121,10 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         close = sum(abs(r - 1) <= PREDICTION_WITHIN for r in ratios)
         fastest = sum(v.to_fastest <= 1.03 for v in verdicts)
         agrees = sum(v.mpipe_verdict != "DISAGREES" for v in verdicts)
+        ties = sum(v.mpipe_verdict == "DISAGREES" and v.mpipe_tie for v in verdicts)
         print(
             f"{case:<12} {min(ratios):.3f} / {statistics.median(ratios):.3f} / {max(ratios):.3f}; "
             f"within 10%: {close}/{len(verdicts)}; within 1.03x of the fastest: {fastest}/{len(verdicts)}; "
-            f"MPipe choice agrees: {agrees}/{len(verdicts)}; plans: {sorted({v.plan for v in verdicts})}"
+            f"MPipe choice agrees: {agrees}/{len(verdicts)} ({agrees + ties}/{len(verdicts)} with measured "
+            f"ties within {TIE_WITHIN:g}x); plans: {sorted({v.plan for v in verdicts})}"
         )
         computes = [v.compute for v in verdicts if v.compute is not None]
         if computes:

@@ -413,7 +413,10 @@ def verify_table(
     best measured faster than every baseline's best. With ``measured_ops``, each line also
     says how the compute of its steps measured against the calibrated costs (``compute``): a
     step off by as much as its compute was mispriced per step (or ran on a machine whose speed
-    changed since the calibration), not mis-scheduled."""
+    changed since the calibration), not mis-scheduled. Where MPipe's best and the baselines'
+    best measured within :data:`WITHIN` of each other the verdict says it is a tie: either
+    choice is then within the tolerance the first verdict grants, and which one measured faster
+    is the launch's noise."""
     lines = ["", "verified (ms):"]
     for k, (p, m) in enumerate(zip(best, measured, strict=True), 1):
         compute = ""
@@ -437,9 +440,11 @@ def verify_table(
         fastest_baseline = min(baselines, key=baselines.__getitem__)
         faster = mpipe < baselines[fastest_baseline]
         chose_mpipe = best[0].candidate.schedule == "mpipe"
+        apart = max(mpipe, baselines[fastest_baseline]) / min(mpipe, baselines[fastest_baseline])
+        tie = f" (a tie: {apart:.3f}x apart, within {WITHIN:g}x)" if apart <= WITHIN else ""
         lines.append(
             f"MPipe {'faster' if faster else 'not faster'} than the best baseline ({fastest_baseline}: "
             f"{mpipe * 1e3:.2f} against {baselines[fastest_baseline] * 1e3:.2f} ms); the search chose "
-            f"{best[0].candidate.schedule}: {'agrees' if faster == chose_mpipe else 'DISAGREES'}"
+            f"{best[0].candidate.schedule}: {'agrees' if faster == chose_mpipe else 'DISAGREES'}{tie}"
         )
     return "\n".join(lines) + "\n"

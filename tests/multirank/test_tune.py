@@ -26,7 +26,7 @@ VERIFIED = re.compile(
 )
 VERDICT = re.compile(
     r"^MPipe (not )?faster than the best baseline \(baseline split=even: [0-9.]+ against [0-9.]+ ms\); "
-    r"the search chose (mpipe|baseline): (agrees|DISAGREES)$"
+    r"the search chose (mpipe|baseline): (agrees|DISAGREES)( \(a tie: [0-9.]+x apart, within 1\.03x\))?$"
 )
 
 
@@ -81,3 +81,14 @@ def test_tune_verify_prints_the_plans_and_measures_the_best_three_and_each_sched
         measured = float(re.search(r"measured +([0-9.]+)  ", line).group(1))
         assert measured > 0 and math.isfinite(measured)
     assert json.loads(costs_file.read_text())["layers"] == costs.layers
+
+    # tune_replay derives the same cost file from the same launch logs: the same predictions
+    from graph_exec.benchmarks.tune_replay import replay
+
+    (tmp_path / "output.txt").write_text(proc.stdout, encoding="utf-8")
+    repriced = replay(tmp_path)
+    assert [p.plan for p in repriced] == [
+        line.split(". ", 1)[1].split(" predicted")[0].strip() for line in verified
+    ]
+    for p in repriced:
+        assert abs(p.now - p.printed) <= 0.006, p  # printed to 0.01 ms

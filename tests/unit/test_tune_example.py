@@ -106,6 +106,10 @@ def test_the_mpipe_verdict_compares_with_the_fastest_baseline() -> None:
     assert out[-1].startswith("MPipe not faster than the best baseline (baseline split=even")
     assert out[-1].endswith("the search chose mpipe: DISAGREES")
     assert "MPipe" not in verify_table([even, rebalanced], [1.0, 1.1])
+    out = verify_table([mpipe, even, rebalanced], [1.0, 0.99, 1.1]).strip().splitlines()
+    assert out[-1].endswith("the search chose mpipe: DISAGREES (a tie: 1.010x apart, within 1.03x)")
+    assert parse(verify_table([mpipe, even, rebalanced], [1.0, 0.99, 1.1])).mpipe_tie
+    assert not parse(verify_table([mpipe, even, rebalanced], [1.0, 0.9, 1.1])).mpipe_tie
 
 
 def test_the_runs_verify_launches_carry_the_candidates_options() -> None:
@@ -218,6 +222,7 @@ def test_the_sweep_reads_what_verify_prints() -> None:
     assert got.measured_over_predicted == pytest.approx(1.07, abs=1e-3)
     assert got.to_fastest == pytest.approx(1.07 / 1.05, abs=1e-3)
     assert got.mpipe_verdict == "DISAGREES"  # MPipe chosen, the baseline measured faster
+    assert got.mpipe_tie  # 1.07 against 1.05: within 1.03x of each other
     assert parse(verify_table([even, replace(even)], [1.0, 1.0])).mpipe_verdict == "-"
     assert parse(verify_table([even, replace(even)], [1.0, 1.0])).compute is None
     with pytest.raises(ValueError, match="no verify table"):
@@ -227,3 +232,13 @@ def test_the_sweep_reads_what_verify_prints() -> None:
 def test_a_tower_ratio_case_passes_its_ratio() -> None:
     assert command("qwen2vl:0.5", 2)[-2:] == ["--tower-ratio", "0.5"]
     assert "--tower-ratio" not in command("embed_lm", 2)
+
+
+def test_the_replay_reads_back_every_plan_tune_prints() -> None:
+    from graph_exec.benchmarks.tune_replay import parse_candidate
+    from graph_exec.tune import candidates
+
+    trainable = replace(FROZEN, preprocess="trainable")
+    every = candidates(trainable, 2, 8, splits=("even", "rebalanced"))
+    assert len(every) > 20
+    assert all(parse_candidate(c.describe()) == c for c in every)
