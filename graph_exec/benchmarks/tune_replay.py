@@ -1,7 +1,7 @@
 """Re-price the verified plans of ``tune_sweep`` runs with the current calibration, from their logs.
 
 A cost model is judged best on the same launches: re-running a sweep after changing the model
-also changes the machine (its speed drifts 10-50 % between hours). This reads each run's
+also changes the machine (here its speed moved 1.3-1.6x between hours). This reads each run's
 calibration launches again (``logs/calibration_*``), derives the cost file as ``graph-exec
 tune`` now would (:func:`graph_exec.cli.tune_example.from_launches`), prices every plan its
 ``--verify`` measured, and prints, per plan, the prediction printed then, the one now and the
@@ -30,7 +30,7 @@ from graph_exec.tune import Candidate, ModelCosts, predict
 _VERIFIED = re.compile(
     r"^ ?\d+\. (?P<plan>.+?) +predicted +(?P<predicted>[0-9.]+)  measured +(?P<measured>[0-9.]+)  "
 )
-_LAUNCH = re.compile(r"^calibration(_V(?P<vpp>\d+))?_M(?P<micro>\d+)$")
+_LAUNCH = re.compile(r"^calibration(_V\d+)?_M\d+$")  # calibration_M2 before the V = 1 launch
 
 
 @dataclass(frozen=True)

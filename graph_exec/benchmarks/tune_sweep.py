@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graph_exec.benchmarks.common import argument_parser
+from graph_exec.cli.tune_example import WITHIN
 
 DEFAULT_CASES = "vl_tower,embed_lm,qwen2vl:0.5,qwen2vl:1,qwen2vl:2,qwen2vl:4"
 #: Issue 41: the chosen plan's measured step within this share of its prediction.
@@ -39,8 +40,6 @@ _MPIPE = re.compile(
     r"^MPipe .*: (?P<mpipe>[0-9.]+) against (?P<baseline>[0-9.]+) ms\); the search chose (?P<chose>\w+): "
     r"(?P<verdict>agrees|DISAGREES)"
 )
-#: MPipe's and the baselines' best measured within this factor: a tie (as ``tune`` judges it).
-TIE_WITHIN = 1.03
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class Verdict:
     to_fastest: float  #: the chosen plan's measured step over the fastest verified
     mpipe_verdict: str  #: ``"agrees"``, ``"DISAGREES"`` or ``"-"`` (no baseline verified)
     compute: float | None = None  #: the chosen plan's measured compute over its calibrated compute
-    mpipe_tie: bool = False  #: MPipe's and the baselines' best measured within :data:`TIE_WITHIN`
+    mpipe_tie: bool = False  #: MPipe's and the baselines' best measured within ``tune``'s ``WITHIN``
 
     @property
     def measured_over_predicted(self) -> float:
@@ -76,7 +75,7 @@ def parse(output: str) -> Verdict:
         to_fastest=float(within["ratio"]),
         mpipe_verdict=mpipe["verdict"] if mpipe else "-",
         compute=float(chosen["compute"]) if chosen["compute"] else None,
-        mpipe_tie=mpipe is not None and _apart(float(mpipe["mpipe"]), float(mpipe["baseline"])) <= TIE_WITHIN,
+        mpipe_tie=mpipe is not None and _apart(float(mpipe["mpipe"]), float(mpipe["baseline"])) <= WITHIN,
     )
 
 
@@ -131,14 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     for case, verdicts in results.items():
         ratios = [v.measured_over_predicted for v in verdicts]
         close = sum(abs(r - 1) <= PREDICTION_WITHIN for r in ratios)
-        fastest = sum(v.to_fastest <= 1.03 for v in verdicts)
+        fastest = sum(v.to_fastest <= WITHIN for v in verdicts)
         agrees = sum(v.mpipe_verdict != "DISAGREES" for v in verdicts)
         ties = sum(v.mpipe_verdict == "DISAGREES" and v.mpipe_tie for v in verdicts)
         print(
             f"{case:<12} {min(ratios):.3f} / {statistics.median(ratios):.3f} / {max(ratios):.3f}; "
-            f"within 10%: {close}/{len(verdicts)}; within 1.03x of the fastest: {fastest}/{len(verdicts)}; "
+            f"within 10%: {close}/{len(verdicts)}; within {WITHIN:g}x of the fastest: {fastest}/{len(verdicts)}; "
             f"MPipe choice agrees: {agrees}/{len(verdicts)} ({agrees + ties}/{len(verdicts)} with measured "
-            f"ties within {TIE_WITHIN:g}x); plans: {sorted({v.plan for v in verdicts})}"
+            f"ties within {WITHIN:g}x); plans: {sorted({v.plan for v in verdicts})}"
         )
         computes = [v.compute for v in verdicts if v.compute is not None]
         if computes:

@@ -6,8 +6,9 @@
    (:func:`graph_exec.cli.tower_sweep.calibrate`) first picks the vision depth whose tower is R
    chunk forwards.
 2. In the pipeline: a short launch of the fair baseline through the bench harness
-   (``calibrate`` job) per micro-batch count searched (with a trainable preprocess the first
-   also runs MPipe): the compute per layer, per stage extra and per micro-batch size, the
+   (``calibrate`` job) per micro-batch count searched at ``V = 2``, and one at ``V = 1`` (with a
+   trainable preprocess the first also runs MPipe): the compute per layer, per stage call, per
+   stage extra and per micro-batch size, the
    per-step overhead and the transfers' latency and bandwidth
    (:func:`graph_exec.report.predict.measured_costs`); ``--latency``/``--bandwidth`` skip them.
 3. The cost file is written (``--save-costs``; edit it and rerun with ``--costs``), every
