@@ -1,4 +1,4 @@
-"""README's code runs as shown: the Usage blocks and the real-models block, each saved as a file,
+"""README's code runs as shown (and docs/models.md's vision-language block): the Usage blocks and the real-models block, each saved as a file,
 train in one process.
 
 ``tests/unit/test_readme_usage.py`` keeps the blocks equal to ``examples/train_custom.py``; this
@@ -8,6 +8,7 @@ README fails here."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +44,12 @@ def test_the_usage_blocks_run_as_one_script(tmp_path: Path) -> None:
     assert all(float(line.split()[3]) > 0 for line in lines)
 
 
-def _python_block_of(section: str) -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index(f"\n### {section}")
-    body = readme[start : readme.index("\n### ", start + 1)]
+def _python_block_of(section: str, page: str = "README.md") -> str:
+    """The first Python block under the heading ``section`` (any level) of ``page``."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    start = re.search(rf"\n#+ {re.escape(section)}[^\n]*\n", text).end()
+    following = re.compile(r"\n#{2,3} ").search(text, start)
+    body = text[start : following.start() if following else None]
     return body.split("```python\n", 1)[1].split("\n```", 1)[0]
 
 
@@ -62,10 +65,10 @@ def test_the_real_models_block_trains_a_tied_qwen2(tmp_path: Path) -> None:
 
 
 def test_the_vision_language_block_trains_on_mixed_images(tmp_path: Path) -> None:
-    """The "Vision-language batches" block, as shown: real-size images (0, 1 and 2 per sample,
+    """docs/models.md's "Vision-language batches" block, as shown: real-size images (0, 1 and 2 per sample,
     each its own grid) and text of four lengths, through ``vlm_batch`` and MPipe."""
     script = tmp_path / "vlm.py"
-    script.write_text(_python_block_of("Vision-language batches"), encoding="utf-8")
+    script.write_text(_python_block_of("Vision-language batches", "docs/models.md"), encoding="utf-8")
     done = _run(script)
     assert done.returncode == 0, done.stderr[-3000:]
     loss = [line for line in done.stdout.splitlines() if line.startswith("loss ")]
