@@ -44,6 +44,12 @@ from graph_exec.transport.meta import CONTROL_BYTES, LABEL_WORDS
 Allocator = Callable[[int], Any]
 
 
+#: The most the device path's padding tensors can hold: one per size, every size below a control
+#: message's (a gap before an aligned tensor is under 64 bytes, the tail pads up to
+#: ``CONTROL_BYTES``), so nothing needs evicting.
+PAD_BOUND_BYTES = CONTROL_BYTES * (CONTROL_BYTES - 1) // 2
+
+
 def message_bytes(layout: FrameLayout) -> int:
     """The size of the message that carries a frame of ``layout`` (never below a control message)."""
     return max(layout.nbytes, CONTROL_BYTES)
@@ -219,12 +225,11 @@ class TensorFrames:
         """Nothing to take back: every send has a frame of its own."""
 
     def cache_stats(self) -> dict[str, Any]:
-        """Nothing staged: the padding tensors (under :data:`CONTROL_BYTES` distinct sizes) only."""
-        nbytes = sum(self._pads)
+        """Nothing staged: the padding tensors only, bounded by :data:`PAD_BOUND_BYTES`."""
         return {
             "entries": len(self._pads),
-            "bytes": nbytes,
-            "max_bytes": None,
+            "bytes": sum(self._pads),
+            "max_bytes": PAD_BOUND_BYTES,
             "evictions": 0,
             "evicted_bytes": 0,
         }
