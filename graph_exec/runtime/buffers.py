@@ -60,23 +60,36 @@ class Slots(Protocol):
 
 class HostBlocks:
     """Slots realised as blocks of the C++ buffer pool (host memory, the CPU fast path), with at
-    most ``cache_bytes`` of idle blocks (past it, every idle block is freed)."""
+    most ``cache_bytes`` of idle blocks (past it, every idle block is freed).
+
+    The idle bytes are followed here, per size class, rather than read from the pool's counters
+    after every release (a snapshot of them costs several times an acquire and release).
+    """
 
     def __init__(self, pool: BufferPool | None = None, cache_bytes: int = DEFAULT_BUFFER_CACHE_BYTES) -> None:
         self.pool = pool or BufferPool()
         self.cache_bytes = checks.non_negative_int("buffer_cache_bytes", cache_bytes)
+        self._idle: dict[int, int] = {}  # size class -> idle blocks of it in the pool
+        self._idle_bytes = 0
         self._trims = [0, 0]  # blocks and bytes freed by the bound
 
     def acquire(self, nbytes: int) -> tuple[Any, np.ndarray]:
         block = self.pool.acquire(nbytes)
+        idle = self._idle.get(block.capacity, 0)
+        if idle:  # the pool reused an idle block of its class
+            self._idle[block.capacity] = idle - 1
+            self._idle_bytes -= block.capacity
         return block, block.view(np.uint8, (nbytes,))
 
     def release(self, slot: Any) -> None:
         self.pool.release(slot)
-        stats = self.pool.stats()
-        if stats.reserved_bytes - stats.live_bytes > self.cache_bytes:
-            self._trims[0] += stats.free_blocks
+        self._idle[slot.capacity] = self._idle.get(slot.capacity, 0) + 1
+        self._idle_bytes += slot.capacity
+        if self._idle_bytes > self.cache_bytes:
+            self._trims[0] += sum(self._idle.values())
             self._trims[1] += self.pool.trim()
+            self._idle.clear()
+            self._idle_bytes = 0
 
     def stats(self) -> PoolStats:
         return self.pool.stats()
