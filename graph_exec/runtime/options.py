@@ -202,7 +202,8 @@ class ScheduleOptions:
             slots; default 1 GiB): shapes that change from step to step leave buffers of every
             size behind, and past this bound the least recently used are freed
             (``stats()["memory"]["caches"]`` shows each cache; ``docs/architecture.md``, "Caches
-            and their bounds"). ``0`` keeps none."""
+            and their bounds"). ``0`` keeps none; a bound below one step's messages makes every
+            step allocate again (and, on a device, wait for a freed slot's readers)."""
         ),
     )
     jit_options: Mapping[str, Any] | None = field(
