@@ -38,7 +38,8 @@ class CompileStats:
     this process since the executor was made (``None`` where MindSpore does not expose it, and
     in pynative mode): it also sees recompilations inside one cached kernel, and graphs other
     code of the process compiled. ``cached_kernels`` / ``evictions``: entries in the bounded
-    kernel cache and how many it dropped for room.
+    kernel cache and how many it dropped for room; ``cached_bytes``: the tensors its entries
+    say they hold (``KernelCache.nbytes``).
     """
 
     compilations: int = 0
@@ -46,6 +47,7 @@ class CompileStats:
     mindspore_compilations: int | None = None
     cached_kernels: int = 0
     evictions: int = 0
+    cached_bytes: int = 0
 
 
 @dataclass(frozen=True)

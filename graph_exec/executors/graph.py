@@ -107,6 +107,7 @@ class GraphExecutor(KernelExecutor):
         self._stats.mindspore_compilations = None if now is None else now - self._mindspore_start
         self._stats.cached_kernels = len(self._kernels)
         self._stats.evictions = self._kernels.evictions
+        self._stats.cached_bytes = self._kernels.nbytes()
         return self._stats
 
 

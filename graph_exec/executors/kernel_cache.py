@@ -10,6 +10,11 @@ finishes on it, and a signature seen again is made (and compiled) anew and count
 MindSpore 2.10 itself keeps the compiled graph of every ``mindspore.jit`` phase in its graph
 executor until ``mindspore.ms_memory_recycle()``; the cache bounds what the library holds and
 how often it makes kernels, not MindSpore's own memory (see ``docs/shapes.md``).
+
+Some entries hold tensors made for their signature (the split backward's probes and stores are
+shaped like the layers' inputs and outputs); an entry that says its ``nbytes`` is counted by
+:meth:`KernelCache.nbytes`, which ``stats()["memory"]["caches"]["kernels"]`` shows. The bound
+is on entries: those tensors go with their entry.
 """
 
 from __future__ import annotations
@@ -58,6 +63,11 @@ class KernelCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors the kept entries hold, where an entry says them (``nbytes``);
+        read when asked (at most ``size`` entries), so a hit costs nothing more."""
+        return sum(int(getattr(kernel, "nbytes", 0)) for kernel in self._entries.values())
 
     def clear(self) -> None:
         """Forget every kernel (a parameter's storage moved); not counted as evictions."""

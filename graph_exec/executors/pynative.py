@@ -25,4 +25,7 @@ class PynativeExecutor(KernelExecutor):
 
     @property
     def compile_stats(self) -> CompileStats:
-        return CompileStats(cached_kernels=len(self._kernels), evictions=self._kernels.evictions)
+        kernels = self._kernels
+        return CompileStats(
+            cached_kernels=len(kernels), evictions=kernels.evictions, cached_bytes=kernels.nbytes()
+        )

@@ -17,6 +17,15 @@ frames):
   asynchronous dispatch means the ops that read a slot may not have run when the step that
   dispatched them ends: a slot given back carries a :class:`~graph_exec.device.Fence`, and is
   written again only after the fence has passed.
+
+Bounds: when shapes change from step to step each new size leaves idle memory behind, so both
+keep at most ``cache_bytes`` idle (``buffer_cache_bytes`` of the schedule; a slot that is out is
+never counted against it nor freed). :class:`DeviceSlots` keeps its idle slots in an
+:class:`~graph_exec.idle_buffers.IdleBuffers`: the least recently released goes first, and only
+after its fence has passed, so no op dispatched before its release still reads freed memory.
+:class:`HostBlocks` rounds sizes up to the pool's size classes (four per power of two), so few
+classes serve many sizes; past the bound it frees every idle block at once
+(:meth:`~graph_exec.bufpool.BufferPool.trim`; the C++ pool keeps no use order to evict by).
 """
 
 from __future__ import annotations
@@ -27,8 +36,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from graph_exec import checks
 from graph_exec.bufpool import BufferPool, PoolStats
 from graph_exec.device import Fence
+from graph_exec.idle_buffers import DEFAULT_BUFFER_CACHE_BYTES, IdleBuffers
 
 
 class Slots(Protocol):
@@ -43,22 +54,55 @@ class Slots(Protocol):
     def stats(self) -> PoolStats:
         """Counters (the pool's; ``allocations`` stops growing in steady state)."""
 
+    def cache_stats(self) -> dict[str, Any]:
+        """The idle memory kept for reuse and its bound (``IdleBuffers.stats``' keys)."""
+
 
 class HostBlocks:
-    """Slots realised as blocks of the C++ buffer pool (host memory, the CPU fast path)."""
+    """Slots realised as blocks of the C++ buffer pool (host memory, the CPU fast path), with at
+    most ``cache_bytes`` of idle blocks (past it, every idle block is freed).
 
-    def __init__(self, pool: BufferPool | None = None) -> None:
+    The idle bytes are followed here, per size class, rather than read from the pool's counters
+    after every release (a snapshot of them costs several times an acquire and release).
+    """
+
+    def __init__(self, pool: BufferPool | None = None, cache_bytes: int = DEFAULT_BUFFER_CACHE_BYTES) -> None:
         self.pool = pool or BufferPool()
+        self.cache_bytes = checks.non_negative_int("buffer_cache_bytes", cache_bytes)
+        self._idle: dict[int, int] = {}  # size class -> idle blocks of it in the pool
+        self._idle_bytes = 0
+        self._trims = [0, 0]  # blocks and bytes freed by the bound
 
     def acquire(self, nbytes: int) -> tuple[Any, np.ndarray]:
         block = self.pool.acquire(nbytes)
+        idle = self._idle.get(block.capacity, 0)
+        if idle:  # the pool reused an idle block of its class
+            self._idle[block.capacity] = idle - 1
+            self._idle_bytes -= block.capacity
         return block, block.view(np.uint8, (nbytes,))
 
     def release(self, slot: Any) -> None:
         self.pool.release(slot)
+        self._idle[slot.capacity] = self._idle.get(slot.capacity, 0) + 1
+        self._idle_bytes += slot.capacity
+        if self._idle_bytes > self.cache_bytes:
+            self._trims[0] += sum(self._idle.values())
+            self._trims[1] += self.pool.trim()
+            self._idle.clear()
+            self._idle_bytes = 0
 
     def stats(self) -> PoolStats:
         return self.pool.stats()
+
+    def cache_stats(self) -> dict[str, Any]:
+        stats = self.pool.stats()
+        return {
+            "entries": stats.free_blocks,
+            "bytes": stats.reserved_bytes - stats.live_bytes,
+            "max_bytes": self.cache_bytes,
+            "evictions": self._trims[0],
+            "evicted_bytes": self._trims[1],
+        }
 
 
 class _DeviceSlot:
@@ -76,25 +120,28 @@ class DeviceSlots:
     """Slots realised as MindSpore tensors, one per slot, reused by exact size.
 
     ``allocate(nbytes)`` makes a slot's tensor (default: ``ops.zeros`` of uint8). A released
-    slot goes on the free list of its size with a fence; :meth:`acquire` reuses the most recently
-    released one of the size asked for, after waiting for its fence, or makes a new one. The
-    counters follow :class:`~graph_exec.bufpool.PoolStats` (capacities are exact sizes here).
+    slot is kept idle under its size with a fence; :meth:`acquire` reuses the most recently
+    released one of the size asked for, after waiting for its fence, or makes a new one. At most
+    ``cache_bytes`` of idle slots are kept: past it the least recently released is freed once its
+    fence has passed. The counters follow :class:`~graph_exec.bufpool.PoolStats` (capacities are
+    exact sizes here).
     """
 
-    def __init__(self, allocate: Callable[[int], Any] | None = None) -> None:
+    def __init__(
+        self, allocate: Callable[[int], Any] | None = None, cache_bytes: int = DEFAULT_BUFFER_CACHE_BYTES
+    ) -> None:
         if allocate is None:
             from graph_exec.transport.frame_memory import tensor_allocator as allocate
         self._allocate = allocate
-        self._free: dict[int, list[_DeviceSlot]] = defaultdict(list)
+        self._idle: IdleBuffers[_DeviceSlot] = IdleBuffers(cache_bytes, self._free_slot)
         self._counts = dict.fromkeys(
             ("acquires", "allocations", "reuses", "releases", "live_blocks", "live_bytes", "peak_bytes"), 0
         )
         self._reserved = 0
 
     def acquire(self, nbytes: int) -> tuple[_DeviceSlot, Any]:
-        free = self._free.get(nbytes)
-        if free:
-            slot = free.pop()
+        slot = self._idle.take(nbytes)
+        if slot is not None:
             slot.fence.wait()  # the ops that read its previous message have run
             slot.fence = None
             self._counts["reuses"] += 1
@@ -111,18 +158,27 @@ class DeviceSlots:
 
     def release(self, slot: _DeviceSlot) -> None:
         slot.fence = Fence()  # after every op dispatched so far, the slot's last readers among them
-        self._free[slot.nbytes].append(slot)
         self._counts["releases"] += 1
         self._counts["live_blocks"] -= 1
         self._counts["live_bytes"] -= slot.nbytes
+        self._idle.give(slot.nbytes, slot, slot.nbytes)
+
+    def _free_slot(self, slot: _DeviceSlot) -> None:
+        """Let go of an evicted idle slot once the ops that read its last message have run."""
+        slot.fence.wait()
+        slot.tensor = None
+        self._reserved -= slot.nbytes
 
     def stats(self) -> PoolStats:
         return PoolStats(
             **self._counts,
             auto_releases=0,
             reserved_bytes=self._reserved,
-            free_blocks=sum(len(free) for free in self._free.values()),
+            free_blocks=len(self._idle),
         )
+
+    def cache_stats(self) -> dict[str, Any]:
+        return self._idle.stats()
 
 
 class ReceiveBuffers:
@@ -175,8 +231,11 @@ class ReceiveBuffers:
         return sum(len(held) for held in self._held.values())
 
 
-def receive_slots() -> Slots:
-    """The slots this process's receives use, as the device policy decides."""
+def receive_slots(cache_bytes: int = DEFAULT_BUFFER_CACHE_BYTES) -> Slots:
+    """The slots this process's receives use, as the device policy decides, keeping at most
+    ``cache_bytes`` of idle memory."""
     from graph_exec.device import policy
 
-    return HostBlocks() if policy().host_memory_aliasing else DeviceSlots()
+    if policy().host_memory_aliasing:
+        return HostBlocks(cache_bytes=cache_bytes)
+    return DeviceSlots(cache_bytes=cache_bytes)

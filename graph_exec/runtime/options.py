@@ -25,6 +25,7 @@ from graph_exec import checks
 from graph_exec.executors import DEFAULT_KERNEL_CACHE_SIZE, MODES
 from graph_exec.executors.jit_callable import jit_parseable
 from graph_exec.executors.jit_options import check_jit_options
+from graph_exec.idle_buffers import DEFAULT_BUFFER_CACHE_BYTES
 from graph_exec.runtime.loss_scaling import check_loss_scaler
 from graph_exec.runtime.shapes import ShapeBuckets, check_shapes
 from graph_exec.runtime.tied import check_pairs
@@ -194,6 +195,17 @@ class ScheduleOptions:
             ``stats()`` counts the evictions)."""
         ),
     )
+    buffer_cache_bytes: int = field(
+        default=DEFAULT_BUFFER_CACHE_BYTES,
+        metadata=_doc(
+            """idle message memory a rank keeps for reuse, per cache (send frames, receive
+            slots; default 1 GiB): shapes that change from step to step leave buffers of every
+            size behind, and past this bound the least recently used are freed
+            (``stats()["memory"]["caches"]`` shows each cache; ``docs/architecture.md``, "Caches
+            and their bounds"). ``0`` keeps none; a bound below one step's messages makes every
+            step allocate again (and, on a device, wait for a freed slot's readers)."""
+        ),
+    )
     jit_options: Mapping[str, Any] | None = field(
         default=None,
         metadata=_doc(
@@ -246,6 +258,7 @@ class ScheduleOptions:
         self._set("tied_parameters", check_pairs(self.tied_parameters))
         self._set("bucketing", check_shapes(self.shapes, self.shape_buckets, self.shape_pad_value))
         checks.positive_int("kernel_cache_size", self.kernel_cache_size)
+        checks.non_negative_int("buffer_cache_bytes", self.buffer_cache_bytes)
         self._set("jit_options", check_jit_options(self.jit_options))
         checks.choice("tower_order", self.tower_order, TOWER_ORDERS)
 

@@ -507,6 +507,23 @@ class PipelineSchedule:
             "optimizer_state": None if self._optimizer_state is None else self._optimizer_state[1],
             **setup.runtime.memory.peaks(),
             **memory_peaks(),
+            "caches": self._cache_stats(setup),
+        }
+
+    def _cache_stats(self, setup: _Setup) -> dict[str, dict[str, Any]]:
+        """``stats()["memory"]["caches"]``: what each per-shape cache of this rank keeps now and
+        its bound (``docs/architecture.md``, "Caches and their bounds")."""
+        transport = setup.transport
+        compile_stats = setup.executor.compile_stats
+        return {
+            "send_frames": None if transport is None else transport.frames.cache_stats(),
+            "receive_slots": setup.slots.cache_stats(),
+            "kernels": {
+                "entries": compile_stats.cached_kernels,
+                "bytes": compile_stats.cached_bytes,
+                "max_entries": self.kernel_cache_size,
+                "evictions": compile_stats.evictions,
+            },
         }
 
     def _note_optimizer(self, optimizer: Any, params: Sequence[Any]) -> None:
@@ -637,8 +654,15 @@ class PipelineSchedule:
         mesh = self.mesh if self.mesh is not None else DeviceMesh()
         self._mesh = mesh
         pp, rank = mesh.pp_size, mesh.pp_rank
-        transport = Transport(timeout_s=self.timeout_s, group=mesh.pp) if pp > 1 else None
-        dp_transport = Transport(timeout_s=self.timeout_s, group=mesh.dp) if mesh.dp_size > 1 else None
+        kept = self.buffer_cache_bytes
+        transport = (
+            Transport(timeout_s=self.timeout_s, group=mesh.pp, frame_cache_bytes=kept) if pp > 1 else None
+        )
+        dp_transport = (
+            Transport(timeout_s=self.timeout_s, group=mesh.dp, frame_cache_bytes=kept)
+            if mesh.dp_size > 1
+            else None
+        )
         error: Exception | None = None
         try:
             plan, executor = self._build_local(pp, rank)
@@ -685,7 +709,7 @@ class PipelineSchedule:
             tied,
             grad_norm,
         )
-        slots = receive_slots()
+        slots = receive_slots(self.buffer_cache_bytes)
         runtime = self._runtime(plan, rank, executor, transport, slots)
         self._setup = _Setup(
             plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm

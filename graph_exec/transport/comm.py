@@ -29,6 +29,7 @@ from graph_exec.errors import (
     RemoteRankError,
     silent_peers_note,
 )
+from graph_exec.idle_buffers import DEFAULT_BUFFER_CACHE_BYTES
 from graph_exec.transport.comm_thread import CommWorker
 from graph_exec.transport.cpu_workarounds import (
     backend_ends_waits,
@@ -346,7 +347,13 @@ class Transport:
     always go through that thread, with their own short deadline.
     """
 
-    def __init__(self, *, timeout_s: float = 300.0, group: CommGroup | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 300.0,
+        group: CommGroup | None = None,
+        frame_cache_bytes: int = DEFAULT_BUFFER_CACHE_BYTES,
+    ) -> None:
         require_initialized()
         timeout_s = checks.positive_seconds("timeout_s", timeout_s)
         import mindspore.mint.distributed as dist
@@ -377,7 +384,9 @@ class Transport:
         self._host_barrier = chosen.host_barrier
         self._synchronous_dispatch = chosen.synchronous_dispatch
         #: Where frames live: host memory on the CPU fast path, MindSpore tensors elsewhere.
-        self.frames = HostFrames(self.epoch) if chosen.host_memory_aliasing else TensorFrames(self.epoch)
+        # Idle send frames are kept up to ``frame_cache_bytes`` (frame_memory.py says why).
+        frames = HostFrames if chosen.host_memory_aliasing else TensorFrames
+        self.frames = frames(self.epoch, frame_cache_bytes)
         self._outbound = [_Outbound() for _ in self.ranks]
         self._inbound = [_Inbound() for _ in self.ranks]
         self._label_words: dict[str, list[int]] = {}

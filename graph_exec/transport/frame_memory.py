@@ -15,6 +15,14 @@ realisations, chosen by :attr:`~graph_exec.device.DevicePolicy.host_memory_alias
   the prefix and the tensors' bytes with MindSpore ops (no round trip through the host); a
   received frame is read only through the tensor (``asnumpy`` of its prefix, which waits for the
   receive), and its tensors are slices of it.
+
+Bounds: the host staging frames are kept per exact layout, so shapes that change from step to
+step would keep one set per shape for the whole run; the idle ones are an
+:class:`~graph_exec.idle_buffers.IdleBuffers` of at most ``cache_bytes`` (least recently used
+freed first). A staging frame is idle only once its send has completed (:meth:`HostFrames.reuse`),
+so no in-flight send loses its memory. The device path stages nothing; its padding tensors are
+kept per byte count, which is below :data:`~graph_exec.transport.meta.CONTROL_BYTES`: at most
+that many, a few KiB in all.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from graph_exec import checks
+from graph_exec.idle_buffers import DEFAULT_BUFFER_CACHE_BYTES, IdleBuffers
 from graph_exec.transport.frames import LABEL_START, PREFIX_BYTES, SEQ_WORD, FrameLayout, write_prefix
 from graph_exec.transport.meta import CONTROL_BYTES, LABEL_WORDS
 
@@ -32,6 +42,12 @@ from graph_exec.transport.meta import CONTROL_BYTES, LABEL_WORDS
 #: 64-byte aligned, on the host path; a uint8 MindSpore tensor on the device path) that stays
 #: reserved while the received tensors are in use. The runtime passes pool-backed ones.
 Allocator = Callable[[int], Any]
+
+
+#: The most the device path's padding tensors can hold: one per size, every size below a control
+#: message's (a gap before an aligned tensor is under 64 bytes, the tail pads up to
+#: ``CONTROL_BYTES``), so nothing needs evicting.
+PAD_BOUND_BYTES = CONTROL_BYTES * (CONTROL_BYTES - 1) // 2
 
 
 def message_bytes(layout: FrameLayout) -> int:
@@ -101,13 +117,14 @@ class HostFrames:
 
     allocate: Allocator = staticmethod(numpy_allocator)
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, cache_bytes: int = DEFAULT_BUFFER_CACHE_BYTES) -> None:
         import mindspore as ms
 
         self._epoch = epoch
         self._from_numpy = ms.from_numpy
         self._bfloat16 = ms.bfloat16
-        self._free: dict[FrameLayout, list[_Staging]] = {}
+        #: Idle staging frames by layout, at most ``cache_bytes`` (least recently used freed first).
+        self.idle: IdleBuffers[_Staging] = IdleBuffers(cache_bytes)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -116,16 +133,19 @@ class HostFrames:
     ) -> tuple[Any, _Staging]:
         """The message tensor of one transfer and the staging frame it was written into (give it
         back with :meth:`reuse` once the send has taken the data)."""
-        free = self._free.get(layout)
-        staging = free.pop() if free else _Staging(layout, self._epoch)
+        staging = self.idle.take(layout) or _Staging(layout, self._epoch)
         staging.stamp(label, label_words, seq)
         staging.fill(tensors)
         return staging.tensor, staging
 
     def reuse(self, staging: _Staging | None) -> None:
-        """Take back a staging frame whose send has completed."""
+        """Take back a staging frame whose send has completed (kept while the bound allows)."""
         if staging is not None:
-            self._free.setdefault(staging.layout, []).append(staging)
+            self.idle.give(staging.layout, staging, staging.frame.nbytes)
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The idle staging frames kept (``IdleBuffers.stats``)."""
+        return self.idle.stats()
 
     def control_tensor(self, words: np.ndarray) -> Any:
         """A control message's tensor (sharing the words' memory, which nothing changes later)."""
@@ -165,10 +185,11 @@ class TensorFrames:
 
     allocate: Allocator = staticmethod(tensor_allocator)
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, cache_bytes: int = DEFAULT_BUFFER_CACHE_BYTES) -> None:
         import mindspore as ms
         from mindspore import ops
 
+        checks.non_negative_int("buffer_cache_bytes", cache_bytes)  # nothing is staged to bound
         self._epoch = epoch
         self._ms = ms
         self._cat = ops.cat
@@ -202,6 +223,16 @@ class TensorFrames:
 
     def reuse(self, staging: None) -> None:
         """Nothing to take back: every send has a frame of its own."""
+
+    def cache_stats(self) -> dict[str, Any]:
+        """Nothing staged: the padding tensors only, bounded by :data:`PAD_BOUND_BYTES`."""
+        return {
+            "entries": len(self._pads),
+            "bytes": sum(self._pads),
+            "max_bytes": PAD_BOUND_BYTES,
+            "evictions": 0,
+            "evicted_bytes": 0,
+        }
 
     def control_tensor(self, words: np.ndarray) -> Any:
         """A control message's tensor (a copy of the words)."""

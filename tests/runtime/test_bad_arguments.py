@@ -79,6 +79,14 @@ def test_choices_name_the_allowed_values(model, option, value, allowed) -> None:
         make(model, **{option: value})
 
 
+@pytest.mark.parametrize("value", [-1, 1.5, True, "1GiB", None])
+def test_buffer_cache_bytes_must_be_an_int_at_least_zero(model, value) -> None:
+    with pytest.raises(
+        ValueError, match=rf"buffer_cache_bytes must be an int >= 0, got {re.escape(repr(value))}"
+    ):
+        make(model, buffer_cache_bytes=value)
+
+
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_keep_preprocess_tape_must_be_a_bool(model, value) -> None:
     with pytest.raises(

@@ -59,3 +59,31 @@ def test_parameters_accumulators_and_optimizer_state():
     # and the learning rate (float32 scalars).
     assert sched.stats()["memory"]["optimizer_state"] == 2 * trained + 4 + 3 * 4
     assert memory["peak_rss"] > 100 * 2**20 and memory["allocator_peak"] is None  # CPU
+
+
+def test_the_caches_show_what_they_keep_and_their_bounds(cpu_path):
+    """One process receives nothing, so only the kernel cache fills: over 20 batch sizes (one
+    new signature per stage and step) it keeps its 4 entries and evicts the rest; the buffer
+    caches report their bound (``buffer_cache_bytes``) and nothing kept."""
+    model = build(3, "none")
+    stages = [ge.PipelineStage(cell, k, 3) for k, cell in enumerate(model.stages)]
+    sched = ge.ScheduleInterleaved1F1B(
+        stages, 2, loss_fn=loss_fn, mode="pynative", kernel_cache_size=4, buffer_cache_bytes=4096
+    )
+    entries = []
+    for rows in range(2, 42, 2):
+        x, labels = batch(rows)
+        sched.run(x, labels=labels)
+        caches = sched.stats()["memory"]["caches"]
+        entries.append(caches["kernels"]["entries"])
+    assert max(entries) == 4 and entries[-1] == 4
+    assert caches["kernels"]["max_entries"] == 4 and caches["kernels"]["evictions"] > 20
+    assert caches["kernels"]["bytes"] == 0  # no kernel of the plain body holds tensors of its own
+    assert caches["send_frames"] is None  # no transport on one rank
+    assert caches["receive_slots"] == {
+        "entries": 0,
+        "bytes": 0,
+        "max_bytes": 4096,
+        "evictions": 0,
+        "evicted_bytes": 0,
+    }

@@ -118,6 +118,24 @@ def test_the_kernel_cache_evicts_the_least_recently_used_and_counts_it() -> None
     assert len(cache) == 0 and cache.evictions == 1  # a clear is not an eviction
 
 
+def test_the_kernel_cache_counts_the_bytes_its_entries_say_they_hold() -> None:
+    """An entry with tensors of its own (the split backward's probes and stores) says its
+    ``nbytes``; the bytes go with the entry when it is evicted."""
+
+    class Holding:
+        def __init__(self, nbytes: int) -> None:
+            self.nbytes = nbytes
+
+    cache = KernelCache(2)
+    cache.put("plain", lambda: None)
+    cache.put("a", Holding(100))
+    assert cache.nbytes() == 100
+    cache.put("b", Holding(40))  # evicts "plain"
+    assert cache.nbytes() == 140
+    cache.put("c", Holding(1))  # evicts "a" and its 100 bytes
+    assert cache.nbytes() == 41 and cache.evictions == 2
+
+
 @pytest.mark.parametrize("size", [0, -1, 2.0, True, None])
 def test_the_kernel_cache_size_must_be_a_positive_int(size) -> None:
     with pytest.raises(ExecutorConfigError, match=f"kernel_cache_size must be a positive int, got {size!r}"):
