@@ -51,11 +51,15 @@ class ChatProcessor:
     than the model's).
     """
 
-    def __init__(self, model_dir: str | Path, *, max_length: int | None = None, truncate: bool = False) -> None:
+    def __init__(
+        self, model_dir: str | Path, *, max_length: int | None = None, truncate: bool = False
+    ) -> None:
         from graph_exec.models.pretrained import load_config, model_type_of
 
         self.model_dir = Path(model_dir)
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2):
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
+        ):
             raise DataError(f"max_length must be an int >= 2 or None, got {max_length!r}")
         self.max_length, self.truncate = max_length, bool(truncate)
         self.config = load_config(self.model_dir)
@@ -64,7 +68,9 @@ class ChatProcessor:
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.chat_template = getattr(self.processor, "chat_template", None) or self.tokenizer.chat_template
         if not self.chat_template:
-            raise DataError(f"{str(self.model_dir)!r} has no chat template (tokenizer_config.json or chat_template.json)")
+            raise DataError(
+                f"{str(self.model_dir)!r} has no chat template (tokenizer_config.json or chat_template.json)"
+            )
         self._check_special_tokens()
 
     def _load(self) -> Any:
@@ -116,7 +122,10 @@ class ChatProcessor:
     def render(self, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
         """The chat template's text of ``messages``."""
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=generation_prompt
+            messages,
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
         )
 
     def __call__(self, conversation: Conversation) -> dict[str, Any]:
@@ -147,7 +156,9 @@ class ChatProcessor:
             return [dict(m) for m in conversation.messages]
         return [{"role": m["role"], "content": _parts(m["content"])} for m in conversation.messages]
 
-    def _assistant_spans(self, messages: list[dict], text: str, conversation: Conversation) -> list[tuple[int, int]]:
+    def _assistant_spans(
+        self, messages: list[dict], text: str, conversation: Conversation
+    ) -> list[tuple[int, int]]:
         """The characters of each assistant turn in ``text``: from the end of the generation
         prompt before it to the end of its own rendering, trailing whitespace excluded."""
         spans = []
@@ -184,7 +195,9 @@ class ChatProcessor:
         expanded = np.repeat(ids, widths)
         processed = np.asarray(out["input_ids"][0], np.int64)
         if not np.array_equal(expanded, processed):
-            raise conversation.error("the processor's token ids differ from the chat template's tokens with images expanded")
+            raise conversation.error(
+                "the processor's token ids differ from the chat template's tokens with images expanded"
+            )
         rows = np.cumsum([0] + [int(np.prod(g)) for g in grids])
         pixels = np.asarray(out["pixel_values"], np.float32)
         images = [
@@ -248,17 +261,3 @@ def _open_image(path: Path, k: int, conversation: Conversation) -> Any:
         raise conversation.error(f"image {k} {str(path)!r} does not exist") from exc
     except (OSError, UnidentifiedImageError, ValueError) as exc:
         raise conversation.error(f"image {k} {str(path)!r} cannot be read: {exc}") from exc
-
-
-def processor_summary(processor: ChatProcessor) -> str:
-    """One line on what prepares the samples (for logs)."""
-    pixels = ""
-    if processor.vision:
-        ip = processor.processor.image_processor
-        pixels = f", images resized within {ip.min_pixels}..{ip.max_pixels} pixels"
-    return f"{type(processor.tokenizer).__name__} of {processor.model_dir}{pixels}" + (
-        f", max_length {processor.max_length} ({'cut' if processor.truncate else 'refused'} above)"
-        if processor.max_length
-        else ""
-    )
-

@@ -52,7 +52,9 @@ class ConversationDataset:
         self.path = Path(path)
         #: The error of each sample left out, in file order (its file, line and reason).
         self.skipped: list[ConversationError] = []
-        self.conversations = read_conversations(self.path, image_root, self._skip if skip_bad_samples else None)
+        self.conversations = read_conversations(
+            self.path, image_root, self._skip if skip_bad_samples else None
+        )
         if skip_bad_samples:
             self.conversations = [c for c in self.conversations if self._good(c)]
             if self.skipped:

@@ -120,10 +120,14 @@ def pad_text_samples(
 
     for k, sample in enumerate(samples):
         if sample.get("images"):
-            raise ValueError(f"sample {k} has images: a text-only batch takes none (pass model= for Qwen2-VL)")
+            raise ValueError(
+                f"sample {k} has images: a text-only batch takes none (pass model= for Qwen2-VL)"
+            )
     lengths = [len(s["input_ids"]) for s in samples]
     longest = int(np.argmax(lengths))
-    length = _bucket(lengths[longest], pad_to, f"sample {longest} has {lengths[longest]} tokens, which", "pad_to")
+    length = _bucket(
+        lengths[longest], pad_to, f"sample {longest} has {lengths[longest]} tokens, which", "pad_to"
+    )
     ids = np.full((len(samples), length), pad_token_id, np.int32)
     labels = np.full((len(samples), length), -100, np.int32)
     for b, sample in enumerate(samples):

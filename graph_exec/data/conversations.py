@@ -12,9 +12,9 @@ loads a tokenizer: :mod:`graph_exec.data.chat` does.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from graph_exec.data.errors import DataError
@@ -54,10 +54,6 @@ class Conversation:
         """The error naming this conversation's file and line."""
         return ConversationError(self.file, self.line, what)
 
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
-
 
 def read_conversations(
     path: str | Path,
@@ -96,7 +92,9 @@ def _records(text: str, path: Path) -> list[tuple[int, Any]]:
             try:
                 records.append((number, json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise ConversationError(path, number, f"not valid JSON: {exc.msg} (column {exc.colno})") from exc
+                raise ConversationError(
+                    path, number, f"not valid JSON: {exc.msg} (column {exc.colno})"
+                ) from exc
     return records
 
 
@@ -111,7 +109,9 @@ def _array_records(text: str, path: Path) -> list[tuple[int, Any]]:
         try:
             record, end = decoder.raw_decode(text, at)
         except json.JSONDecodeError as exc:
-            raise ConversationError(path, exc.lineno, f"not valid JSON: {exc.msg} (column {exc.colno})") from exc
+            raise ConversationError(
+                path, exc.lineno, f"not valid JSON: {exc.msg} (column {exc.colno})"
+            ) from exc
         records.append((text.count("\n", 0, at) + 1, record))
         at = _skip_space(text, end)
         if at < len(text) and text[at] == "]":
@@ -141,7 +141,9 @@ def parse_record(record: Any, file: Path, line: int, image_root: Path) -> Conver
     elif "conversations" in record:
         turns, role_key, text_key = record["conversations"], "from", "value"
     else:
-        raise fail(f"a record has 'messages' (role/content) or 'conversations' (from/value), got keys {sorted(record)}")
+        raise fail(
+            f"a record has 'messages' (role/content) or 'conversations' (from/value), got keys {sorted(record)}"
+        )
     if not isinstance(turns, list) or not turns:
         raise fail("the conversation is empty: it needs a list of turns")
     messages = tuple(_message(turn, k, role_key, text_key, fail) for k, turn in enumerate(turns))
