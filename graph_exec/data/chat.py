@@ -150,7 +150,7 @@ class ChatProcessor:
         if not self.vision:
             if conversation.images:
                 raise conversation.error(
-                    f"has {len(conversation.images)} image(s), but {str(self.model_dir)!r} holds a text-only "
+                    f"the conversation has {len(conversation.images)} image(s), but {str(self.model_dir)!r} holds a text-only "
                     f"{self.config.model_type} model"
                 )
             return [dict(m) for m in conversation.messages]
