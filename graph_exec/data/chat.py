@@ -115,7 +115,8 @@ class ChatProcessor:
 
     @property
     def pad_token_id(self) -> int:
-        """The id padding is written with (it carries no loss; never the image token)."""
+        """The id padding is written with: the tokenizer's pad token, else its end of sequence
+        (padding carries no loss and is masked out of attention)."""
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
 

@@ -256,6 +256,13 @@ def test_a_directory_without_processor_or_with_other_special_ids_is_refused(qwen
         match=r"does not fit its config.json: <\|image_pad\|> is 124, config.json's image_token_id is 100",
     ):
         ConversationDataset(DATA / "conversations.jsonl", moved)
+    untemplated = tmp_path / "untemplated"
+    shutil.copytree(qwen_dir, untemplated)
+    (untemplated / "chat_template.json").unlink()
+    settings = json.loads((untemplated / "tokenizer_config.json").read_text())
+    (untemplated / "tokenizer_config.json").write_text(json.dumps(settings | {"chat_template": None}))
+    with pytest.raises(DataError, match=r"untemplated' has no chat template"):
+        ConversationDataset(DATA / "conversations.jsonl", untemplated)
     (bare / "tokenizer.json").unlink()
     for name in ("tokenizer_config.json", "chat_template.json"):
         (bare / name).unlink()
