@@ -71,3 +71,32 @@ class Example:
     build: Callable[..., ExampleModel]
     #: Whether the preprocess is trainable by default (``--frozen``/``--trainable`` override).
     trainable_by_default: bool
+
+
+def conversation_samples(
+    dataset: str,
+    model_dir: str | None,
+    *,
+    image_root: str | None = None,
+    max_length: int | None = None,
+    skip_bad_samples: bool = False,
+) -> tuple[Any, Callable[[int, int], list[dict]], str]:
+    """``(data, samples(step, batch_size), summary)`` for ``graph-exec run --dataset``: the
+    conversations of ``dataset`` prepared by ``model_dir``'s own processor
+    (:class:`graph_exec.data.ConversationDataset`; a sample above ``max_length`` is refused, or
+    skipped and named with ``skip_bad_samples``); step ``k`` takes samples ``k·batch_size …`` in
+    file order, wrapping around (the same on every rank)."""
+    from graph_exec.data import ConversationDataset
+
+    if model_dir is None:
+        raise ValueError("dataset needs pretrained=DIR: the directory's processor prepares the conversations")
+    data = ConversationDataset(
+        dataset, model_dir, image_root=image_root, max_length=max_length, skip_bad_samples=skip_bad_samples
+    )
+
+    def samples(step: int, batch_size: int) -> list[dict]:
+        return [data[(step * batch_size + k) % len(data)] for k in range(batch_size)]
+
+    limit = f", max_length {max_length} (longer refused)" if max_length else ""
+    summary = f"conversations of {dataset}: {len(data)} samples, {len(data.skipped)} skipped{limit}"
+    return data, samples, summary

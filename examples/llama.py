@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graph_exec.examples.common import Example, ExampleModel
+from graph_exec.examples.common import Example, ExampleModel, conversation_samples
 
 SEQ = 32
 
@@ -92,12 +92,20 @@ def build(
     pretrained: str | None = None,
     rank: int = 0,
     pp: int = 1,
+    dataset: str | None = None,
+    image_root: str | None = None,
+    max_length: int | None = None,
+    skip_bad_samples: bool = False,
 ) -> ExampleModel:
     """Llama of preset ``size`` cut into ``num_stages`` chunks after the embedding preprocess.
 
     ``pretrained``: a pretrained directory (a Llama or Qwen2) instead of the preset's random
     model; pipeline rank ``rank`` of ``pp`` then reads only its own share
     (:func:`graph_exec.models.load_split`), and the preset gives only the sequence length.
+
+    ``dataset`` (with ``pretrained``): batches of the conversations in ``dataset`` instead,
+    prepared by the directory's tokenizer and chat template
+    (:func:`~graph_exec.examples.common.conversation_samples`), padded to the batch's longest.
     """
     import graph_exec.models as gm
 
@@ -121,15 +129,33 @@ def build(
         )
         width, vocab = preset.hidden, preset.vocab
 
+    conversations = None
+    if dataset is not None:
+        conversations = conversation_samples(
+            dataset,
+            pretrained,
+            image_root=image_root,
+            max_length=max_length,
+            skip_bad_samples=skip_bad_samples,
+        )
+
     def make_batch(step: int, batch_size: int):
-        return batch(step, batch_size, size, vocab)
+        if conversations is None:
+            return batch(step, batch_size, size, vocab)
+        import mindspore as ms
+
+        from graph_exec.data import pad_text_samples
+
+        pad = conversations[0].processor.pad_token_id
+        (ids, positions), labels = pad_text_samples(conversations[1](step, batch_size), pad_token_id=pad)
+        return (ms.Tensor(ids), ms.Tensor(positions)), ms.Tensor(labels)
 
     return ExampleModel.of_split(
         split,
         make_batch,
         f"mindone Llama{f' from {pretrained}' if pretrained else ''}: embedding "
         f"({'trainable' if trainable_preprocess else 'frozen'}) as preprocess, width {width}, layers per stage "
-        f"{list(split.layers)}, vocab {vocab}, sequence {SEQ}",
+        f"{list(split.layers)}, vocab {vocab}, " + (conversations[2] if conversations else f"sequence {SEQ}"),
     )
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graph_exec.examples.common import Example, ExampleModel
+from graph_exec.examples.common import Example, ExampleModel, conversation_samples
 
 CLASSES, TEXT = 4, 16
 #: The most images one sample of the mixed batches may hold.
@@ -262,6 +262,10 @@ def build(
     mix_micro: int = 1,
     tower_unit: float = 1.0,
     pad_per_micro: bool = False,
+    dataset: str | None = None,
+    image_root: str | None = None,
+    max_length: int | None = None,
+    skip_bad_samples: bool = False,
 ) -> ExampleModel:
     """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked.
 
@@ -282,13 +286,27 @@ def build(
     padded each to its own sizes (:attr:`ExampleModel.micro_batches`,
     :func:`graph_exec.models.vlm_micro_batches`), so each micro-batch's tower runs at its own
     patch count instead of the batch's largest.
+
+    ``dataset`` (with ``pretrained``; ``graph-exec run qwen2vl --pretrained DIR --dataset FILE``):
+    batches of the conversations in ``dataset`` instead, prepared by the directory's own processor
+    and chat template (:func:`~graph_exec.examples.common.conversation_samples`); the directory's
+    special tokens are then checked against its tokenizer, not the preset's.
     """
     import mindspore as ms
 
     import graph_exec.models as gm
 
     preset = SIZES[size]
-    mixed = image_sizes is not None or images_per_sample is not None or image_mix is not None
+    conversations = None
+    if dataset is not None:
+        conversations = conversation_samples(
+            dataset,
+            pretrained,
+            image_root=image_root,
+            max_length=max_length,
+            skip_bad_samples=skip_bad_samples,
+        )
+    mixed = image_sizes is not None or images_per_sample is not None or image_mix is not None or bool(dataset)
     grid = None if mixed else preset.grid
     if pretrained is not None:
         split = gm.load_split(
@@ -300,7 +318,8 @@ def build(
             trainable_preprocess=trainable_preprocess,
             image_grid=grid,
         )
-        check_data_layout(split.config, preset, pretrained)
+        if conversations is None:
+            check_data_layout(split.config, preset, pretrained)
         whole, depth = split.model, split.config.vision_config.depth
     else:
         depth = preset.vision_depth if vision_depth is None else vision_depth
@@ -316,7 +335,11 @@ def build(
     sizes = image_sizes or [(preset.image, preset.image)]
     counts = images_per_sample or (1, 1)
 
+    pad = conversations[0].processor.pad_token_id if conversations else 0
+
     def samples(step: int, batch_size: int) -> list[dict]:
+        if conversations is not None:
+            return conversations[1](step, batch_size)
         if image_mix is not None:
             return mix_samples(step, batch_size, image_mix, mix_micro, size)
         return mixed_samples(step, batch_size, sizes, counts, size)
@@ -327,10 +350,11 @@ def build(
     def make_batch(step: int, batch_size: int):
         if not mixed:
             return batch(whole, step, batch_size, size)
-        return tensors(gm.vlm_batch(whole, samples(step, batch_size)))
+        return tensors(gm.vlm_batch(whole, samples(step, batch_size), pad_token_id=pad))
 
     def micro_batches(step: int, batch_size: int, micro: int):
-        return [tensors(made) for made in gm.vlm_micro_batches(whole, samples(step, batch_size), micro)]
+        made = gm.vlm_micro_batches(whole, samples(step, batch_size), micro, pad_token_id=pad)
+        return [tensors(batch) for batch in made]
 
     def tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
         """Per micro-batch: its real patches (``VLMBatch.patches`` summed) in light micro-batches,
@@ -341,7 +365,9 @@ def build(
         return tuple(float(p) / light * tower_unit for p in per_micro)
 
     images = (
-        f"{image_mix} image mix of {preset.image}px and {image_mix_heavy(preset.image)}px images "
+        conversations[2]
+        if conversations is not None
+        else f"{image_mix} image mix of {preset.image}px and {image_mix_heavy(preset.image)}px images "
         f"({'each micro-batch' if pad_per_micro else 'the batch'} padded, masked)"
         if image_mix is not None
         else f"{counts[0]}-{counts[1]} images per sample of {', '.join(f'{h}x{w}' for h, w in sizes)} px (padded, masked)"

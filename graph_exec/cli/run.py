@@ -25,6 +25,7 @@ from graph_exec.cli.argtypes import (
     non_negative_int,
     positive_int,
 )
+from graph_exec.cli.conversations import add_dataset_arguments, dataset_options
 from graph_exec.cli.jobs import (
     JobFailed,
     Restarts,
@@ -114,6 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_output_arguments(parser)
     _add_checkpoint_arguments(parser)
     _add_pretrained_arguments(parser)
+    add_dataset_arguments(parser)
     add_launch_arguments(parser, timeout_s=300)
     parser.set_defaults(func=lambda args: _run(args, parser))
 
@@ -397,7 +399,9 @@ LENGTH_EXAMPLES = ("embed_lm",)
 def shape_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     """The job's ``seq_len_range``, ``shapes`` and ``shape_buckets``; impossible sets exit with 2."""
     mixed = (
-        getattr(args, "image_sizes", None) is not None or getattr(args, "images_per_sample", None) is not None
+        getattr(args, "image_sizes", None) is not None
+        or getattr(args, "images_per_sample", None) is not None
+        or getattr(args, "dataset", None) is not None
     )
     if mixed and args.shapes == "dynamic" and args.shape_buckets is None and args.seq_len_range is None:
         # qwen2vl's mixed batches vary their patch count and length: one dynamic graph per kernel
@@ -452,7 +456,7 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     shapes = shape_options(args, parser)
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=args.steps, warmup=0)
     pretrained = pretrained_options(args, parser)
-    images = image_options(args, parser)
+    images = {**image_options(args, parser), **dataset_options(args, parser)}
     if images:
         pretrained["model_options"] = {**(pretrained["model_options"] or {}), **images}
     job = dataclasses.replace(job, **shapes, **pretrained, data=data_option(args, parser))

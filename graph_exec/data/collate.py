@@ -78,3 +78,60 @@ def collate_batch(collate: Collate, samples: list[Any], indices: Sequence[int]) 
         int(indices[0]),
         f"the batch of samples {list(map(int, indices))} cannot be collated: {type(cause).__name__}: {cause}",
     ) from cause
+
+
+def conversation_collate(
+    model: Any = None,
+    *,
+    micro: int | None = None,
+    pad_to: int | Sequence[int] | None = None,
+    patch_pad_to: int | Sequence[int] | None = None,
+    pad_token_id: int = 0,
+) -> Collate:
+    """The loader's ``collate`` for samples of :class:`~graph_exec.data.ConversationDataset`.
+
+    With ``model`` (a Qwen2-VL :class:`~graph_exec.models.SplitModel` or whole mindone model):
+    :func:`graph_exec.models.vlm_batch` of the samples (``sched.run(*b.inputs,
+    labels=b.labels)``), or with ``micro`` :func:`graph_exec.models.vlm_micro_batches`
+    (``sched.run(micro_batches=b)``: each micro-batch padded to its own sizes). Without: a
+    text-only batch ``((input_ids, position_ids), labels)`` for a Llama/Qwen2 split, padded with
+    ``pad_token_id`` (labels ``-100``) to the longest sample or a bucket of ``pad_to``. Pass the
+    data set's ``processor.pad_token_id``.
+    """
+    if model is None:
+        if micro is not None or patch_pad_to is not None:
+            raise ValueError("micro and patch_pad_to are for a Qwen2-VL model: pass model=")
+        return lambda samples: pad_text_samples(samples, pad_to, pad_token_id)
+    from graph_exec.models import vlm_batch, vlm_micro_batches
+
+    options = {"pad_to": pad_to, "patch_pad_to": patch_pad_to, "pad_token_id": pad_token_id}
+    if micro is None:
+        return lambda samples: vlm_batch(model, samples, **options)
+    return lambda samples: vlm_micro_batches(model, samples, micro, **options)
+
+
+def pad_text_samples(
+    samples: Sequence[Mapping[str, Any]], pad_to: int | Sequence[int] | None = None, pad_token_id: int = 0
+) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """``((input_ids, position_ids), labels)`` of text-only samples (``{"input_ids",
+    "labels"}``), padded on the right: ``pad_token_id`` in the ids, ``-100`` in the labels (a
+    causal model's real positions never see the padding after them)."""
+    from graph_exec.models.vlm_batch import _bucket
+
+    for k, sample in enumerate(samples):
+        if sample.get("images"):
+            raise ValueError(
+                f"sample {k} has images: a text-only batch takes none (pass model= for Qwen2-VL)"
+            )
+    lengths = [len(s["input_ids"]) for s in samples]
+    longest = int(np.argmax(lengths))
+    length = _bucket(
+        lengths[longest], pad_to, f"sample {longest} has {lengths[longest]} tokens, which", "pad_to"
+    )
+    ids = np.full((len(samples), length), pad_token_id, np.int32)
+    labels = np.full((len(samples), length), -100, np.int32)
+    for b, sample in enumerate(samples):
+        ids[b, : lengths[b]] = sample["input_ids"]
+        labels[b, : lengths[b]] = sample["labels"]
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), ids.shape).copy()
+    return (ids, positions), labels

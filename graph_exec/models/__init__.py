@@ -23,7 +23,7 @@ cpu_ops.apply()
 from graph_exec.balance import even_layers, rank_loads, rebalanced_layers  # noqa: E402
 from graph_exec.models.export import export_pretrained  # noqa: E402
 from graph_exec.models.inputs import image_patches, lm_inputs, vlm_inputs  # noqa: E402
-from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss  # noqa: E402
+from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss, causal_lm_token_loss  # noqa: E402
 from graph_exec.models.materialise import load_split  # noqa: E402
 from graph_exec.models.pretrained import model_class  # noqa: E402
 from graph_exec.models.split import SplitModel, split_model  # noqa: E402
@@ -44,6 +44,7 @@ __all__ = [
     "SplitModel",
     "VLMBatch",
     "causal_lm_loss",
+    "causal_lm_token_loss",
     "cpu_ops",
     "even_layers",
     "export_pretrained",

@@ -18,6 +18,14 @@ def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     gradient inside a compiled graph on CPU (``Bprop "GatherDGradV2"``), and ``mint``'s cross
     entropy has no CPU kernel at all.
     """
+    total, count = causal_lm_token_loss(logits, labels)
+    return total / ops.clip(count, 1.0, None)
+
+
+def causal_lm_token_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """``(summed cross-entropy, label count)`` of :func:`causal_lm_loss`'s positions: the
+    ``loss_fn`` of ``loss_reduction="token"``, whose step loss is the mean over every labelled
+    token of the global batch, however the samples fall into rows and micro-batches."""
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab).astype(ms.float32)
     target = labels.reshape(-1)
@@ -26,4 +34,4 @@ def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
         ops.clip(target, 0, vocab - 1), vocab, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
     )
     nll = -(ops.log_softmax(flat, -1) * picked).sum(-1)
-    return (nll * valid).sum() / ops.clip(valid.sum(), 1.0, None)
+    return (nll * valid).sum(), valid.sum()

@@ -1,0 +1,114 @@
+"""``graph-exec run llama|qwen2vl --pretrained DIR --dataset FILE`` without launching: the flags
+reach the job, the whole data set is prepared before msrun would start (a bad sample exits with
+code 2 naming its file and line; ``--skip-bad-samples`` names and counts them), and the
+examples build their batches from the conversations."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graph_exec.cli import jobs, main
+from graph_exec.cli.run import job_from_args
+from graph_exec.examples import assets, qwen2vl
+from tests.runtime.test_conversations import DATA, chat, write_lines
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def tripwire(*args: object, **kwargs: object) -> None:
+        raise AssertionError("msrun was launched")
+
+    monkeypatch.setattr(jobs, "launch", tripwire)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny Qwen2-VL pretrained directory (make_pretrained's weights) with its processor."""
+    from graph_exec.examples.make_pretrained import make_pretrained
+
+    folder = tmp_path_factory.mktemp("models") / "qwen2vl"
+    make_pretrained("qwen2vl", folder, layers=2)
+    config = qwen2vl.config(qwen2vl.SIZES["tiny"], 2, qwen2vl.SIZES["tiny"].vision_depth)
+    assets.write_tokenizer_and_processor(folder, config)
+    return folder
+
+
+def _job(argv: list[str]):
+    parser = main.__globals__["build_parser"]("run")
+    return job_from_args(parser.parse_args(argv), parser)
+
+
+def _exit(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_the_dataset_reaches_the_job_after_its_check(model_dir, capsys):
+    data = DATA / "conversations.jsonl"
+    job = _job(
+        ["run", "qwen2vl", "--pretrained", str(model_dir), "--dataset", str(data), "--max-length", "200"]
+    )
+    assert job.model_options == {
+        "pretrained": str(model_dir.resolve()),
+        "dataset": str(data.resolve()),
+        "image_root": None,
+        "max_length": 200,
+        "skip_bad_samples": False,
+    }
+    assert f"--dataset {data.resolve()}: 4 conversations" in capsys.readouterr().out
+
+
+def test_bad_data_and_flags_exit_before_launching(model_dir, tmp_path, capsys):
+    shutil.copytree(DATA / "imgs", tmp_path / "imgs")
+    path = write_lines(
+        tmp_path, chat("<image>Hi", "Yes.", ["imgs/red.png"]), chat("<image>Hi", "No.", ["imgs/x.png"])
+    )
+    run = ["run", "qwen2vl", "--pretrained", str(model_dir)]
+    assert f"--dataset: {path}:2: image 0 {str(tmp_path / 'imgs/x.png')!r} does not exist" in _exit(
+        [*run, "--dataset", str(path)], capsys
+    )
+    job = _job([*run, "--dataset", str(path), "--skip-bad-samples"])
+    assert job.model_options["skip_bad_samples"] is True
+    assert "1 conversations, 1 bad sample(s) skipped" in capsys.readouterr().out
+    assert "--max-length, --skip-bad-samples need --dataset FILE" in _exit(
+        [*run, "--max-length", "9", "--skip-bad-samples"], capsys
+    )
+    assert "--dataset needs --pretrained DIR" in _exit(["run", "qwen2vl", "--dataset", str(path)], capsys)
+    assert "--dataset needs one of llama, qwen2vl, not embed_lm" in _exit(
+        ["run", "embed_lm", "--dataset", str(path)], capsys
+    )
+    assert "is not a file" in _exit([*run, "--dataset", str(tmp_path / "none.jsonl")], capsys)
+    assert "drop --image-sizes" in _exit([*run, "--dataset", str(path), "--image-sizes", "8x8"], capsys)
+    assert "above max_length 20" in _exit([*run, "--dataset", str(path), "--max-length", "20"], capsys)
+    config = json.loads((model_dir / "config.json").read_text())
+    moved = tmp_path / "moved"
+    shutil.copytree(model_dir, moved)
+    (moved / "config.json").write_text(json.dumps(config | {"vision_start_token_id": 3}))
+    assert "<|vision_start|> is 126, config.json's vision_start_token_id is 3" in _exit(
+        ["run", "qwen2vl", "--pretrained", str(moved), "--dataset", str(path)], capsys
+    )
+
+
+def test_the_example_trains_on_the_conversations(model_dir):
+    """What the workers build for ``--dataset``: step k's batch is samples k·B.. of the file
+    (wrapping), each prepared by the directory's processor, through ``vlm_batch``."""
+    import graph_exec.models as gm
+    from graph_exec.data import ConversationDataset
+
+    data = DATA / "conversations.jsonl"
+    model = qwen2vl.build(2, pretrained=str(model_dir), dataset=str(data))
+    assert "conversations of" in model.summary and "4 samples, 0 skipped" in model.summary
+    inputs, labels = model.batch(1, 3)  # samples 3, 0, 1
+    samples = ConversationDataset(data, model_dir)
+    want = gm.vlm_batch(
+        model.split, [samples[3], samples[0], samples[1]], pad_token_id=samples.processor.pad_token_id
+    )
+    for mine, theirs in zip((*inputs, labels), (*want.inputs, want.labels), strict=True):
+        np.testing.assert_array_equal(mine.asnumpy(), theirs)
