@@ -48,7 +48,7 @@ def test_cli_round_trip_and_trained_export(tmp_path):
     import sys
 
     from graph_exec.examples.make_pretrained import make_pretrained
-    from graph_exec.models.pretrained import PretrainedDirectory
+    from graph_exec.hub.directory import PretrainedDirectory
     from tests.multirank.test_cli import ENV
 
     source = make_pretrained("llama", tmp_path / "in", seed=2)
