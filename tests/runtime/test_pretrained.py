@@ -361,12 +361,15 @@ def test_bad_ranks_are_named(pretrained):
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen2vl"])
 def test_offline_export_of_a_checkpoint_equals_the_live_export(pretrained, tmp_path, name, capsys):
-    """``graph-exec export`` of a saved step writes what ``export_pretrained`` writes live."""
+    """``graph-exec export`` of a saved step writes what ``export_pretrained`` writes live, with
+    the non-weight files of --config-from; ``--export-dtype bfloat16`` rounds the same values."""
     import mindspore as ms
 
     from graph_exec.cli import main
+    from graph_exec.hub.dtypes import float32_to_bfloat16
 
-    parts = gm.load_split(pretrained[name], 2, **options(name))
+    source = with_non_weights(pretrained[name], tmp_path / "in")
+    parts = gm.load_split(source, 2, **options(name))
     sched = schedule(parts, "pynative")
     inputs, labels = mm.batch(name, parts.model, 4)
     sched.run(*inputs, labels=labels)
@@ -378,12 +381,17 @@ def test_offline_export_of_a_checkpoint_equals_the_live_export(pretrained, tmp_p
         "export",
         str(tmp_path / "ckpt"),
         "--config-from",
-        str(pretrained[name]),
+        str(source),
         "--out",
         str(tmp_path / "off"),
     ]
     assert main(argv) == 0
     assert "exported to" in capsys.readouterr().out
+    for file, text in NON_WEIGHTS.items():
+        assert (live / file).read_text() == text and (tmp_path / "off" / file).read_text() == text, file
+    assert main([*argv[:-1], str(tmp_path / "bf16"), "--export-dtype", "bfloat16"]) == 0
+    rounded = tensors_of(tmp_path / "bf16")
+    assert all(rounded[k].tobytes() == float32_to_bfloat16(v).tobytes() for k, v in tensors_of(live).items())
     a, b = tensors_of(live), tensors_of(tmp_path / "off")
     assert sorted(a) == sorted(b) == sorted(tensors_of(pretrained[name]))
     assert all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
