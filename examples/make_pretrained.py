@@ -4,11 +4,11 @@
 [--dtype bfloat16|float32]`` builds the example's model from a random config (seeded; no
 network) and saves it the way a downloaded Hugging Face checkpoint looks: ``config.json``
 (``torch_dtype``), safetensors shards in **BF16** by default (``format: pt`` metadata) and their
-index (``model.safetensors.index.json``), under Hugging Face's tensor names. The shard size
-defaults to half the model and a byte, so there are two shards and a loader has to follow the
+index (``model.safetensors.index.json``), under Hugging Face's tensor names: two shards of
+about equal bytes unless ``--max-shard-size`` says otherwise, so a loader has to follow the
 index. ``qwen2`` ties its embedding and head (the directory then holds no ``lm_head.weight``:
 the embedding is the only copy). The weights are saved by mindone's ``save_pretrained`` in
-float32, then each shard is rewritten in BF16 (rounded to nearest even), as PyTorch
+float32, then rewritten in BF16 (rounded to nearest even) and two shards, as PyTorch
 ``transformers`` writes a bfloat16 model: mindone's writer goes through numpy, which has no
 bfloat16.
 
@@ -61,8 +61,8 @@ def make_pretrained(
 ) -> Path:
     """Build model ``name`` (or from ``config``) with random weights from ``seed`` and save it
     into ``out`` with mindone's ``save_pretrained`` in ``dtype`` (``bfloat16``: the Hub's;
-    ``float32``); returns ``out``. ``max_shard_size`` in bytes of float32 (default: half
-    of the model, so that there are several shards)."""
+    ``float32``); returns ``out``. ``max_shard_size`` in bytes of float32 (mindone's
+    sharding; default: two shards of about equal bytes)."""
     import mindspore as ms
 
     import graph_exec.models as gm
@@ -75,39 +75,62 @@ def make_pretrained(
     config = config_of(name, size, layers, vision_depth) if config is None else config
     ms.set_seed(seed)
     model = gm.model_class(config)(config)
-    shard = max_shard_size or model_bytes(model) // 2 + 1  # two shards
+    shard = max_shard_size or model_bytes(model)
     # Hugging Face's names (mindone's own would keep an nn.Embedding's ``embedding_table``).
     params = {p.name: p for p in model.get_parameters()}
     state = {hf: params[name] for name, hf in torch_names(model).items()}
     model.save_pretrained(str(out), state_dict=state, max_shard_size=shard)
-    set_dtype(Path(out), dtype)
+    set_dtype(Path(out), dtype, None if max_shard_size else 2)
     return Path(out)
 
 
-def set_dtype(folder: Path, dtype: str) -> None:
-    """Rewrite every shard of ``folder`` with its float tensors in ``dtype`` and ``format: pt``
-    metadata, the index's ``total_size`` and ``config.json``'s ``torch_dtype`` to match."""
+def set_dtype(folder: Path, dtype: str, shards: int | None = None) -> None:
+    """Rewrite the weights of ``folder`` with their float tensors in ``dtype`` and ``format: pt``
+    metadata, in ``shards`` shards of about equal bytes (``None``: as they were), the index and
+    ``config.json``'s ``torch_dtype`` to match. Holds every tensor at once: for small examples."""
     import json
 
-    from graph_exec.hub.directory import INDEX_FILE, PretrainedDirectory
+    from graph_exec.hub.directory import INDEX_FILE, SINGLE_FILE, PretrainedDirectory
     from graph_exec.hub.dtypes import FLOAT_NAMES, as_stored, write_safetensors
 
-    shards = PretrainedDirectory(folder)
-    total = 0
-    for file in sorted({file for file, _, _ in shards.tensors.values()}):
-        names = [name for name, (f, _, _) in shards.tensors.items() if f == file]
-        tensors = {name: as_stored(shards.read(name), FLOAT_NAMES[dtype]) for name in names}
-        write_safetensors(folder / file, tensors, {"format": "pt"})
-        total += sum(array.nbytes for _, array in tensors.values())
-    index = folder / INDEX_FILE
-    if index.is_file():
-        entries = json.loads(index.read_text(encoding="utf-8"))
-        entries.setdefault("metadata", {})["total_size"] = total
-        index.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
+    weights = PretrainedDirectory(folder)
+    tensors = {name: as_stored(weights.read(name), FLOAT_NAMES[dtype]) for name in weights.tensors}
+    groups = _groups(tensors, shards) if shards else _files_of(weights)
+    for file in {file for file, _, _ in weights.tensors.values()}:
+        (folder / file).unlink()
+    (folder / INDEX_FILE).unlink(missing_ok=True)
+    weight_map = {}
+    for k, names in enumerate(groups):
+        file = SINGLE_FILE if len(groups) == 1 else f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        write_safetensors(folder / file, {name: tensors[name] for name in names}, {"format": "pt"})
+        weight_map.update(dict.fromkeys(names, file))
+    if len(groups) > 1:
+        total = sum(array.nbytes for _, array in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     config.pop("dtype", None)  # transformers 4.57's name; the Hub's files say torch_dtype
     config["torch_dtype"] = dtype
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def _groups(tensors: dict[str, tuple[str, Any]], count: int) -> list[list[str]]:
+    """The names, in order, cut into ``count`` runs of about equal bytes (none empty)."""
+    total = sum(array.nbytes for _, array in tensors.values())
+    groups: list[list[str]] = [[] for _ in range(count)]
+    used = 0
+    for name, (_, array) in tensors.items():
+        groups[min(used * count // max(total, 1), count - 1)].append(name)
+        used += array.nbytes
+    return [group for group in groups if group]
+
+
+def _files_of(weights: Any) -> list[list[str]]:
+    """The names of each file of ``weights``, as they were."""
+    by_file: dict[str, list[str]] = {}
+    for name, (file, _, _) in weights.tensors.items():
+        by_file.setdefault(file, []).append(name)
+    return [by_file[file] for file in sorted(by_file)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-shard-size",
         type=int,
         metavar="BYTES",
-        help="bytes per shard (default: half the model: two shards)",
+        help="bytes of float32 per shard, mindone's sharding (default: two shards of about equal bytes)",
     )
     args = parser.parse_args(argv)
     if args.out.exists() and any(args.out.iterdir()):

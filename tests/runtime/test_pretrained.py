@@ -199,6 +199,31 @@ def test_load_then_export_reproduces_the_directory_bit_for_bit(bf16, tmp_path, n
         assert again.lm_head.weight is again.model.embed_tokens.embedding_table
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_make_pretrained_writes_the_hubs_layout(bf16, pretrained, name):
+    """BF16 (float32 when asked), two shards and an index, ``format: pt``, ``torch_dtype``."""
+    from safetensors import safe_open
+
+    for folder, dtype, stored in ((bf16[name], "bfloat16", "BF16"), (pretrained[name], "float32", "F32")):
+        shards = sorted(p.name for p in folder.glob("*.safetensors"))
+        assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        assert sorted(set(index["weight_map"].values())) == shards
+        assert index["metadata"]["total_size"] == sum(v.nbytes for v in tensors_of(folder).values())
+        assert stored_dtypes(folder) == {stored}
+        assert json.loads((folder / "config.json").read_text())["torch_dtype"] == dtype
+        for shard in shards:
+            with safe_open(str(folder / shard), framework="np") as handle:
+                assert handle.metadata() == {"format": "pt"}
+    widened = {k: (v.astype(np.uint32) << 16).view(np.float32) for k, v in tensors_of(bf16[name]).items()}
+    wide = tensors_of(pretrained[name])  # the same seed: BF16 is float32 rounded to nearest even
+    from graph_exec.hub.dtypes import float32_to_bfloat16
+
+    for key, value in wide.items():
+        assert float32_to_bfloat16(value).tobytes() == tensors_of(bf16[name])[key].tobytes(), key
+        assert np.abs(widened[key] - value).max() <= np.abs(value).max() * 2**-8, key
+
+
 def test_bf16_shards_read_as_mindspore_reads_them(bf16):
     """An independent reader: MindSpore's own safetensors loader gives the same BF16 bits."""
     import mindspore as ms
