@@ -215,13 +215,13 @@ def test_make_pretrained_writes_the_hubs_layout(bf16, pretrained, name):
         for shard in shards:
             with safe_open(str(folder / shard), framework="np") as handle:
                 assert handle.metadata() == {"format": "pt"}
-    widened = {k: (v.astype(np.uint32) << 16).view(np.float32) for k, v in tensors_of(bf16[name]).items()}
-    wide = tensors_of(pretrained[name])  # the same seed: BF16 is float32 rounded to nearest even
     from graph_exec.hub.dtypes import float32_to_bfloat16
 
-    for key, value in wide.items():
-        assert float32_to_bfloat16(value).tobytes() == tensors_of(bf16[name])[key].tobytes(), key
-        assert np.abs(widened[key] - value).max() <= np.abs(value).max() * 2**-8, key
+    bits = tensors_of(bf16[name])
+    for key, value in tensors_of(pretrained[name]).items():  # the same seed: BF16 is float32 rounded
+        assert float32_to_bfloat16(value).tobytes() == bits[key].tobytes(), key
+        widened = (bits[key].astype(np.uint32) << 16).view(np.float32)
+        assert np.abs(widened - value).max() <= np.abs(value).max() * 2**-8, key
 
 
 def test_bf16_shards_read_as_mindspore_reads_them(bf16):
