@@ -36,7 +36,10 @@ SIZES = {"tiny": Size(hidden=64, layers=4, heads=4), "small": Size(hidden=128, l
 def config(size: Size, layers: int, tie_word_embeddings: bool = False, family: str = "llama"):
     """A random ``LlamaConfig`` of preset ``size`` (``family="qwen2"``: the same as a ``Qwen2Config``,
     the two share these fields)."""
-    from transformers import LlamaConfig, Qwen2Config
+    from graph_exec.models.quiet import quiet_imports
+
+    with quiet_imports():
+        from transformers import LlamaConfig, Qwen2Config
 
     return {"llama": LlamaConfig, "qwen2": Qwen2Config}[family](
         vocab_size=size.vocab,

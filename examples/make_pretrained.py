@@ -1,11 +1,16 @@
 """Write a small random "pretrained" directory with MindSpore ONE's own ``save_pretrained``.
 
-``python -m graph_exec.examples.make_pretrained --model llama|qwen2|qwen2vl --out DIR`` builds
-the example's model from a random config (seeded; no network) and saves it the way a
-downloaded Hugging Face checkpoint looks: ``config.json``, safetensors shards and their index
-(``model.safetensors.index.json``), under Hugging Face's tensor names. The shard size defaults to a quarter of the model, so
-there are several shards and a loader has to follow the index. ``qwen2`` ties its embedding
-and head (the directory then holds no ``lm_head.weight``: the embedding is the only copy).
+``python -m graph_exec.examples.make_pretrained --model llama|qwen2|qwen2vl --out DIR
+[--dtype bfloat16|float32]`` builds the example's model from a random config (seeded; no
+network) and saves it the way a downloaded Hugging Face checkpoint looks: ``config.json``
+(``torch_dtype``), safetensors shards in **BF16** by default (``format: pt`` metadata) and their
+index (``model.safetensors.index.json``), under Hugging Face's tensor names: two shards of
+about equal bytes unless ``--max-shard-size`` says otherwise, so a loader has to follow the
+index. ``qwen2`` ties its embedding and head (the directory then holds no ``lm_head.weight``:
+the embedding is the only copy). The weights are saved by mindone's ``save_pretrained`` in
+float32, then rewritten in BF16 (rounded to nearest even) and two shards, as PyTorch
+``transformers`` writes a bfloat16 model: mindone's writer goes through numpy, which has no
+bfloat16.
 
 This is what ``graph-exec run llama|qwen2vl --pretrained DIR`` and
 :func:`graph_exec.models.load_split` read, so the whole pretrained path can be tried offline.
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 MODELS = ("llama", "qwen2", "qwen2vl")
+DTYPES = ("bfloat16", "float32")
 
 
 def config_of(name: str, size: str = "tiny", layers: int | None = None, vision_depth: int | None = None):
@@ -51,10 +57,12 @@ def make_pretrained(
     seed: int = 0,
     max_shard_size: int | None = None,
     config: Any = None,
+    dtype: str = "bfloat16",
 ) -> Path:
     """Build model ``name`` (or from ``config``) with random weights from ``seed`` and save it
-    into ``out`` with mindone's ``save_pretrained``; returns ``out``. ``max_shard_size`` in
-    bytes (default: a quarter of the model, so that there are several shards)."""
+    into ``out`` with mindone's ``save_pretrained`` in ``dtype`` (``bfloat16``: the Hub's;
+    ``float32``); returns ``out``. ``max_shard_size`` in bytes of float32 (mindone's
+    sharding; default: two shards of about equal bytes)."""
     import mindspore as ms
 
     import graph_exec.models as gm
@@ -62,15 +70,67 @@ def make_pretrained(
 
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     config = config_of(name, size, layers, vision_depth) if config is None else config
     ms.set_seed(seed)
     model = gm.model_class(config)(config)
-    shard = max_shard_size or max(model_bytes(model) // 4, 1)
+    shard = max_shard_size or model_bytes(model)
     # Hugging Face's names (mindone's own would keep an nn.Embedding's ``embedding_table``).
     params = {p.name: p for p in model.get_parameters()}
     state = {hf: params[name] for name, hf in torch_names(model).items()}
     model.save_pretrained(str(out), state_dict=state, max_shard_size=shard)
+    set_dtype(Path(out), dtype, None if max_shard_size else 2)
     return Path(out)
+
+
+def set_dtype(folder: Path, dtype: str, shards: int | None = None) -> None:
+    """Rewrite the weights of ``folder`` with their float tensors in ``dtype`` and ``format: pt``
+    metadata, in ``shards`` shards of about equal bytes (``None``: as they were), the index and
+    ``config.json``'s ``torch_dtype`` to match. Holds every tensor at once: for small examples."""
+    import json
+
+    from graph_exec.hub.directory import INDEX_FILE, SINGLE_FILE, PretrainedDirectory
+    from graph_exec.hub.dtypes import FLOAT_NAMES, as_stored, write_safetensors
+
+    weights = PretrainedDirectory(folder)
+    tensors = {name: as_stored(weights.read(name), FLOAT_NAMES[dtype]) for name in weights.tensors}
+    groups = _groups(tensors, shards) if shards else _files_of(weights)
+    for file in {file for file, _, _ in weights.tensors.values()}:
+        (folder / file).unlink()
+    (folder / INDEX_FILE).unlink(missing_ok=True)
+    weight_map = {}
+    for k, names in enumerate(groups):
+        file = SINGLE_FILE if len(groups) == 1 else f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        write_safetensors(folder / file, {name: tensors[name] for name in names}, {"format": "pt"})
+        weight_map.update(dict.fromkeys(names, file))
+    if len(groups) > 1:
+        total = sum(array.nbytes for _, array in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.pop("dtype", None)  # transformers 4.57's name; the Hub's files say torch_dtype
+    config["torch_dtype"] = dtype
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def _groups(tensors: dict[str, tuple[str, Any]], count: int) -> list[list[str]]:
+    """The names, in order, cut into ``count`` runs of about equal bytes (none empty)."""
+    total = sum(array.nbytes for _, array in tensors.values())
+    groups: list[list[str]] = [[] for _ in range(count)]
+    used = 0
+    for name, (_, array) in tensors.items():
+        groups[min(used * count // max(total, 1), count - 1)].append(name)
+        used += array.nbytes
+    return [group for group in groups if group]
+
+
+def _files_of(weights: Any) -> list[list[str]]:
+    """The names of each file of ``weights``, as they were."""
+    by_file: dict[str, list[str]] = {}
+    for name, (file, _, _) in weights.tensors.items():
+        by_file.setdefault(file, []).append(name)
+    return [by_file[file] for file in sorted(by_file)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,12 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="the directory to write (must not exist)")
     parser.add_argument("--size", choices=("tiny", "small"), default="tiny", help="preset (default tiny)")
     parser.add_argument("--layers", type=int, help="decoder layers (default: the preset's)")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="bfloat16",
+        help="dtype of the weights (default bfloat16, the Hub's)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     parser.add_argument(
         "--max-shard-size",
         type=int,
         metavar="BYTES",
-        help="bytes per shard (default: a quarter of the model)",
+        help="bytes of float32 per shard, mindone's sharding (default: two shards of about equal bytes)",
     )
     args = parser.parse_args(argv)
     if args.out.exists() and any(args.out.iterdir()):
@@ -102,9 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         layers=args.layers,
         seed=args.seed,
         max_shard_size=args.max_shard_size,
+        dtype=args.dtype,
     )
     shards = sorted(p.name for p in out.glob("*.safetensors"))
-    print(f"wrote {args.model} ({args.size}) to {out}: config.json and {len(shards)} safetensors shard(s)")
+    print(
+        f"wrote {args.model} ({args.size}, {args.dtype}) to {out}: config.json and {len(shards)} "
+        "safetensors shard(s)"
+    )
     return 0
 
 

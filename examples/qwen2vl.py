@@ -69,7 +69,10 @@ SIZES = {
 
 def config(size: Size, layers: int, vision_depth: int):  # -> Qwen2VLConfig
     """A random Qwen2-VL config of ``size`` (eager attention: flash attention is Ascend only)."""
-    from transformers import Qwen2VLConfig
+    from graph_exec.models.quiet import quiet_imports
+
+    with quiet_imports():
+        from transformers import Qwen2VLConfig
 
     head_dim = size.hidden // size.heads
     quarter = head_dim // 2 // 4  # M-RoPE sections (t, h, w) over head_dim / 2 frequencies

@@ -131,6 +131,10 @@ class DevicePolicy:
     """MindSpore's ``Assign`` has a bfloat16 kernel (GPU, Ascend). MindSpore 2.10's CPU target
     has none (``ops.assign`` of a bfloat16 tensor fails), so :func:`assign_in_place` writes
     bfloat16 tensors there with ``Tensor.copy_`` (its in-place copy has one)."""
+    computes_bfloat16: bool
+    """The target multiplies bfloat16 matrices (GPU, Ascend). MindSpore 2.10's CPU target has no
+    bfloat16 MatMul, so a BF16 checkpoint is loaded as its exact float32 values there
+    (``load_split``'s ``dtype=None``) and kept in BF16 on devices."""
 
     @classmethod
     def for_target(cls, target: str, cpu_fast_paths: bool = True) -> DevicePolicy:
@@ -156,6 +160,7 @@ class DevicePolicy:
             has_streams=target != "CPU",
             allocator_reports_peak=target != "CPU",
             assign_has_bfloat16=target != "CPU",
+            computes_bfloat16=target != "CPU",
         )
 
     def describe(self) -> str:

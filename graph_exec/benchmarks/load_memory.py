@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 _WRITE = """
 from graph_exec.benchmarks.load_memory import config
 from graph_exec.examples.make_pretrained import make_pretrained
-make_pretrained("llama", {folder!r}, config=config({layers}), max_shard_size=200 * 2**20)
+make_pretrained("llama", {folder!r}, config=config({layers}), max_shard_size=200 * 2**20, dtype="float32")
 """
 
 

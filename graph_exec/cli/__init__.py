@@ -12,7 +12,7 @@ import functools
 import importlib
 import sys
 
-from graph_exec.cli.helpformat import DefaultsHelpFormatter
+from graph_exec.cli.helpformat import BriefErrorParser, DefaultsHelpFormatter
 
 #: Sub-command name -> module (relative to this package) that implements it.
 COMMANDS = {
@@ -27,7 +27,7 @@ COMMANDS = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with ``only`` set, import and register just that sub-command."""
-    parser = argparse.ArgumentParser(
+    parser = BriefErrorParser(
         prog="graph-exec",
         description="Plan, simulate, run and benchmark MPipe Transpose pipelines on MindSpore.",
     )
@@ -35,7 +35,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         dest="command",
         metavar="COMMAND",
         required=True,
-        parser_class=functools.partial(argparse.ArgumentParser, formatter_class=DefaultsHelpFormatter),
+        parser_class=functools.partial(BriefErrorParser, formatter_class=DefaultsHelpFormatter),
     )
     for name, module in COMMANDS.items():
         if only is None or only == name:

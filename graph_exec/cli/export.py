@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write a pretrained (save_pretrained) directory from a run's checkpoints",
         description="Merge the per-rank checkpoints of one step into one Hugging Face-format directory "
         "(config.json, safetensors shards, index) that mindone's and PyTorch transformers' from_pretrained "
-        "load. Offline: no msrun.",
+        "load, in the checkpoint's own dtype, with the files of --config-from that are not weights "
+        "(tokenizer, processor, chat template, generation config). Offline: no msrun.",
     )
     parser.add_argument(
         "checkpoint_dir", metavar="CHECKPOINT_DIR", type=Path, help="--checkpoint-dir of the run"
@@ -40,6 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the pretrained directory the run started from",
     )
     parser.add_argument("--out", metavar="DIR", type=Path, required=True, help="the directory to write")
+    parser.add_argument(
+        "--export-dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="dtype of the exported weights (default: the checkpoint's own, --config-from's torch_dtype)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     parser.set_defaults(func=lambda args: _export(args, parser))
 
@@ -58,11 +64,20 @@ def _export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         written = export_checkpoint(
-            args.checkpoint_dir, args.config_from, out, step=args.step, overwrite=args.overwrite
+            args.checkpoint_dir,
+            args.config_from,
+            out,
+            step=args.step,
+            overwrite=args.overwrite,
+            dtype=args.export_dtype,
         )
     except (ValueError, TypeError) as exc:
         print(f"graph-exec export: {exc}", file=sys.stderr)
         return 1
     shards = len(list(written.glob("*.safetensors")))
-    print(f"exported to {written}: config.json and {shards} safetensors shard(s)")
+    carried = sorted(
+        p.name for p in written.iterdir() if p.name != "config.json" and "safetensors" not in p.name
+    )
+    also = f", and from --config-from: {', '.join(carried)}" if carried else ""
+    print(f"exported to {written}: config.json and {shards} safetensors shard(s){also}")
     return 0

@@ -50,6 +50,10 @@ from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW
 SIZES = ("tiny", "small")
 
 
+#: ``--size`` unless told.
+DEFAULT_SIZE = "tiny"
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload flags shared with ``graph-exec bench``."""
     group = parser.add_argument_group("workload")
@@ -78,7 +82,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="samples per step over all replicas, a multiple of D x M (default 2 x D x M)",
     )
-    group.add_argument("--size", choices=SIZES, default="tiny", help="model size preset (default tiny)")
+    group.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help="model size preset (default tiny)")
     group.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
 
 
@@ -321,11 +325,18 @@ def _add_pretrained_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="after the last step, write the model here (save_pretrained)",
     )
+    pretrained.add_argument(
+        "--export-dtype",
+        choices=EXPORT_DTYPES,
+        help="dtype of the exported weights (default: the checkpoint's own, its config's torch_dtype)",
+    )
     pretrained.add_argument("--overwrite", action="store_true", help="let --export replace a non-empty DIR")
 
 
-#: The examples that load and export pretrained directories.
-PRETRAINED_EXAMPLES = ("llama", "qwen2vl")
+#: The examples that load and export pretrained directories, and the model types each takes.
+PRETRAINED_EXAMPLES = {"llama": ("llama", "qwen2"), "qwen2vl": ("qwen2_vl",)}
+#: ``--export-dtype``'s choices (``graph_exec.hub.dtypes.FLOAT_NAMES``, without importing it).
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def pretrained_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
@@ -338,10 +349,10 @@ def pretrained_options(args: argparse.Namespace, parser: argparse.ArgumentParser
         )
     if args.steps == 0 and args.export is None:
         parser.error("--steps 0 trains nothing: it needs --export DIR (load, then export)")
-    if args.pretrained is not None and not (args.pretrained / "config.json").is_file():
-        parser.error(
-            f"--pretrained {str(args.pretrained)!r} is not a pretrained directory: it has no config.json"
-        )
+    if args.pretrained is not None:
+        check_pretrained(args, parser)
+    if args.export_dtype is not None and args.export is None:
+        parser.error("--export-dtype needs --export DIR")
     out = args.export
     if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
         parser.error(
@@ -351,7 +362,27 @@ def pretrained_options(args: argparse.Namespace, parser: argparse.ArgumentParser
         "model_options": {"pretrained": str(args.pretrained.resolve())} if args.pretrained else None,
         "export_dir": str(out.resolve()) if out is not None else None,
         "export_overwrite": args.overwrite,
+        "export_dtype": args.export_dtype,
     }
+
+
+def check_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Before the launch, what can be checked without MindSpore (:func:`graph_exec.hub.directory.
+    check_directory`: the config's model type, the shards, the index, the dtypes); exits with
+    code 2 naming what is wrong. ``--size`` with ``--pretrained`` is said to size nothing."""
+    from graph_exec.hub.directory import check_directory
+
+    try:
+        check_directory(args.pretrained, PRETRAINED_EXAMPLES[args.example])
+    except (OSError, ValueError) as exc:
+        parser.error(f"--pretrained: {exc}")
+    if args.size != DEFAULT_SIZE:
+        batches = "sequence length" if args.example == "llama" else "images and special tokens"
+        print(
+            f"graph-exec run: --size {args.size} does not size the model with --pretrained (its config.json "
+            f"does); it picks only the synthetic batches' {batches}",
+            file=sys.stderr,
+        )
 
 
 def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: JobSpec) -> ResumePoint:
@@ -524,6 +555,10 @@ def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
     loss = "-" if line["loss"] is None else f"{line['loss']:.4f}"
     where = f"  [{mesh}]" if mesh else ""
     text = f"step {line['step'] + 1:>3}/{total}{where}  loss {loss}  last stage's run() {line['seconds'] * 1e3:8.1f} ms"
+    compiled = line.get("compiled")
+    if compiled:
+        why = "" if compiled.get("first") else " for a new shape"
+        text += f"  compiled {compiled['graphs']} graph(s){why} in {compiled['seconds']:.1f} s"
     saved = line.get("checkpoint")
     if saved:
         text += (

@@ -169,6 +169,11 @@ class Trainer:
             "loss": record.loss,
             "seconds": record.end - record.start,
         }
+        before = self.records[-2] if len(self.records) > 1 else None
+        compiled = record.compilations - (before.compilations if before else 0)
+        if compiled:  # said in the step line: a new shape (shapes="dynamic") costs seconds
+            seconds = record.compile_seconds - (before.compile_seconds if before else 0.0)
+            line["compiled"] = {"graphs": compiled, "seconds": seconds, "first": before is None}
         if self._samples is not None:
             line["samples"] = self._samples
         if saved is not None:
@@ -435,6 +440,7 @@ def train(job: JobSpec, run_dir: Path) -> None:
                 job.export_dir,
                 overwrite=job.export_overwrite,
                 replica=mesh.dp_rank,
+                dtype=job.export_dtype,
                 timeout_s=job.timeout_s,
             )
     announce("finishing")

@@ -26,6 +26,7 @@ from graph_exec.models.inputs import image_patches, lm_inputs, vlm_inputs  # noq
 from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss, causal_lm_token_loss  # noqa: E402
 from graph_exec.models.materialise import load_split  # noqa: E402
 from graph_exec.models.pretrained import model_class  # noqa: E402
+from graph_exec.models.quiet import quiet_imports  # noqa: E402
 from graph_exec.models.split import SplitModel, split_model  # noqa: E402
 from graph_exec.models.vlm_batch import VLMBatch, vlm_batch, vlm_micro_batches, vlm_tower_costs  # noqa: E402
 
@@ -34,7 +35,8 @@ def mindone():  # -> the mindone.transformers module
     """``mindone.transformers``, imported after the CPU stand-ins are in place (importing it
     first would bind the kernel-less ``mint.nn.LayerNorm`` into Qwen2-VL's module)."""
     cpu_ops.apply()
-    import mindone.transformers
+    with quiet_imports():
+        import mindone.transformers
 
     return mindone.transformers
 

@@ -18,6 +18,15 @@ rank 0 writes the index and ``config.json`` and renames it to ``out_dir``: a cra
 directory that ``from_pretrained`` would accept under ``out_dir``. The safetensors metadata
 says ``format: pt``: PyTorch ``transformers`` refuses anything else (mindone's own
 ``save_pretrained`` writes ``np``), and mindone's ``from_pretrained`` reads either.
+
+Dtype. The export is written in the checkpoint's own dtype unless told (``dtype``): the
+config's ``torch_dtype`` (a Hub checkpoint's is ``bfloat16``), float32 parameters rounded to
+nearest even (:mod:`graph_exec.hub.dtypes`). A BF16 directory loaded and exported untrained
+is reproduced bit for bit, whether it was loaded as float32 or kept in BF16.
+
+A complete directory. Everything of the directory the model was loaded from that is not weights
+(tokenizer, processor and chat template files, ``generation_config.json``) is copied into the
+export, so ``from_pretrained`` of the export serves as the original did.
 """
 
 from __future__ import annotations
@@ -29,11 +38,31 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from graph_exec.models.pretrained import INDEX_FILE, MODEL_CLASSES, SINGLE_FILE
+from graph_exec.hub.directory import INDEX_FILE, SINGLE_FILE
+from graph_exec.hub.dtypes import FLOAT_NAMES, as_stored, config_dtype, stored_name, write_safetensors
+from graph_exec.models.pretrained import MODEL_CLASSES
 from graph_exec.models.split import SplitModel
 
 #: Bytes per shard unless told (Hugging Face's default is 5 GB; smaller shards stream better).
 DEFAULT_SHARD_BYTES = 2 * 2**30
+#: Files that hold weights (of any framework): an export writes its own, never copies these.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".npz")
+#: Files an export writes itself.
+WRITTEN_HERE = ("config.json", INDEX_FILE, "pytorch_model.bin.index.json")
+#: Bytes per element of each dtype an export writes.
+ITEM_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
+
+
+def export_dtype(config: Any, dtype: str | None) -> str:
+    """safetensors' dtype an export writes: ``dtype`` (``float32``, ``bfloat16``, ``float16``)
+    or, for ``None``, the checkpoint's own (``config``'s ``torch_dtype``; float32 if none)."""
+    return config_dtype(config) if dtype is None else stored_name(dtype, "export dtype")
+
+
+def tensor_bytes(param: Any, dtype: str) -> int:
+    """Bytes ``param`` takes in an export of ``dtype`` (a float parameter is written in it)."""
+    is_float = str(param.dtype).lower().startswith(("float", "bfloat"))
+    return int(param.size) * (ITEM_BYTES[dtype] if is_float else param.itemsize)
 
 
 def written_here(split: SplitModel) -> list[tuple[str, Any]]:
@@ -96,6 +125,7 @@ def export_pretrained(
     max_shard_size: int = DEFAULT_SHARD_BYTES,
     replica: int = 0,
     timeout_s: float = 300.0,
+    dtype: str | None = None,
 ) -> Path:
     """Write ``split`` (this rank's share, every rank calling) as one ``save_pretrained``
     directory ``out_dir`` loadable by mindone's and PyTorch ``transformers``' ``from_pretrained``.
@@ -110,6 +140,8 @@ def export_pretrained(
         replica: the data-parallel replica of this rank; only replica 0 writes, every rank of
             the job takes part in the exchanges.
         timeout_s: bound on each wait for the other ranks.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``; ``None`` (default): the
+            checkpoint's own, its config's ``torch_dtype`` (float32 when it names none).
 
     Returns ``out_dir``. A failure on any rank raises ``RuntimeError`` naming it on every rank
     and leaves ``out_dir`` as it was.
@@ -119,11 +151,12 @@ def export_pretrained(
         raise ValueError("this SplitModel has no config: make it with split_model or load_split")
     if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 1:
         raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+    stored = export_dtype(split.config, dtype)
     writes = replica == 0
     mine = written_here(split) if writes else []
     together = split.pp > 1 or replica > 0
     exchange = _Exchange(timeout_s) if together else None
-    sizes = [(name, int(p.size) * p.itemsize) for name, p in mine]
+    sizes = [(name, tensor_bytes(p, stored)) for name, p in mine]
     everyone = exchange.gather((split.rank, writes, sizes)) if exchange else [(0, True, sizes)]
     writers = sorted((rank, entries) for rank, wrote, entries in everyone if wrote)
     plan = shard_plan([entries for _, entries in writers], max_shard_size)
@@ -143,7 +176,8 @@ def export_pretrained(
         if writes:
             mine_by_name = dict(mine)
             for k, names in enumerate(plan[position]):
-                weight_map.update(write_shard(temp, shard_file(first + k, count), names, mine_by_name))
+                file = shard_file(first + k, count)
+                weight_map.update(write_shard(temp, file, names, mine_by_name, dtype=stored))
     except Exception as exc:  # reported to every rank below, so none waits for a rank that failed
         error = f"{type(exc).__name__}: {exc}"
     results = exchange.gather((split.rank, error, weight_map)) if exchange else [(0, error, weight_map)]
@@ -151,7 +185,7 @@ def export_pretrained(
     if not failed and lead:
         try:
             weights = {k: v for _, _, part in results for k, v in part.items()}
-            finish(temp, out, split.config, split.family, weights, sizes_of(everyone))
+            finish(temp, out, split.config, split.family, weights, sizes_of(everyone), stored, split.source)
         except Exception as exc:
             failed = [(0, f"{type(exc).__name__}: {exc}")]
     if exchange:
@@ -169,17 +203,28 @@ def sizes_of(everyone: list[tuple[int, bool, list[tuple[str, int]]]]) -> int:
     return sum(size for _, wrote, entries in everyone if wrote for _, size in entries)
 
 
-def write_shard(folder: Path, file: str, names: list[str], params: dict[str, Any]) -> dict[str, str]:
-    """Write one shard (only its tensors are gathered into host memory) and return its entries."""
-    from safetensors.numpy import save_file
-
-    tensors = {name: params[name].asnumpy() for name in names}
-    save_file(tensors, str(folder / file), metadata={"format": "pt"})
+def write_shard(
+    folder: Path, file: str, names: list[str], params: dict[str, Any], *, dtype: str = "F32"
+) -> dict[str, str]:
+    """Write one shard, its float tensors in safetensors dtype ``dtype`` (only its tensors are
+    gathered into host memory), and return its entries."""
+    tensors = {name: as_stored(params[name].asnumpy(), dtype) for name in names}
+    write_safetensors(folder / file, tensors, {"format": "pt"})
     return dict.fromkeys(names, file)
 
 
-def finish(temp: Path, out: Path, config: Any, family: str, weight_map: dict[str, str], total: int) -> None:
-    """The index and ``config.json`` into ``temp``, then the rename that makes it ``out``."""
+def finish(
+    temp: Path,
+    out: Path,
+    config: Any,
+    family: str,
+    weight_map: dict[str, str],
+    total: int,
+    dtype: str = "F32",
+    source: Path | None = None,
+) -> None:
+    """The index, ``config.json`` (its ``torch_dtype`` the export's ``dtype``) and the files of
+    ``source`` that are not weights into ``temp``, then the rename that makes it ``out``."""
     files = set(weight_map.values())
     if len(files) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
@@ -188,13 +233,33 @@ def finish(temp: Path, out: Path, config: Any, family: str, weight_map: dict[str
     # At the top level, where from_pretrained looks: Qwen2VLConfig's __setattr__ would send a
     # key its text_config also has (architectures) to the text_config.
     vars(config)["architectures"] = [MODEL_CLASSES[family]]
+    vars(config)["dtype"] = {v: k for k, v in FLOAT_NAMES.items()}[dtype]
+    vars(config).pop("torch_dtype", None)
     config.save_pretrained(str(temp))
+    if source is not None:
+        copy_non_weights(Path(source), temp)
     old = out.parent / f".{out.name}.replaced"
     if out.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
     os.replace(temp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_non_weights(source: Path, into: Path) -> list[str]:
+    """Copy every file and folder of ``source`` that is not weights, an index or ``config.json``
+    (tokenizer, processor, chat template, ``generation_config.json``, a README) into ``into``;
+    returns their names."""
+    copied = []
+    for entry in sorted(source.iterdir()):
+        if entry.name in WRITTEN_HERE or entry.name.endswith(WEIGHT_SUFFIXES) or entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, into / entry.name)
+        else:
+            shutil.copy2(entry, into / entry.name)
+        copied.append(entry.name)
+    return copied
 
 
 class _Exchange:

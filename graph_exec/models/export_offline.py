@@ -21,7 +21,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from graph_exec.models.export import DEFAULT_SHARD_BYTES, check_out_dir, finish, shard_file, write_shard
+from graph_exec.models.export import (
+    DEFAULT_SHARD_BYTES,
+    check_out_dir,
+    export_dtype,
+    finish,
+    shard_file,
+    tensor_bytes,
+    write_shard,
+)
 from graph_exec.models.pretrained import checkpoint_names, load_config, model_class, model_type_of
 
 
@@ -49,10 +57,13 @@ def export_checkpoint(
     step: int | None = None,
     overwrite: bool = False,
     max_shard_size: int = DEFAULT_SHARD_BYTES,
+    dtype: str | None = None,
 ) -> Path:
     """Write checkpoint ``step`` (default: the latest complete) of ``checkpoint_dir`` as one
     ``save_pretrained`` directory ``out_dir``, with the config of the pretrained directory
-    ``config_from``. Raises ``FileExistsError`` for a non-empty ``out_dir`` without
+    ``config_from`` and its files that are not weights (tokenizer, processor, chat template), in
+    ``dtype`` (``float32``, ``bfloat16``, ``float16``; default the checkpoint's own, its
+    ``torch_dtype``). Raises ``FileExistsError`` for a non-empty ``out_dir`` without
     ``overwrite``, ``ValueError`` for no complete step, a rank file whose checksum differs from
     the manifest, or a parameter the checkpoint lacks or holds with another shape."""
     from mindspore.nn.utils import no_init_parameters
@@ -63,6 +74,7 @@ def export_checkpoint(
     folder = Path(checkpoint_dir)
     chosen, manifest = chosen_step(folder, step)
     config = load_config(config_from)
+    stored = export_dtype(config, dtype)
     cls = model_class(config)
     with no_init_parameters():
         skeleton = cls(config)
@@ -81,7 +93,8 @@ def export_checkpoint(
         written: set[str] = set()
         for entry in entries:
             loaded = _model_tensors(where / entry["file"], names, params, written)
-            parts += _write_parts(temp, len(parts), {names[n]: t for n, t in loaded.items()}, max_shard_size)
+            tensors = {names[n]: t for n, t in loaded.items()}
+            parts += _write_parts(temp, len(parts), tensors, max_shard_size, stored)
             written |= set(loaded)
         unheld = [name for name in names if name not in written]
         missing = [name for name in unheld if params[name].has_init]  # not a buffer computed from the config
@@ -90,14 +103,16 @@ def export_checkpoint(
                 f"checkpoint step {chosen} lacks {len(missing)} parameter(s) of the model: {missing[:5]}"
             )
         if unheld:
-            parts += _write_parts(temp, len(parts), {names[n]: params[n] for n in unheld}, max_shard_size)
+            parts += _write_parts(
+                temp, len(parts), {names[n]: params[n] for n in unheld}, max_shard_size, stored
+            )
         weight_map = {}
         for k, part in enumerate(parts):
             final = shard_file(k, len(parts))
             (temp / next(iter(part.values()))).rename(temp / final)
             weight_map.update(dict.fromkeys(part, final))
         total = sum((temp / f).stat().st_size for f in set(weight_map.values()))
-        finish(temp, out, config, model_type_of(config), weight_map, total)
+        finish(temp, out, config, model_type_of(config), weight_map, total, stored, Path(config_from))
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
@@ -123,20 +138,20 @@ def _model_tensors(
 
 
 def _write_parts(
-    temp: Path, first: int, tensors: dict[str, Any], max_shard_size: int
+    temp: Path, first: int, tensors: dict[str, Any], max_shard_size: int, dtype: str
 ) -> list[dict[str, str]]:
     """``tensors`` into part files ``.part-K`` (K from ``first``) of at most ``max_shard_size``
-    bytes; returns each part's ``{name: part file}``."""
+    bytes, in safetensors dtype ``dtype``; returns each part's ``{name: part file}``."""
     parts: list[dict[str, str]] = []
     batch: list[str] = []
     used = 0
     for name, tensor in tensors.items():
-        size = int(tensor.size) * tensor.itemsize
+        size = tensor_bytes(tensor, dtype)
         if batch and used + size > max_shard_size:
-            parts.append(write_shard(temp, f".part-{first + len(parts)}", batch, tensors))
+            parts.append(write_shard(temp, f".part-{first + len(parts)}", batch, tensors, dtype=dtype))
             batch, used = [], 0
         batch.append(name)
         used += size
     if batch:
-        parts.append(write_shard(temp, f".part-{first + len(parts)}", batch, tensors))
+        parts.append(write_shard(temp, f".part-{first + len(parts)}", batch, tensors, dtype=dtype))
     return parts

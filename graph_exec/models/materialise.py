@@ -10,7 +10,7 @@ the last stage. Everything else stays an initializer: no host memory.
 Where the data comes from:
 
 - **a pretrained directory**: the rank reads only its own tensors from the shards, through the
-  index (:class:`~graph_exec.models.pretrained.PretrainedDirectory`: headers checked with
+  index (:class:`~graph_exec.hub.directory.PretrainedDirectory`: headers checked with
   safetensors' ``safe_open``, each tensor read from its byte range into its array).
   Before anything is built, every tensor the model needs is checked against the config on every
   rank (name present, shape equal), so a bad directory fails the same way on all ranks before
@@ -35,8 +35,9 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn
 from mindspore.nn.utils import no_init_parameters
 
+from graph_exec.hub.directory import PretrainedDirectory
+from graph_exec.hub.dtypes import LOAD_CHOICES
 from graph_exec.models.pretrained import (
-    PretrainedDirectory,
     checkpoint_names,
     load_config,
     model_class,
@@ -66,6 +67,7 @@ def load_split(
     trainable_preprocess: bool | None = None,
     image_grid: tuple[int, int, int] | None = None,
     attn_implementation: str = "eager",
+    dtype: str | None = None,
 ) -> SplitModel:
     """What :func:`split_model` returns for pipeline rank ``rank`` of ``pp``, with parameter
     data only where this rank holds the cell.
@@ -80,10 +82,16 @@ def load_split(
         layers, preprocess, trainable_preprocess, image_grid: as for :func:`split_model`.
         attn_implementation: the attention a directory's config is read with (``"eager"``: the
             one that runs on CPU).
+        dtype: how a directory's floats become parameters: ``"stored"`` keeps the file's dtype
+            (a BF16 checkpoint gives BF16 parameters; the schedules accumulate their gradients
+            in float32), ``"float32"`` widens BF16/F16 to their exact float32 values. ``None``:
+            ``"stored"`` where the target computes in bfloat16, ``"float32"`` on CPU (MindSpore
+            2.10 has no bfloat16 MatMul there; :attr:`graph_exec.device.DevicePolicy.computes_bfloat16`).
+            The config path draws float32 whatever ``dtype`` says.
 
     The returned ``SplitModel`` holds every chunk, but only this rank's (and the preprocess)
     have data: hand ``stages[rank::pp]`` to the schedule. ``split.config``, ``rank``, ``pp`` and
-    ``checkpoint_names`` are what :func:`graph_exec.models.export_pretrained` needs.
+    ``checkpoint_names`` and ``source`` are what :func:`graph_exec.models.export_pretrained` needs.
 
     Raises (each on every rank, before any communication): ``TypeError`` for a family the
     split does not know; ``FileNotFoundError`` for a directory without ``config.json``, without
@@ -92,6 +100,7 @@ def load_split(
     refuses.
     """
     _check_rank(num_stages, rank, pp)
+    dtype = _load_dtype(dtype)
     directory = None
     if isinstance(source, str | Path):
         config = load_config(source, attn_implementation)
@@ -127,12 +136,24 @@ def load_split(
     for param in mine.values():
         key = source_of[param.name]
         if directory is not None:
-            _give(param, directory.read(key))
+            _give(param, directory.read(key, dtype), directory.tensors[key][2])
         elif param.has_init:
             _give(param, seeded_value(param, seed, key))
     split.config, split.rank, split.pp = config, rank, pp
     split.checkpoint_names = {name: names[0] for name, names in candidates.items()}
+    split.source = directory.path if directory is not None else None
     return split
+
+
+def _load_dtype(dtype: str | None) -> str:
+    """``load_split``'s ``dtype``, ``None`` resolved for this process's target."""
+    if dtype is None:
+        from graph_exec.device import policy
+
+        return "stored" if policy().computes_bfloat16 else "float32"
+    if dtype not in LOAD_CHOICES:
+        raise ValueError(f"dtype must be one of {', '.join(LOAD_CHOICES)} or None, got {dtype!r}")
+    return dtype
 
 
 def seeded_value(param: Parameter, seed: int, key: str) -> np.ndarray:
@@ -154,13 +175,28 @@ def _numpy_seed(value: int):
         np.random.set_state(state)
 
 
-def _give(param: Parameter, value: np.ndarray) -> None:
-    """Set ``param``'s data (its first allocation) to ``value``, in ``param``'s dtype. ``value``
-    is a fresh writable array no one else holds (read from a shard, or drawn): the Parameter
-    takes it over (``Tensor.from_numpy`` shares its memory) instead of copying it, so a rank's
-    peak host memory does not hold a second copy of its largest tensor."""
+def _give(param: Parameter, value: np.ndarray, stored: str | None = None) -> None:
+    """Set ``param``'s data (its first allocation) to ``value``. ``value`` is a fresh writable
+    array no one else holds (read from a shard, or drawn): the Parameter takes it over
+    (``Tensor.from_numpy`` shares its memory) instead of copying it, so a rank's peak host
+    memory does not hold a second copy of its largest tensor. A float ``value`` in another
+    16-bit float (float16, or BF16 bits when ``stored`` says ``"BF16"``) makes
+    ``param`` that dtype (``load_split(dtype="stored")``); anything else is cast to
+    ``param``'s dtype."""
+    if stored == "BF16" and value.dtype == np.uint16:
+        param.set_dtype(ms.bfloat16)
+        param.set_data(Tensor.from_numpy(_own(value)).view(ms.bfloat16))
+        return
     want = ms.dtype_to_nptype(param.dtype)
+    if value.dtype == np.float16 and want != np.float16:
+        param.set_dtype(ms.float16)
+        want = np.float16
     array = value if value.dtype == want else value.astype(want)
-    if not (array.flags.writeable and array.flags.c_contiguous):
-        array = np.ascontiguousarray(array).copy()
-    param.set_data(Tensor.from_numpy(array))
+    param.set_data(Tensor.from_numpy(_own(array)))
+
+
+def _own(array: np.ndarray) -> np.ndarray:
+    """``array`` if a Tensor may take it over (writable, contiguous), else a copy that is."""
+    if array.flags.writeable and array.flags.c_contiguous:
+        return array
+    return np.ascontiguousarray(array).copy()

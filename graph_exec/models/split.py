@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mindspore import Parameter, nn
@@ -65,6 +66,9 @@ class SplitModel:
     #: The whole model the split was cut from (after :func:`load_split`, a skeleton whose other
     #: ranks' parameters have no data): what ``vlm_inputs`` reads the M-RoPE index code from.
     model: Any = None
+    #: The pretrained directory :func:`load_split` read (``None`` from a config): an export
+    #: carries its files that are not weights (tokenizer, processor, chat template) over.
+    source: Path | None = None
 
 
 def family_of(model: Any) -> Family:

@@ -85,6 +85,8 @@ class JobSpec:
     #: After the last step, every rank exports the model here (``graph_exec.models.export_pretrained``).
     export_dir: str | None = None
     export_overwrite: bool = False
+    #: The export's dtype (``float32``, ``bfloat16``, ``float16``; ``None``: the checkpoint's own).
+    export_dtype: str | None = None
     #: Where the batches come from: ``"steps"`` (the example's batch of each step index) or
     #: ``"shuffled"`` (a fixed set of the example's samples read through
     #: :class:`graph_exec.data.DataLoader`, shuffled per epoch, its position checkpointed).

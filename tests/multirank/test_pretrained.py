@@ -26,7 +26,9 @@ def test_each_rank_loads_its_share_and_the_job_exports_one_directory(run_workers
 
     root = tmp_path / "pretrained"
     for name in ("llama", "qwen2", "qwen2vl"):
-        make_pretrained(name, root / name, seed=5, layers=pp)  # one decoder layer per stage
+        # float32: compared with mindone's from_pretrained, which computes a BF16 Qwen2-VL in part
+        # in its torch_dtype (tests/runtime/test_pretrained.py builds the BF16 one's reference)
+        make_pretrained(name, root / name, seed=5, layers=pp, dtype="float32")  # one layer per stage
     (root / "exports").mkdir()
     cases = CASES[pp]
     result = run_workers("pretrained_checks.py", pp, str(root), *cases, timeout_s=840)
@@ -42,22 +44,26 @@ def test_each_rank_loads_its_share_and_the_job_exports_one_directory(run_workers
 
 @pytest.mark.timeout(600)
 def test_cli_round_trip_and_trained_export(tmp_path):
-    """``graph-exec run llama --pretrained DIR --steps 0 --export OUT`` reproduces DIR bit for bit;
-    with ``--steps 2`` the export differs from DIR and mindone's ``from_pretrained`` reads it."""
+    """``graph-exec run llama --pretrained DIR --steps 0 --export OUT`` reproduces a BF16 DIR (the
+    Hub's layout) bit for bit, its non-weight files too; with ``--steps 2`` the export, BF16 too,
+    differs from DIR and mindone's ``from_pretrained`` reads it."""
     import subprocess
     import sys
 
     from graph_exec.examples.make_pretrained import make_pretrained
-    from graph_exec.models.pretrained import PretrainedDirectory
+    from graph_exec.hub.directory import PretrainedDirectory
     from tests.multirank.test_cli import ENV
 
-    source = make_pretrained("llama", tmp_path / "in", seed=2)
+    source = make_pretrained("llama", tmp_path / "in", seed=2)  # BF16, two shards
+    (source / "tokenizer.json").write_text('{"version": "1.0"}')
+    (source / "generation_config.json").write_text('{"eos_token_id": 2}')
     base = [sys.executable, "-m", "graph_exec.cli", "run", "llama", "--ranks", "2", "--vpp", "2"]
     base += ["--pretrained", str(source), "--mode", "pynative"]
 
     def tensors(folder):
         shards = PretrainedDirectory(folder)
-        return {name: shards.read(name) for name in shards.tensors}
+        assert {dtype for _, _, dtype in shards.tensors.values()} == {"BF16"}
+        return {name: shards.read(name, "stored") for name in shards.tensors}
 
     done = subprocess.run(
         [*base, "--steps", "0", "--export", str(tmp_path / "same")],
@@ -71,6 +77,8 @@ def test_cli_round_trip_and_trained_export(tmp_path):
     before, same = tensors(source), tensors(tmp_path / "same")
     assert sorted(before) == sorted(same)
     assert all(same[k].dtype == v.dtype and same[k].tobytes() == v.tobytes() for k, v in before.items())
+    for file in ("tokenizer.json", "generation_config.json"):
+        assert (tmp_path / "same" / file).read_bytes() == (source / file).read_bytes()
     done = subprocess.run(
         [*base, "--steps", "2", "--export", str(tmp_path / "trained")],
         env=ENV,
@@ -86,4 +94,5 @@ def test_cli_round_trip_and_trained_export(tmp_path):
 
     config = gm.pretrained.load_config(tmp_path / "trained")
     again = gm.model_class(config).from_pretrained(str(tmp_path / "trained"), attn_implementation="eager")
-    np.testing.assert_array_equal(again.lm_head.weight.asnumpy(), trained["lm_head.weight"])
+    widened = (trained["lm_head.weight"].astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(again.lm_head.weight.asnumpy(), widened)

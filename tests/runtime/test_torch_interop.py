@@ -50,7 +50,7 @@ pytestmark = pytest.mark.skipif(
 
 def trained_export(name: str, folder: Path) -> Path:
     """``name``'s pretrained directory after one Adam step through a 2-stage pipeline, exported."""
-    source = make_pretrained(name, folder / "in", seed=4)
+    source = make_pretrained(name, folder / "in", seed=4, dtype="float32")  # logits compared in float32
     options = {"image_grid": qwen2vl.SIZES["tiny"].grid} if name == "qwen2vl" else {}
     parts = gm.load_split(source, 2, **options)
     stages = [ge.PipelineStage(cell, k, 2) for k, cell in enumerate(parts.stages)]
@@ -60,7 +60,7 @@ def trained_export(name: str, folder: Path) -> Path:
     inputs, labels = qwen2vl.batch(parts.model, 1, 4) if name == "qwen2vl" else llama.batch(1, 4)
     sched.run(*inputs, labels=labels)
     sched.step(ms.nn.Adam(sched.trainable_params(), learning_rate=1e-2))
-    return gm.export_pretrained(parts, folder / "out")
+    return gm.export_pretrained(parts, folder / "out")  # float32, the directory's torch_dtype
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen2vl"])

@@ -32,6 +32,7 @@ def test_every_decision_is_either_a_fast_path_or_a_target_primitive() -> None:
         "device_per_rank",
         "has_streams",
         "assign_has_bfloat16",
+        "computes_bfloat16",
         "allocator_reports_peak",
     }
     assert fields == {"target", "cpu_fast_paths", *primitives, *FAST_PATHS}
@@ -62,6 +63,7 @@ def test_target_primitives_do_not_depend_on_the_switch(fast: bool) -> None:
         True,
         True,
     )
+    assert (cpu.computes_bfloat16, gpu.computes_bfloat16) == (False, True)
 
 
 def test_an_unknown_target_is_refused_naming_the_choices() -> None:

@@ -28,7 +28,8 @@ from mindspore.communication import get_group_size, get_rank, init
 
 import graph_exec as ge
 import graph_exec.models as gm
-from graph_exec.models.pretrained import PretrainedDirectory, load_config
+from graph_exec.hub.directory import PretrainedDirectory
+from graph_exec.models.pretrained import load_config
 from graph_exec.msenv import prepare_mindspore
 from tests.models import mindone_models as mm
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy, run_suite

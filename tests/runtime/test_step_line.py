@@ -1,0 +1,36 @@
+"""The step line says when a step compiled: the first step's graphs, and a later step's new
+shape (``shapes="dynamic"``), which costs seconds against a fraction of one."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from graph_exec.cli.run import progress_text
+from graph_exec.harness.training import Trainer
+from graph_exec.report.job import PROGRESS
+from graph_exec.report.records import StepRecord
+
+
+def record(step: int, compilations: int, seconds: float) -> StepRecord:
+    return StepRecord(step, 0.0, 1.0, (), 2.5, compilations, seconds, 0)
+
+
+def lines(records: list[StepRecord], capsys) -> list[dict]:
+    trainer = SimpleNamespace(records=[], spec=SimpleNamespace(name="run"), _samples=None)
+    out = []
+    for rec in records:
+        trainer.records.append(rec)
+        Trainer.report(trainer, rec, None)
+        out.append(json.loads(capsys.readouterr().out.removeprefix(PROGRESS)))
+    return out
+
+
+def test_a_step_that_compiled_a_new_shape_is_marked(capsys):
+    first, same, new = lines([record(0, 12, 9.0), record(1, 12, 9.0), record(2, 15, 19.5)], capsys)
+    assert first["compiled"] == {"graphs": 12, "seconds": 9.0, "first": True}
+    assert "compiled" not in same
+    assert new["compiled"] == {"graphs": 3, "seconds": 10.5, "first": False}
+    assert progress_text(first, 3).endswith("  compiled 12 graph(s) in 9.0 s")
+    assert "compiled" not in progress_text(same, 3)
+    assert progress_text(new, 3).endswith("  compiled 3 graph(s) for a new shape in 10.5 s")
