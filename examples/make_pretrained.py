@@ -66,6 +66,7 @@ def make_pretrained(
     import mindspore as ms
 
     import graph_exec.models as gm
+    from graph_exec.examples.assets import write_tokenizer_and_processor
     from graph_exec.models.pretrained import torch_names
 
     if name not in MODELS:
@@ -81,6 +82,7 @@ def make_pretrained(
     state = {hf: params[name] for name, hf in torch_names(model).items()}
     model.save_pretrained(str(out), state_dict=state, max_shard_size=shard)
     set_dtype(Path(out), dtype, None if max_shard_size else 2)
+    write_tokenizer_and_processor(Path(out), config)  # what a Hub directory carries beside its weights
     return Path(out)
 
 
