@@ -767,6 +767,7 @@ class PipelineSchedule:
             kernel_cache_size=self.kernel_cache_size,
             dynamic_shapes=self.shapes == "dynamic",
             jit_options=self.jit_options,
+            split_backward=config.split_backward,
         )
         return build_plan(config), executor
 
