@@ -346,9 +346,7 @@ def make_linear_split(
         stores.append(
             Parameter(ops.zeros(x.shape, x.dtype), name=f"{name}.{index}.store", requires_grad=False)
         )
-        counts.append(
-            Parameter(ops.zeros((), ms.float32), name=f"{name}.{index}.count", requires_grad=False)
-        )
+        counts.append(Parameter(ops.zeros((), ms.float32), name=f"{name}.{index}.count", requires_grad=False))
     if not layers:
         return None
     return LinearSplit(
@@ -379,7 +377,9 @@ def check_call_counts(split: LinearSplit, counts: Tensor) -> None:
 def probed(split: LinearSplit) -> Iterator[None]:
     """Within: ``split``'s layers probe (save their input, count their calls, add their
     probe); outside they are the user's layers again, attributes and class."""
-    for layer, probe, store, count in zip(split.layers, split.probes, split.stores, split.counts, strict=True):
+    for layer, probe, store, count in zip(
+        split.layers, split.probes, split.stores, split.counts, strict=True
+    ):
         object.__setattr__(layer, _PROBE, probe)
         object.__setattr__(layer, _STORE, store)
         object.__setattr__(layer, _COUNT, count)

@@ -418,7 +418,13 @@ class KernelExecutor(Executor):
         stage, specs = key[1], key[2:-1]
         weight_key = ("stage_weight" if make_loss is None else "loss_weight", stage, *specs)
         made = make_split_tape(
-            cell, self._stage_grads[stage].params, inputs, bool(grad_inputs), self._prepare, weight_key, make_loss
+            cell,
+            self._stage_grads[stage].params,
+            inputs,
+            bool(grad_inputs),
+            self._prepare,
+            weight_key,
+            make_loss,
         )
         return self._split_tapes.put(key, made)
 

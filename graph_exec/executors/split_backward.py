@@ -137,7 +137,9 @@ def make_split_tape(
     if make_loss is None:
         tape = Tape(make_probed_forward(cell, split), weights, grad_inputs, prepare)
     else:
-        tape = Tape(make_probed_loss(make_loss(), split), weights, grad_inputs, prepare, differentiated_output=0)
+        tape = Tape(
+            make_probed_loss(make_loss(), split), weights, grad_inputs, prepare, differentiated_output=0
+        )
     return SplitTape(tape, split, ParameterTuple(small), order, weight_key)
 
 
@@ -176,7 +178,9 @@ def weight_gradients(work: LinearWork, call: Callable[..., Any], prepare: Callab
     check_call_counts(split, work.counts)
     layer_grads = call(
         work.split.key,
-        lambda: prepare(make_linear_weight_grads(split.has_bias, split.compute_dtypes(), split.param_dtypes())),
+        lambda: prepare(
+            make_linear_weight_grads(split.has_bias, split.compute_dtypes(), split.param_dtypes())
+        ),
         *work.saved,
         *work.output_grads,
     )

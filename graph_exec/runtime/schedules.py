@@ -505,6 +505,7 @@ class PipelineSchedule:
             "parameters": parameter_bytes(cells),
             "gradient_accumulators": tensors_bytes(setup.executor.grads().values()),
             "optimizer_state": None if self._optimizer_state is None else self._optimizer_state[1],
+            "zb_buffers": setup.executor.split_buffer_bytes,
             **setup.runtime.memory.peaks(),
             **memory_peaks(),
         }
