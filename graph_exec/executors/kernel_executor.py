@@ -54,8 +54,8 @@ from .base import Executor, HeldState, MaybeTensors, Tensors
 from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, HookTypeError, UnknownStageError
 from .jit_options import check_jit_options
 from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE, KernelCache
-from .split_backward import LinearWork, SplitTape, SplitTapes, make_split_tape, weight_gradients
 from .signature import TensorSpec, kwargs_key, shape_free, split_kwargs, tensor_specs
+from .split_backward import LinearWork, SplitTape, SplitTapes, make_split_tape, weight_gradients
 from .tape import A_TUPLE, NOT_A_TUPLE, Tape, free_tapes
 from .whole_grads import scale_tensor, whole_gradients
 

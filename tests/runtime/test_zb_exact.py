@@ -11,6 +11,8 @@ checked too: a layer that cannot be split exactly is left whole, the others are 
 
 from __future__ import annotations
 
+import itertools
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -214,7 +216,7 @@ def test_ragged_micro_batches_and_a_loss_scaler(mode):
 
     def step(rows):
         edges = np.cumsum((0, *rows))
-        micro = [((xs[a:b],), ys[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        micro = [((xs[a:b],), ys[a:b]) for a, b in itertools.pairwise(edges)]
         return lambda s: s.run(micro_batches=micro)
 
     _compare("plain", mode, [step((3, 5)), step((6, 2))], loss_scaler=ms.amp.StaticLossScaler(64.0))
