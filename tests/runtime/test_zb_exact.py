@@ -20,6 +20,7 @@ from mindspore import Tensor, mint, nn, ops
 
 import graph_exec as ge
 from graph_exec.errors import PipelineStepError
+from graph_exec.executors.split_backward import SplitTapes
 from graph_exec.kernels import linear_split
 from tests.models.common import loss_fn, named
 
@@ -261,3 +262,40 @@ def test_a_split_layer_run_more_often_than_traced_is_an_error_naming_it(mode, mo
     x, labels = _data()
     with pytest.raises(PipelineStepError, match=r"layer 'toggled\.a' ran 2 times in a forward"):
         sched.run(x, labels=labels)
+
+
+class _Sized:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+def test_zb_buffers_are_bounded_least_recently_used_first():
+    """At most ``size`` signatures keep their buffers; a hit keeps its entry, the one used
+    longest ago goes; the byte count follows (a ``None`` entry, nothing to split, holds none)."""
+    tapes = SplitTapes(2)
+    tapes.put("a", _Sized(10))
+    tapes.put("b", None)
+    assert tapes.get("a").nbytes == 10  # "a" is now the most recently used
+    tapes.put("c", _Sized(5))
+    assert "b" not in tapes and "a" in tapes and tapes.nbytes == 15
+    tapes.put("d", _Sized(1))
+    assert "a" not in tapes and tapes.nbytes == 6
+    tapes.clear()
+    assert tapes.nbytes == 0 and "c" not in tapes
+
+
+@pytest.mark.parametrize("mode", ["pynative"])
+def test_zb_buffers_level_off_over_shapes(mode):
+    """Ten steps of distinct row counts with ``kernel_cache_size=8``: the zb buffers held stay
+    within 8 signatures' worth, the gradients still those of the plain body."""
+    cells = _model("plain")
+    sched = _schedule(cells, mode, body="zb", kernel_cache_size=8)
+    held = []
+    for rows in range(2, 22, 2):
+        x, labels = _data(rows)
+        sched.run(x, labels=labels)
+        held.append(sched.stats()["memory"]["zb_buffers"])
+    rows = list(range(2, 22, 2))
+    per_row = held[0] / rows[0]  # one signature per chunk, of 2 rows: at least its bytes per row
+    assert len(sched._setup.executor._split_tapes._entries) == 8  # two chunks: four shapes
+    assert held[-1] <= per_row * sum(rows[-4:]) < per_row * sum(rows)
