@@ -299,3 +299,29 @@ def test_zb_buffers_level_off_over_shapes(mode):
     per_row = held[0] / rows[0]  # one signature per chunk, of 2 rows: at least its bytes per row
     assert len(sched._setup.executor._split_tapes._entries) == 8  # two chunks: four shapes
     assert held[-1] <= per_row * sum(rows[-4:]) < per_row * sum(rows)
+
+
+@pytest.mark.parametrize(("level", "mode"), [("O3", "graph"), ("O3", "pynative"), ("O1", "pynative")])
+def test_auto_mixed_precision(level, mode):
+    """``amp.auto_mixed_precision`` on both chunks: the float16 layers are split (O3: every
+    Dense) or left whole where the trace cannot prove the split, and every gradient equals the
+    plain body's within a few float16 ulps (atol 1e-3, rtol 1e-2)."""
+    x, labels = _data()
+    results = []
+    for body in ({}, {"body": "zb"}):
+        ms.set_seed(0)
+        cells = [named(Plain(), f"amp{level}.s0."), named(Head(Plain()), f"amp{level}.s1.")]
+        cells = [ms.amp.auto_mixed_precision(cell, level) for cell in cells]
+        for cell in cells:
+            cell.set_train(True)
+        sched = _schedule(cells, mode, **body)
+        losses = [float(sched.run(x, labels=labels)[0].asnumpy()) for _ in range(2)]
+        results.append((losses, {k: v.asnumpy() for k, v in sched.grads().items()}, sched))
+    (plain_losses, plain, _), (zb_losses, zb, sched) = results
+    np.testing.assert_allclose(zb_losses, plain_losses, **F16)
+    assert set(zb) == set(plain)
+    for name in plain:
+        np.testing.assert_allclose(zb[name], plain[name], **F16, err_msg=name)
+    assert _split_layers(sched, 1) >= {"a", "b"}
+    if level == "O3":
+        assert _split_layers(sched, 0) == {"a", "b"} and "out" in _split_layers(sched, 1)
