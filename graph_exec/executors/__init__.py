@@ -43,6 +43,7 @@ def create_executor(
     kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
     dynamic_shapes: bool = False,
     jit_options: Mapping[str, Any] | None = None,
+    split_backward: bool = False,
 ) -> Executor:
     """The executor for one rank.
 
@@ -66,6 +67,9 @@ def create_executor(
     graph for every other, :mod:`~graph_exec.executors.dynamic_kernel`, ``docs/shapes.md``).
     ``jit_options``: what every ``mindspore.jit`` of the graph executor is given
     (:mod:`~graph_exec.executors.jit_options`; checked in both modes, unused in pynative).
+    ``split_backward=True`` (the schedule's ``body="zb"``): every forward is recorded for the
+    split backward from the first on, so ``I`` holds the split layers' inputs and output
+    gradients, not a whole copy of the weight gradients (:mod:`~graph_exec.executors.split_backward`).
 
     Shape bucketing is not done here but on the batch, by the schedules (``shapes="buckets"``,
     :mod:`graph_exec.runtime.shapes`): the executor compiles whatever shapes it is given.
@@ -89,6 +93,7 @@ def create_executor(
         kernel_cache_size=kernel_cache_size,
         dynamic_shapes=dynamic_shapes,
         jit_options=jit_options,
+        split_backward=split_backward,
     )
 
 

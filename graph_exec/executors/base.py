@@ -203,6 +203,12 @@ class Executor(ABC):
         """What this executor holds now, for the memory accounting (nothing, unless overridden)."""
         return HeldState()
 
+    @property
+    def split_buffer_bytes(self) -> int:
+        """Bytes of the split backward's per-shape buffers (probes, stores, call counters) held
+        now; bounded by the kernel cache's size (nothing, unless overridden)."""
+        return 0
+
     @abstractmethod
     def drop_kept(self, consume: bool = True) -> None:
         """Forget every held forward state (abort path and start of a step). ``consume=False``

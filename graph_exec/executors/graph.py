@@ -79,7 +79,7 @@ class GraphExecutor(KernelExecutor):
     def _cached(self, key: Hashable) -> Any:
         group = _watch_group(key)
         if self._token(self._watched[group]) != self._storage[group]:
-            self._kernels.clear()  # kept forwards hold their own tapes and finish on them
+            self._forget_kernels()  # kept forwards hold their own tapes and finish on them
             self._storage = {g: self._token(params) for g, params in self._watched.items()}
         return super()._cached(key)
 

@@ -28,7 +28,6 @@ arithmetic on all accumulators at once (end of step) is :mod:`~graph_exec.execut
 
 from __future__ import annotations
 
-import itertools
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -48,14 +47,7 @@ from graph_exec.kernels import (
     make_stage_forward,
     make_stage_loss,
 )
-from graph_exec.kernels.linear_split import (
-    LinearSplit,
-    make_linear_split,
-    make_linear_weight_grads,
-    make_probed_forward,
-    make_probed_loss,
-    probed,
-)
+from graph_exec.kernels.linear_split import probed
 from graph_exec.msenv import prepare_mindspore
 
 from .base import Executor, HeldState, MaybeTensors, Tensors
@@ -63,6 +55,7 @@ from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, Hook
 from .jit_options import check_jit_options
 from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE, KernelCache
 from .signature import TensorSpec, kwargs_key, shape_free, split_kwargs, tensor_specs
+from .split_backward import LinearWork, SplitTape, SplitTapes, make_split_tape, weight_gradients
 from .tape import A_TUPLE, NOT_A_TUPLE, Tape, free_tapes
 from .whole_grads import scale_tensor, whole_gradients
 
@@ -89,46 +82,6 @@ class KeptForward:
     saved: Tensors = ()
 
 
-class SplitTape:
-    """A chunk's probed forward under the tape, for one input signature (``kernels.linear_split``).
-
-    The tape differentiates with respect to the inputs, the probes and ``small`` (the stage's
-    trainable parameters that are not in a split linear layer), so its bprop computes no linear
-    weight gradient. ``order[i]``: where the gradient of the stage's ``i``-th trainable
-    parameter is in ``(*small gradients, *W's gradients)``. Calling it runs the forward with the
-    layers probed.
-    """
-
-    def __init__(
-        self, tape: Tape, split: LinearSplit, small: ParameterTuple, order: tuple[int, ...], key: Hashable
-    ) -> None:
-        self.tape, self.split, self.small, self.order, self.key = tape, split, small, order, key
-        #: The upstream gradient of the saved copies: zeros, never written.
-        self.saved_sens = tuple(ops.zeros(s.shape, s.dtype) for s in split.stores)
-
-    def __call__(self, *args: Any) -> Any:
-        with probed(self.split):
-            return self.tape(*args)
-
-
-@dataclass(frozen=True)
-class LinearWork:
-    """What ``I`` leaves for ``W``: the split layers' inputs and output gradients, and the
-    gradients of the stage's other trainable parameters (computed in ``I``)."""
-
-    split: SplitTape
-    saved: Tensors
-    output_grads: Tensors
-    small_grads: Tensors
-
-    @property
-    def nbytes(self) -> int:
-        """What is held between ``I`` and ``W``, from the tensors' shapes (the memory accounting
-        reads it as it reads a tensor's)."""
-        held = (*self.saved, *self.output_grads, *self.small_grads)
-        return sum(int(t.nbytes) for t in held if t is not None)
-
-
 def _run_backward(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return tape.backward(args, sens)
 
@@ -141,8 +94,9 @@ def _run_loss_step(tape: Tape, args: Tensors, scale: Tensor) -> tuple[Any, tuple
     return tape.value_and_gradient(args, scale)
 
 
-#: Process-wide numbering of split tapes: their probes' and stores' parameter names are unique.
-_split_numbers = itertools.count()
+def _run_split_loss_step(split: SplitTape, args: Tensors, scale: Tensor) -> tuple[Any, tuple[tuple, tuple]]:
+    with probed(split.split):
+        return split.tape.value_and_gradient(args, scale)
 
 
 class KernelExecutor(Executor):
@@ -162,8 +116,10 @@ class KernelExecutor(Executor):
         kernel_cache_size: int = DEFAULT_KERNEL_CACHE_SIZE,
         dynamic_shapes: bool = False,
         jit_options: Mapping[str, Any] | None = None,
+        split_backward: bool = False,
     ) -> None:
         checks.boolean("recompute", recompute, ExecutorConfigError)
+        checks.boolean("split_backward", split_backward, ExecutorConfigError)
         #: What every ``mindspore.jit`` of the graph executor is given (checked in both modes).
         self.jit_options = check_jit_options(jit_options, ExecutorConfigError)
         checks.boolean("token_loss", token_loss, ExecutorConfigError)
@@ -206,9 +162,11 @@ class KernelExecutor(Executor):
         # Weight gradients an input backward computed, held until the stage's weight backward.
         self._held: dict[tuple[int, int], tuple | LinearWork] = {}
         # Stages whose forwards are recorded for the split backward (the linear layers' weight
-        # gradients left to W): each from its first stage_backward_input on.
-        self._split_stages: set[int] = set()
-        self._no_split: set[Hashable] = set()  # (stage, input specs) with no linear layer to split
+        # gradients left to W): each from its first stage_backward_input on, every stage from
+        # the first forward with split_backward (the schedule's body="zb").
+        self._split_stages: set[int] = set(self._stages) if split_backward else set()
+        # The probed tapes by signature (None: nothing to split), bounded like the kernels.
+        self._split_tapes = SplitTapes(self._kernels.size)
         self._backward_done: set[tuple[int, int]] = set()
         self._kept_preprocess: dict[Hashable, KeptForward] = {}
         self._preprocess_done: set[Hashable] = set()
@@ -413,9 +371,8 @@ class KernelExecutor(Executor):
             if self._splits(stage):
                 split = self._split_tape(split_key, cell, inputs, grad_inputs)
                 if split is not None:
-                    outputs, split = self._taped(split_key, lambda: split, *inputs)
-                    outputs = tuple(outputs)
-                    count = len(outputs) - len(split.split.stores)
+                    outputs = tuple(self._call_split(split, *inputs))
+                    count = len(outputs) - split.saved_count
                     out_specs = tensor_specs(outputs[:count], f"stage {stage} outputs")
                     self._kept[key] = KeptForward(
                         tuple(inputs), out_specs, split.tape, True, grad_inputs, split, outputs[count:]
@@ -438,9 +395,10 @@ class KernelExecutor(Executor):
         return outputs
 
     def _splits(self, stage: int) -> bool:
-        """Whether stage ``stage``'s forwards are recorded for the split backward: after its
-        first input backward, when the forward is recorded (not ``recompute``) for static shapes
-        (the probes are shaped for one signature)."""
+        """Whether stage ``stage``'s forwards are recorded for the split backward: from the first
+        forward with ``split_backward``, else after its first input backward; only when the
+        forward is recorded (not ``recompute``) for static shapes (the probes are shaped for one
+        signature). Otherwise ``I`` holds a whole copy of the stage's weight gradients."""
         return stage in self._split_stages and not self.recompute and not self.dynamic_shapes
 
     def _split_tape(
@@ -451,39 +409,44 @@ class KernelExecutor(Executor):
         grad_inputs: tuple[int, ...],
         make_loss: Callable[[], Callable[..., Any]] | None = None,
     ) -> SplitTape | None:
-        """The :class:`SplitTape` cached under ``key`` (the stage forward's, or with
-        ``make_loss`` the last stage's loss step's), else a new one (the caller caches it) from
-        one eager trace of the chunk on ``inputs``; ``None`` (remembered) when it has no linear
-        layer to split."""
-        cached = self._cached(self._key(key))
-        if cached is not None:
-            return cached
+        """The :class:`SplitTape` of ``key`` (the stage forward's, or with ``make_loss`` the last
+        stage's loss step's), made on first use from one eager trace of the chunk on ``inputs``;
+        ``None`` when no layer can be split exactly. Both are remembered (bounded)."""
+        self._cached(key)  # the graph executor forgets every kernel, probed ones too, if storage moved
+        if key in self._split_tapes:
+            return self._split_tapes.get(key)
         stage, specs = key[1], key[2:-1]
-        if (stage, specs) in self._no_split:
-            return None
-        params = self._stage_grads[stage].params
-        split = make_linear_split(cell, params, inputs, f"ge_zb.{stage}.{next(_split_numbers)}")
-        if split is None:
-            self._no_split.add((stage, specs))
-            return None
-        in_layer = {id(p): i for i, p in enumerate(split.params())}
-        small = [p for p in params if id(p) not in in_layer]
-        at_small = {id(p): i for i, p in enumerate(small)}
-        order = tuple(at_small[id(p)] if id(p) in at_small else len(small) + in_layer[id(p)] for p in params)
-        weights = ParameterTuple([*split.probes, *small])
-        if make_loss is None:
-            tape = Tape(make_probed_forward(cell, split), weights, bool(grad_inputs), self._prepare)
-            weight_key: Hashable = ("stage_weight", stage, specs)
-        else:
-            tape = Tape(
-                make_probed_loss(make_loss(), split),
-                weights,
-                bool(grad_inputs),
-                self._prepare,
-                differentiated_output=0,
-            )
-            weight_key = ("loss_weight", stage, specs)
-        return SplitTape(tape, split, ParameterTuple(small), order, weight_key)
+        weight_key = ("stage_weight" if make_loss is None else "loss_weight", stage, *specs)
+        made = make_split_tape(
+            cell,
+            self._stage_grads[stage].params,
+            inputs,
+            bool(grad_inputs),
+            self._prepare,
+            weight_key,
+            make_loss,
+        )
+        return self._split_tapes.put(key, made)
+
+    def _call_split(self, split: SplitTape, *args: Any) -> Any:
+        """Run (and record) a probed forward; its first call compiles (graph mode) and counts."""
+        if split.ran:
+            return split(*args)
+        start = time.perf_counter()
+        outputs = split(*args)
+        self._on_new_kernel(time.perf_counter() - start)
+        split.ran = True
+        return outputs
+
+    def _forget_kernels(self) -> None:
+        """Drop every made kernel, the probed tapes included (a parameter's storage moved)."""
+        self._kernels.clear()
+        self._split_tapes.clear()
+
+    @property
+    def split_buffer_bytes(self) -> int:
+        """The zb buffers held now: probes, stores, counters of every cached probed tape."""
+        return self._split_tapes.nbytes
 
     def bare_stage_forward(self, stage: int) -> Callable[..., Any]:
         return self._prepare(make_stage_forward(self._stage(stage)))
@@ -510,15 +473,7 @@ class KernelExecutor(Executor):
         """Accumulate held weight gradients; for :class:`LinearWork`, first compute the linear
         layers' ones (the ``W`` kernel: one compiled graph in graph mode)."""
         if isinstance(weight_grads, LinearWork):
-            work = weight_grads
-            layer_grads = self._call(
-                work.split.key,
-                lambda: self._prepare(make_linear_weight_grads(work.split.split.has_bias)),
-                *work.saved,
-                *work.output_grads,
-            )
-            every = (*work.small_grads, *layer_grads)
-            weight_grads = tuple(every[i] for i in work.split.order)
+            weight_grads = weight_gradients(weight_grads, self._call, self._prepare)
         self._accumulate(self._stage_grads[stage], weight_grads)
 
     def stage_backward_weight(self, stage: int, micro: int) -> None:
@@ -560,8 +515,7 @@ class KernelExecutor(Executor):
                 ("stage_split_backward", stage, kept.outputs, present), kept, sens
             )
             if present:
-                count = len(split.split.probes)
-                weight_grads = LinearWork(split, kept.saved, tuple(grads[:count]), tuple(grads[count:]))
+                weight_grads = LinearWork.of(split, kept.saved, grads)
                 for position in kept.grad_inputs:
                     result[position] = input_grads[position]
         elif kept.tape is not None and (present or kept.recorded):
@@ -617,16 +571,14 @@ class KernelExecutor(Executor):
             key = ("loss_split_tape", stage, specs, label_specs, bool(grad_inputs))
             split = self._split_tape(key, cell, traced, grad_inputs, make_loss)
             if split is not None:
-                split = self._kernel(key, lambda: split)
-                with probed(split.split):
-                    output, (input_grads, grads) = self._call(
-                        ("loss_split_step", stage, specs, label_specs),
-                        lambda: _run_loss_step,
-                        split.tape,
-                        args,
-                        self._loss_scale,
-                    )
-                count = len(split.split.stores)
+                output, (input_grads, grads) = self._call(
+                    ("loss_split_step", stage, specs, label_specs),
+                    lambda: _run_split_loss_step,
+                    split,
+                    args,
+                    self._loss_scale,
+                )
+                count = split.saved_count
                 head, saved = tuple(output[:-count]), tuple(output[-count:])
                 if self._token_loss and len(head) == 1:
                     raise HookArgumentError(f"last_stage_step({where}): {_TOKEN_LOSS_NEEDED}, got one tensor")
@@ -634,10 +586,7 @@ class KernelExecutor(Executor):
                     raise HookArgumentError(f"last_stage_step({where}): {_SCALAR_LOSS_NEEDED}, got a tuple")
                 loss = head if self._token_loss else head[0]
                 _check_loss(where, loss, self._token_loss)
-                probes = len(split.split.probes)
-                self._held[(stage, micro)] = LinearWork(
-                    split, saved, tuple(grads[:probes]), tuple(grads[probes:])
-                )
+                self._held[(stage, micro)] = LinearWork.of(split, saved, grads)
                 for position in grad_inputs:
                     result[position] = input_grads[position]
                 return loss, tuple(result)

@@ -85,8 +85,11 @@ class ScheduleOptions:
             one stage per rank), ``"gpipe"`` or ``"zb"`` (ZB-H1-style zero bubble: each backward
             split into ``I``, the input gradient the upstream rank waits for, and ``W``, the
             weight gradients, deferred into the bubbles; ``docs/schedule.md``, "Zero bubble").
-            With ``"zb"`` the weight gradients of a chunk are held from ``I`` to ``W``
-            (``docs/architecture.md``, "The split backward")."""
+            With ``"zb"`` ``I`` holds, until ``W``, the inputs and output gradients of the
+            chunk's split linear layers and the weight gradients of its other parameters
+            (``docs/architecture.md``, "The split backward"); it cannot be combined with
+            ``recompute=True`` or ``shapes="dynamic"``, under which ``I`` would hold a whole
+            copy of the chunk's weight gradients per pending ``W``."""
         ),
     )
     loss_fn: Callable[..., Any] | None = field(
@@ -248,6 +251,7 @@ class ScheduleOptions:
                 "keep_preprocess_tape=True and recompute=True contradict each other: the first keeps "
                 "the preprocess activations to skip a recompute, the second recomputes to save them"
             )
+        _check_split_backward(self.body, self.recompute, self.shapes)
         checks.choice("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
         if self.loss_reduction == "token" and self.scale_grads:
             raise ValueError(
@@ -264,6 +268,28 @@ class ScheduleOptions:
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # frozen: only __post_init__ normalises
+
+
+def _check_split_backward(body: str, recompute: bool, shapes: str) -> None:
+    """Refuse what would make ``body="zb"`` hold a whole copy of a chunk's weight gradients from
+    every ``I`` to its ``W`` (up to 8-14 pending per rank): the split layers' probes are shaped
+    for one signature of a recorded forward, so a recomputed forward, or one of dynamic shape,
+    gets no split and its ``I`` computes every weight gradient at once."""
+    if body != "zb":
+        return
+    if recompute:
+        raise ValueError(
+            "body='zb' and recompute=True cannot be combined: a recomputed forward is not split, so "
+            "each I would hold a whole copy of its chunk's weight gradients until its W; use "
+            "body='interleaved' with recompute=True, or body='zb' without recompute"
+        )
+    if shapes == "dynamic":
+        raise ValueError(
+            "body='zb' and shapes='dynamic' cannot be combined: the split layers' buffers are "
+            "shaped per input shape, so each I would hold a whole copy of its chunk's weight "
+            "gradients until its W; use shapes='buckets' (or 'static') with body='zb', or "
+            "body='interleaved' with shapes='dynamic'"
+        )
 
 
 def _check_loss_fn(loss_fn: Callable[..., Any] | None, mode: str) -> Callable[..., Any] | None:

@@ -505,6 +505,7 @@ class PipelineSchedule:
             "parameters": parameter_bytes(cells),
             "gradient_accumulators": tensors_bytes(setup.executor.grads().values()),
             "optimizer_state": None if self._optimizer_state is None else self._optimizer_state[1],
+            "zb_buffers": setup.executor.split_buffer_bytes,
             **setup.runtime.memory.peaks(),
             **memory_peaks(),
             "caches": self._cache_stats(setup),
@@ -791,6 +792,7 @@ class PipelineSchedule:
             kernel_cache_size=self.kernel_cache_size,
             dynamic_shapes=self.shapes == "dynamic",
             jit_options=self.jit_options,
+            split_backward=config.split_backward,
         )
         return build_plan(config), executor
 

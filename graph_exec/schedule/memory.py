@@ -10,8 +10,10 @@ items, each from the step that makes it to the step after which nothing reads it
   With the split backward (``body="zb"``) from ``F s.m`` to ``W s.m``, the last stage included:
   ``W`` forms the weight gradients from the saved layer inputs;
 - ``output gradients`` (split backward only): from ``I s.m`` to ``W s.m``, what ``I`` keeps for
-  ``W`` — the gradient at the output of each layer with weights, the other half of what a weight
-  gradient is made of;
+  ``W`` — the gradient at the output of each split linear layer (the other half of what its
+  weight gradient is made of), and the gradients ``I`` computed for every other parameter
+  (layers left whole included); the schedules refuse what would make it a whole copy of the
+  chunk's weight gradients per pending ``W`` (``recompute``, dynamic shapes);
 - ``receives``: every receive buffer, for the interval :func:`buffer_lifetimes` gives it;
 - ``preprocess outputs``: ``TFWD m``'s output, on an owner until ``OUTsend m``, on rank 0 (its
   own or inline micro-batches) until ``F 0.m`` reads it;
