@@ -36,6 +36,7 @@ from graph_exec.schedule.codes import PAIR_DELTA, is_recv, kind_base
 from graph_exec.schedule.config import PlanConfig, PlanConfigError
 from graph_exec.schedule.costs import OpCosts, step_cost
 from graph_exec.schedule.mpipe import inline_micros
+from graph_exec.schedule.plan import build_plan
 from graph_exec.schedule.walk import walk
 
 #: The accepted ``tower_order`` values: ``"arrival"`` keeps the user's order.
@@ -109,8 +110,6 @@ def placement_config(config: PlanConfig) -> PlanConfig:
 def tower_positions(config: PlanConfig, costs: OpCosts = RUNTIME_COSTS) -> TowerPositions:
     """The prefix and inline positions of ``config``'s plan, with each inline position's slack
     under ``costs`` (the towers' costs aside: the slack is what a tower may take)."""
-    from graph_exec.schedule.plan import build_plan
-
     config = placement_config(config)
     inline = inline_micros(config)
     owners = config.nt if config.transpose else 1

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from graph_exec.schedule import codes, routing
 from graph_exec.schedule.codes import (
@@ -59,14 +59,21 @@ from graph_exec.schedule.errors import (
 from graph_exec.schedule.mpipe import inline_micros
 from graph_exec.schedule.walk import RECV, ROLE, SEND, walk
 
-if TYPE_CHECKING:
-    from graph_exec.schedule.plan import Plan
-
 Rows = Sequence[Sequence[int]]
 _SHOWN = 6  # examples listed in an error message before "…"
 
 
-def validate(plan: Plan) -> None:
+class PlanCodes(Protocol):
+    """What validation reads of a plan. :class:`~graph_exec.schedule.plan.Plan` is one; naming
+    the attributes here rather than importing it keeps the plan module (which validates every
+    plan it builds) and this one from importing each other."""
+
+    config: PlanConfig
+    order_codes: Rows  #: every rank's order
+    body_codes: Rows  #: every rank's body order (no MPipe step)
+
+
+def validate(plan: PlanCodes) -> None:
     """Raise a :class:`~graph_exec.schedule.errors.ScheduleError` if ``plan`` breaks an invariant."""
     config, orders, body = plan.config, plan.order_codes, plan.body_codes
     run = _execute(config, orders)
