@@ -20,7 +20,7 @@ A walk that cannot finish stops where every rank waits; :attr:`Walk.pos` says wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from graph_exec.schedule import codes
@@ -31,16 +31,16 @@ Rows = Sequence[Sequence[int]]
 #: A step of the walk: (rank, index in its order).
 Place = tuple[int, int]
 
-_COMPUTE, _SEND, _RECV, _COLLECTIVE = range(4)
-#: What each step kind does in a replay, by kind index.
-ROLE = [_COMPUTE] * len(codes.KINDS)
+#: What a step does in a replay: runs on its rank alone, sends, receives, or waits for every rank.
+COMPUTE, SEND, RECV, COLLECTIVE = range(4)
+#: Each step kind's role, by kind index (``ROLE[code >> KIND_SHIFT]``).
+ROLE = [COMPUTE] * len(codes.KINDS)
 for _kind in PAIR_DELTA:
-    ROLE[_kind >> KIND_SHIFT] = _SEND
+    ROLE[_kind >> KIND_SHIFT] = SEND
 for _kind in SEND_OF_RECV:
-    ROLE[_kind >> KIND_SHIFT] = _RECV
+    ROLE[_kind >> KIND_SHIFT] = RECV
 for _kind in (codes.BCAST, codes.GRADREDUCE):
-    ROLE[_kind >> KIND_SHIFT] = _COLLECTIVE
-SEND, RECV, COLLECTIVE = _SEND, _RECV, _COLLECTIVE
+    ROLE[_kind >> KIND_SHIFT] = COLLECTIVE
 
 
 @dataclass
@@ -125,16 +125,16 @@ def _buffered_rank(
     for i, code in enumerate(row):
         start = clock
         what = role[code >> shift]
-        if what == _COMPUTE:
+        if what == COMPUTE:
             spent = price(code)
             clock += spent
             busy[rank] += spent
-        elif what == _SEND:  # buffered: the message travels on its own
+        elif what == SEND:  # buffered: the message travels on its own
             message = code + delta[codes.kind_base(code)]
             shared.arrival[message] = clock + price(code)
             if message in shared.waiter:
                 shared.work.append(shared.waiter.pop(message))
-        elif what == _RECV:
+        elif what == RECV:
             while code not in shared.arrival:
                 result.pos[rank] = i
                 shared.waiter[code] = rank
@@ -163,7 +163,7 @@ def _collective(
     shared: _Shared,
     result: Walk,
     record: bool,
-) -> Iterator[None]:
+) -> Generator[None, None, float]:
     """A collective on one rank: it starts when the last rank arrives; returns its end time."""
     ranks = len(result.pos)
     there = shared.arrived.setdefault(code, [])
@@ -210,9 +210,9 @@ def _rendezvous_rank(
                 message, sending = code, False
         else:
             what = role[code >> shift]
-            if what == _COMPUTE:
+            if what == COMPUTE:
                 continue
-            if what == _COLLECTIVE:
+            if what == COLLECTIVE:
                 there = arrived.setdefault(code, [])
                 there.append((rank, 0.0))
                 if len(there) < ranks:
@@ -222,7 +222,7 @@ def _rendezvous_rank(
                 del arrived[code]
                 work.extend(r for r, _ in there if r != rank)
                 continue
-            sending = what == _SEND
+            sending = what == SEND
             message = code + delta[codes.kind_base(code)] if sending else code
         # A transfer: done if the partner waits at it, else wait for the partner to come.
         partner = waiter.pop(message, None) if sending else sender.pop(message, None)
