@@ -725,9 +725,17 @@ class PipelineSchedule:
         ``r, r + P, ...``, so ``V`` is how many it holds and ``P = num_stages / V``. A layout that
         does not fit is left to the set-up, which names it against the mesh.
         """
-        num_stages, vpp = self.stages[0].num_stages, len(self.stages)
-        if num_stages % vpp == 0:
-            self._plan_config(num_stages // vpp, vpp, self.stages[0].stage_index)
+        num_stages, vpp, rank = self.stages[0].num_stages, len(self.stages), self.stages[0].stage_index
+        if num_stages % vpp:
+            return
+        if (
+            not self._transposes
+            and rank == 0
+            and self.preprocess_module is None
+            and self.num_transpose_layers
+        ):
+            return  # a missing module, not an option: the first run() names it with the mesh's rank
+        self._plan_config(num_stages // vpp, vpp, rank)
 
     def _plan_config(self, pp: int, vpp: int, rank: int) -> PlanConfig:
         """The plan's configuration on pipeline ``rank`` of ``pp``; raises ``PlanConfigError``
