@@ -15,8 +15,9 @@ Two kinds of position (:func:`tower_positions`):
   swaps), ties going to ranks other than 0.
 - **inline**: ``TFWD m`` on rank 0 right before ``F 0.m`` (``overflow="min"``, or no
   transposition). It is on rank 0's path except where rank 0 would wait anyway; that *slack*
-  is measured once per plan by a critical-path pass with unit costs (``F`` = 1, ``B`` = 2, every
-  other step 0). The lightest micro-batches go inline, the heavier of them where the slack is
+  is measured once per plan by a critical-path pass over the plan's replay
+  (:mod:`.walk`), every step priced by the one cost rule (:mod:`.costs`; by default ``F`` = 1,
+  ``B`` = 2, a split backward's ``I`` and ``W`` 1 each, the towers free). The lightest micro-batches go inline, the heavier of them where the slack is
   larger.
 
 The decision is a pure function of the configuration and the cost vector, so every rank that
