@@ -43,92 +43,24 @@ Costs are in any time unit; the chrome trace takes it to be milliseconds.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 
 from graph_exec.schedule import Plan, PlanConfig, ScheduleError, build_plan, check_plan_size, codes, placement
-from graph_exec.schedule.codes import BODY_LIMIT, FIELD_MASK, PAIR_DELTA, SEND_OF_RECV, STAGE_SHIFT, kind_base
+from graph_exec.schedule.codes import BODY_LIMIT, kind_base
+from graph_exec.schedule.costs import OpCosts, step_cost
 from graph_exec.schedule.size import SIMULATE_BYTES_PER_STEP
+from graph_exec.schedule.walk import walk
 
-
-@dataclass(frozen=True)
-class OpCosts:
-    """Per-step costs of the model (see the module docstring for the conventions)."""
-
-    forward: float = 1.0  #: one ``F`` step: one chunk, one micro-batch
-    backward: float = 2.0  #: one ``B`` step
-    #: One ``I`` step (input gradient of a split backward); ``None``: half of the stage's ``backward``.
-    input_backward: float | None = None
-    #: One ``W`` step (weight gradients of a split backward); ``None``: half of the stage's ``backward``.
-    weight_backward: float | None = None
-    preprocess_forward: float = 0.0  #: Pf: one ``TFWD``
-    recompute: float = 0.0  #: R: one ``TBWD`` that recomputes, or the compute of one ``GRADrecv+bwd``
-    #: One ``TBWD`` of a plan without transposition: the preprocess backward from the tape.
-    preprocess_backward: float = 0.0
-    broadcast: float = 0.0  #: one ``BCAST``
-    allreduce: float = 0.0  #: one ``GRADreduce``
-    latency: float = 0.0  #: per transfer
-    bandwidth: float = math.inf  #: bytes per time unit
-    activation_bytes: float = 0.0  #: per body transfer (``Fsend`` / ``Bsend``)
-    preprocess_bytes: float = 0.0  #: per ``OUT`` / ``IN`` / ``GRAD`` transfer
-    fused_last_stage: bool = False  #: the last stage runs forward+loss+backward at ``F``
-    #: Per-stage overrides of ``forward`` / ``backward`` (index = virtual stage; empty = none),
-    #: for models whose stages are not balanced, e.g. a baseline stage 0 holding the preprocess.
-    stage_forward: tuple[float, ...] = ()
-    stage_backward: tuple[float, ...] = ()
-    #: Per user micro-batch: the weight of its tower (multiplies Pf, R and
-    #: ``preprocess_backward``); empty = every micro-batch weighs 1.
-    tower_costs: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if field.name == "fused_last_stage" or (
-                field.name in ("input_backward", "weight_backward") and value is None
-            ):
-                continue
-            if field.name in ("stage_forward", "stage_backward", "tower_costs"):
-                if any(
-                    isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf
-                    for v in value
-                ):
-                    raise ValueError(f"{field.name} must hold finite numbers >= 0, got {value!r}")
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-                raise ValueError(f"{field.name} must be a number, got {value!r}")
-            if field.name == "bandwidth":
-                if value <= 0:
-                    raise ValueError(f"bandwidth must be > 0 (inf for free transfers), got {value!r}")
-            elif value < 0 or math.isinf(value):
-                raise ValueError(f"{field.name} must be a finite number >= 0, got {value!r}")
-
-    def forward_at(self, stage: int) -> float:
-        """One ``F`` step of ``stage``."""
-        return self.stage_forward[stage] if stage < len(self.stage_forward) else self.forward
-
-    def backward_at(self, stage: int) -> float:
-        """One ``B`` step of ``stage``."""
-        return self.stage_backward[stage] if stage < len(self.stage_backward) else self.backward
-
-    def input_backward_at(self, stage: int) -> float:
-        """One ``I`` step of ``stage``: ``input_backward``, or half of the stage's ``B``."""
-        return self.backward_at(stage) / 2 if self.input_backward is None else self.input_backward
-
-    def weight_backward_at(self, stage: int) -> float:
-        """One ``W`` step of ``stage``: ``weight_backward``, or half of the stage's ``B``."""
-        return self.backward_at(stage) / 2 if self.weight_backward is None else self.weight_backward
-
-    def tower_weights(self, micro: int) -> tuple[float, ...]:
-        """Every user micro-batch's tower weight (1 each without ``tower_costs``)."""
-        if not self.tower_costs:
-            return (1.0,) * micro
-        if len(self.tower_costs) != micro:
-            raise ValueError(
-                f"tower_costs has {len(self.tower_costs)} values but the plan has {micro} micro-batches"
-            )
-        return self.tower_costs
+__all__ = [
+    "OpCosts",
+    "SimResult",
+    "TimelineEntry",
+    "fair_baseline",
+    "placed_weights",
+    "simulate",
+    "to_chrome_trace",
+]
 
 
 @dataclass(frozen=True)
@@ -202,7 +134,8 @@ def placed_weights(
     """The decision for ``config`` and each plan micro's tower weight under it.
 
     The decision takes its costs in units of one chunk forward: the towers' weights times Pf
-    over ``forward``, and this model's backward and transfers (per-stage overrides aside).
+    over ``forward``, and this model's backward (a split one's ``I`` and ``W`` each by its own
+    cost) and transfers; per-stage overrides aside, as the runtime knows none.
     """
     if tower_order not in placement.TOWER_ORDERS:
         raise ValueError(f"tower_order must be one of {placement.TOWER_ORDERS}, got {tower_order!r}")
@@ -210,14 +143,19 @@ def placed_weights(
     if tower_order == "arrival" or not config.mpipe:
         return tuple(range(config.micro)), weights
     if costs.forward == 0:  # nothing to measure the towers against: balance them as they are
-        unit, step_costs = 1.0, placement.StepCosts(backward=0.0, fused_last_stage=costs.fused_last_stage)
+        unit = 1.0
+        step_costs = placement.StepCosts(
+            backward=0.0, fused_last_stage=costs.fused_last_stage, input_backward=0.0, weight_backward=0.0
+        )
     else:
         unit = costs.preprocess_forward / costs.forward
         step_costs = placement.StepCosts(
             backward=costs.backward / costs.forward,
             fused_last_stage=costs.fused_last_stage,
-            transfer=(costs.latency + costs.activation_bytes / costs.bandwidth) / costs.forward,
-            tower_transfer=(costs.latency + costs.preprocess_bytes / costs.bandwidth) / costs.forward,
+            transfer=costs.transfer_time(codes.FSEND) / costs.forward,
+            tower_transfer=costs.transfer_time(codes.OUTSEND) / costs.forward,
+            input_backward=None if costs.input_backward is None else costs.input_backward / costs.forward,
+            weight_backward=None if costs.weight_backward is None else costs.weight_backward / costs.forward,
         )
     positions = placement.tower_positions(config, step_costs)
     order = placement.tower_order(positions, [w * unit for w in weights], tower_order)
@@ -243,103 +181,15 @@ def fair_baseline(plan: Plan) -> Plan:
     )
 
 
-class _State:
-    """Messages and collectives shared by the ranks of one simulation."""
-
-    def __init__(self, pp: int) -> None:
-        self.arrival: dict[int, float] = {}  # message (send code) -> time it is at the receiver
-        self.waiter: dict[int, int] = {}  # message -> rank blocked on it
-        self.arrived: dict[int, list[float]] = {}  # collective -> clocks of the ranks there
-        self.waiting: dict[int, list[int]] = {}  # collective -> ranks blocked on it
-        self.finished: dict[int, float] = {}  # collective -> its end time
-        self.work = list(range(pp))
-
-
 def _simulate(plan: Plan, costs: OpCosts, tower_order: str = "arrival") -> SimResult:
-    pp = plan.config.pp
     rows = plan.order_codes
-    state = _State(pp)
-    busy = [0.0] * pp
-    steps: list[list[tuple[int, float, float]]] = [[] for _ in range(pp)]
     order, weights = placed_weights(plan.config, costs, tower_order)
-    ranks = [_rank(plan, rows[r], r, costs, weights, state, busy, steps[r]) for r in range(pp)]
-    while state.work:
-        next(ranks[state.work.pop()], None)
-    stuck = [r for r in range(pp) if len(steps[r]) < len(rows[r])]
-    if stuck:
+    replay = walk(rows, step_cost(costs, plan.config, weights), record=True)
+    if not replay.complete(rows):
+        stuck = [r for r, (p, row) in enumerate(zip(replay.pos, rows, strict=True)) if p < len(row)]
         raise ScheduleError(f"simulation cannot finish: ranks {stuck} wait forever (validate the plan)")
-    step_time = max((row[-1][2] for row in steps if row), default=0.0)
-    return SimResult(step_time, tuple(busy), tuple(map(tuple, steps)), order=order)
-
-
-def _rank(
-    plan: Plan,
-    row: Sequence[int],
-    rank: int,
-    costs: OpCosts,
-    weights: Sequence[float],
-    state: _State,
-    busy: list[float],
-    out: list[tuple[int, float, float]],
-) -> Iterator[None]:
-    """One rank's list scheduling; yields while it waits for a message or a collective."""
-    last_stage = plan.last_stage
-    fused = costs.fused_last_stage
-    split = plan.config.split_backward
-    tbwd = costs.recompute if plan.config.transpose else costs.preprocess_backward
-    clock = 0.0
-    for code in row:
-        kind = kind_base(code)
-        start = clock
-        if code < codes.FSEND:  # F, B, I or W
-            stage = code >> STAGE_SHIFT & FIELD_MASK
-            fused_here = fused and stage == last_stage
-            if kind == codes.F:
-                cost = costs.forward_at(stage) + (
-                    (costs.input_backward_at(stage) if split else costs.backward_at(stage))
-                    if fused_here
-                    else 0.0
-                )
-            elif kind == codes.B:
-                cost = 0.0 if fused_here else costs.backward_at(stage)
-            elif kind == codes.I:
-                cost = 0.0 if fused_here else costs.input_backward_at(stage)
-            else:
-                cost = costs.weight_backward_at(stage)
-            clock += cost
-            busy[rank] += cost
-        elif kind in (codes.TFWD, codes.TBWD):
-            cost = (costs.preprocess_forward if kind == codes.TFWD else tbwd) * weights[code & FIELD_MASK]
-            clock += cost
-            busy[rank] += cost
-        elif kind in PAIR_DELTA:  # send: buffered, the message travels on its own
-            size = costs.activation_bytes if code < BODY_LIMIT else costs.preprocess_bytes
-            state.arrival[code] = clock + costs.latency + size / costs.bandwidth
-            if code in state.waiter:
-                state.work.append(state.waiter.pop(code))
-        elif kind in SEND_OF_RECV:
-            message = code - PAIR_DELTA[SEND_OF_RECV[kind]]
-            while message not in state.arrival:
-                state.waiter[message] = rank
-                yield
-            clock = max(clock, state.arrival.pop(message))
-            if kind == codes.GRADRECV_BWD:
-                cost = costs.recompute * weights[code & FIELD_MASK]
-                clock += cost
-                busy[rank] += cost
-        else:  # BCAST or GRADreduce: everybody's, starts when the last rank is there
-            cost = costs.broadcast if kind == codes.BCAST else costs.allreduce
-            clocks = state.arrived.setdefault(code, [])
-            clocks.append(clock)
-            if len(clocks) == plan.config.pp:
-                state.finished[code] = max(clocks) + cost
-                state.work.extend(state.waiting.pop(code, []))
-            while code not in state.finished:
-                state.waiting.setdefault(code, []).append(rank)
-                yield
-            clock = state.finished[code]
-            busy[rank] += cost
-        out.append((code, start, clock))
+    step_time = max((row[-1][2] for row in replay.steps if row), default=0.0)
+    return SimResult(step_time, tuple(replay.busy), tuple(map(tuple, replay.steps)), order=order)
 
 
 def to_chrome_trace(result: SimResult) -> dict:

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from graph_exec.cost_file import CostFileError, ModelCosts
 from graph_exec.device import memory_in_use
 from graph_exec.harness.tower_costs import REPEATS, chunk_seconds, timed
-from graph_exec.tune import CostFileError, ModelCosts
 
 RESULT = "@@model-costs "
 #: Forwards of a middle stage held at once to see what one tape weighs.

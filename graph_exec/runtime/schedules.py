@@ -162,6 +162,7 @@ class PipelineSchedule:
                 "tower_order='balanced' places the preprocess of each micro-batch by its cost, but there "
                 "is no preprocess (num_transpose_layers=0); use tower_order='arrival'"
             )
+        self._check_plan_options()
         self._tower_positions: dict[bool, placement.TowerPositions] = {}  # by forward_only
         self._mesh: Any = None  # the mesh the first run() set up on
         self._setup: _Setup | None = None
@@ -740,6 +741,52 @@ class PipelineSchedule:
         ``scale_grads``, else 1."""
         return 1.0 / self.micro_batch_num if self.scale_grads else 1.0
 
+    def _check_plan_options(self) -> None:
+        """Refuse now, not at the first ``run()``, the options the plan cannot take together
+        (``backward="owner"`` without a trainable preprocess or a peer rank, ``body="1f1b"`` with
+        more than one chunk per rank, ...), each error naming the alternative.
+
+        This rank's stages already fix the geometry: rank ``r`` of ``P`` holds stages
+        ``r, r + P, ...``, so ``V`` is how many it holds and ``P = num_stages / V``. A layout that
+        does not fit is left to the set-up, which names it against the mesh.
+        """
+        num_stages, vpp, rank = self.stages[0].num_stages, len(self.stages), self.stages[0].stage_index
+        if num_stages % vpp:
+            return
+        if (
+            not self._transposes
+            and rank == 0
+            and self.preprocess_module is None
+            and self.num_transpose_layers
+        ):
+            return  # a missing module, not an option: the first run() names it with the mesh's rank
+        self._plan_config(num_stages // vpp, vpp, rank)
+
+    def _plan_config(self, pp: int, vpp: int, rank: int) -> PlanConfig:
+        """The plan's configuration on pipeline ``rank`` of ``pp``; raises ``PlanConfigError``
+        (a ``ValueError``) naming the options that cannot go together and the alternative."""
+        preprocess, layers = self._preprocess_kind(), self.num_transpose_layers
+        if not self._transposes:
+            if rank != 0:  # every preprocess step is on rank 0: this rank runs the body only
+                preprocess, layers = "none", 0
+            elif self.preprocess_module is None and layers > 0:
+                raise ValueError(
+                    f"num_transpose_layers={layers} but rank 0 has no preprocess_module: without "
+                    "transposition rank 0 runs the preprocess, so it must pass it (other ranks may pass None)"
+                )
+        return PlanConfig(
+            pp=pp,
+            vpp=vpp,
+            micro=self.micro_batch_num,
+            preprocess=preprocess,
+            num_preprocess_layers=layers,
+            overflow=self.run_ahead,
+            backward=self.backward,
+            input=self.input,
+            body=self.body,
+            transpose=self._transposes,
+        )
+
     def _build_local(self, pp: int, rank: int) -> tuple[Plan, Executor]:
         """The plan and executor of this rank; raises ``ValueError`` if the stages do not fit."""
         num_stages = self.stages[0].num_stages
@@ -753,31 +800,8 @@ class PipelineSchedule:
                 f"pipeline rank {rank} of {pp} with {num_stages} stages must hold stages {expected} "
                 f"(stage s lives on pipeline rank s mod {pp}), got {local}"
             )
-        preprocess, layers, module = (
-            self._preprocess_kind(),
-            self.num_transpose_layers,
-            self.preprocess_module,
-        )
-        if not self._transposes:
-            if rank != 0:  # every preprocess step is on rank 0: this rank runs the body only
-                preprocess, layers, module = "none", 0, None
-            elif module is None and layers > 0:
-                raise ValueError(
-                    f"num_transpose_layers={layers} but rank 0 has no preprocess_module: without "
-                    "transposition rank 0 runs the preprocess, so it must pass it (other ranks may pass None)"
-                )
-        config = PlanConfig(
-            pp=pp,
-            vpp=vpp,
-            micro=self.micro_batch_num,
-            preprocess=preprocess,
-            num_preprocess_layers=layers,
-            overflow=self.run_ahead,
-            backward=self.backward,
-            input=self.input,
-            body=self.body,
-            transpose=self._transposes,
-        )
+        config = self._plan_config(pp, vpp, rank)
+        module = self.preprocess_module if config.preprocess != "none" else None
         executor = create_executor(
             self.mode,
             {s.stage_index: s.submodule for s in self.stages},

@@ -3,8 +3,9 @@
 Pure Python, never imports MindSpore. ``build_plan(PlanConfig(...))`` builds the body
 (interleaved 1F1B, plain 1F1B, GPipe or the zero-bubble split backward: :mod:`.body`), inserts its P2P transfers (:mod:`.p2p`),
 layers the MPipe Transpose steps on top (:mod:`.mpipe`) and checks the result
-(:mod:`.validate`). The rules are written down in ``docs/schedule.md``; each module cites
-its section. This layer has its own short names (``micro``, ``num_preprocess_layers``); how
+(:mod:`.validate`). Validation, the simulator and the tower placement replay a plan through
+one walk (:mod:`.walk`), priced by one cost rule (:mod:`.costs`). The rules are written down
+in ``docs/schedule.md``; each module cites its section. This layer has its own short names (``micro``, ``num_preprocess_layers``); how
 they map to the public API's is in ``docs/schedule.md``, "Notation and names".
 """
 

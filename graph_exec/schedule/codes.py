@@ -88,9 +88,9 @@ SEND_OF_RECV: dict[int, int] = {recv: send for send, recv in RECV_OF_SEND.items(
 
 
 # Predicates: what a code is, by name. They are plain range tests on the kind order checked
-# above (F < B < I < W < Fsend < … < MPipe kinds < IDLE). The loops that visit every step of a large
-# plan (p2p.insert_p2p, validate._rank_runner) inline the same comparisons instead, because a
-# function call per step there costs a measurable share of build_plan's time.
+# above (F < B < I < W < Fsend < … < MPipe kinds < IDLE). The loops that visit every step of a
+# large plan (p2p.insert_p2p, validate._scan, walk._rendezvous_rank) inline the same comparisons
+# instead, because a function call per step there costs a measurable share of build_plan's time.
 
 
 def is_forward(code: int) -> bool:

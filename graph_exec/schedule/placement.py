@@ -15,8 +15,9 @@ Two kinds of position (:func:`tower_positions`):
   swaps), ties going to ranks other than 0.
 - **inline**: ``TFWD m`` on rank 0 right before ``F 0.m`` (``overflow="min"``, or no
   transposition). It is on rank 0's path except where rank 0 would wait anyway; that *slack*
-  is measured once per plan by a critical-path pass with unit costs (``F`` = 1, ``B`` = 2, every
-  other step 0). The lightest micro-batches go inline, the heavier of them where the slack is
+  is measured once per plan by a critical-path pass over the plan's replay
+  (:mod:`.walk`), every step priced by the one cost rule (:mod:`.costs`; by default ``F`` = 1,
+  ``B`` = 2, a split backward's ``I`` and ``W`` 1 each, the towers free). The lightest micro-batches go inline, the heavier of them where the slack is
   larger.
 
 The decision is a pure function of the configuration and the cost vector, so every rank that
@@ -32,9 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from graph_exec.schedule import codes
-from graph_exec.schedule.codes import PAIR_DELTA, SEND_OF_RECV, kind_base
+from graph_exec.schedule.codes import PAIR_DELTA, is_recv, kind_base
 from graph_exec.schedule.config import PlanConfig, PlanConfigError
+from graph_exec.schedule.costs import OpCosts, step_cost
 from graph_exec.schedule.mpipe import inline_micros
+from graph_exec.schedule.plan import build_plan
+from graph_exec.schedule.walk import walk
 
 #: The accepted ``tower_order`` values: ``"arrival"`` keeps the user's order.
 TOWER_ORDERS = ("arrival", "balanced")
@@ -43,19 +47,36 @@ TOWER_ORDERS = ("arrival", "balanced")
 _SWAP_ROUNDS = 64
 
 
-@dataclass(frozen=True)
-class StepCosts:
-    """The costs the decision assumes, in units of one chunk forward (tower costs too).
+#: What the runtime's decision assumes without measuring, in units of one chunk forward: the
+#: textbook forward : backward ratio (a split backward's ``I`` and ``W`` half of it each), the
+#: last stage's forward, loss and backward fused into its ``F`` (as the runtime runs it), free
+#: transfers. The simulator passes its own costs.
+RUNTIME_COSTS = OpCosts(forward=1.0, backward=2.0, fused_last_stage=True)
 
-    The defaults are what the runtime knows without measuring: the textbook forward : backward
-    ratio, the last stage's forward, loss and backward fused into its ``F`` (as the runtime runs
-    it), free transfers. The simulator passes its own.
+
+def StepCosts(  # CapWords: the name users have passed since before OpCosts was the one cost type
+    backward: float = 2.0,
+    fused_last_stage: bool = True,
+    transfer: float = 0.0,
+    tower_transfer: float = 0.0,
+    input_backward: float | None = None,
+    weight_backward: float | None = None,
+) -> OpCosts:
+    """Costs in units of one chunk forward (``F`` = 1), as :class:`OpCosts`.
+
+    ``transfer`` is how long a body message travels (``Fsend``/``Bsend`` to its receive),
+    ``tower_transfer`` an ``OUT``/``IN``/``GRAD`` one; the defaults are :data:`RUNTIME_COSTS`.
     """
-
-    backward: float = 2.0  #: one ``B`` step
-    fused_last_stage: bool = True  #: the last stage's ``F`` costs 1 + ``backward``, its ``B`` 0
-    transfer: float = 0.0  #: one body message (``Fsend``/``Bsend`` to its receive)
-    tower_transfer: float = 0.0  #: one ``OUT``/``IN``/``GRAD`` message
+    return OpCosts(
+        forward=1.0,
+        backward=backward,
+        input_backward=input_backward,
+        weight_backward=weight_backward,
+        fused_last_stage=fused_last_stage,
+        bandwidth=1.0,  # a message of n "bytes" then travels n units
+        activation_bytes=transfer,
+        preprocess_bytes=tower_transfer,
+    )
 
 
 @dataclass(frozen=True)
@@ -64,8 +85,8 @@ class TowerPositions:
 
     ``prefix[r]``: the plan micros whose ``TFWD`` rank ``r`` runs in its prefix, ascending.
     ``inline``: the plan micros whose ``TFWD`` rank 0 runs right before ``F 0.m``, ascending.
-    ``slack[i]``: how long ``TFWD inline[i]`` alone may take, in units of one chunk forward,
-    before it delays the step.
+    ``slack[i]``: how long ``TFWD inline[i]`` alone may take, in the costs' time unit, before it
+    delays the step.
     """
 
     micro: int
@@ -87,11 +108,9 @@ def placement_config(config: PlanConfig) -> PlanConfig:
     )
 
 
-def tower_positions(config: PlanConfig, costs: StepCosts = StepCosts()) -> TowerPositions:
+def tower_positions(config: PlanConfig, costs: OpCosts = RUNTIME_COSTS) -> TowerPositions:
     """The prefix and inline positions of ``config``'s plan, with each inline position's slack
-    under ``costs``."""
-    from graph_exec.schedule.plan import build_plan
-
+    under ``costs`` (the towers' costs aside: the slack is what a tower may take)."""
     config = placement_config(config)
     inline = inline_micros(config)
     owners = config.nt if config.transpose else 1
@@ -99,9 +118,9 @@ def tower_positions(config: PlanConfig, costs: StepCosts = StepCosts()) -> Tower
     ordered_inline = tuple(sorted(inline))
     slack: tuple[float, ...] = ()
     if ordered_inline:
-        slack_of = _tfwd_slack(build_plan(config).order_codes, config.last_stage, costs)
+        slack_of = _tfwd_slack(build_plan(config).order_codes, config, costs)
         slack = tuple(slack_of[m] for m in ordered_inline)
-    return TowerPositions(config.micro, prefix, ordered_inline, slack, costs.tower_transfer)
+    return TowerPositions(config.micro, prefix, ordered_inline, slack, costs.transfer_time(codes.OUTSEND))
 
 
 def check_tower_costs(
@@ -210,87 +229,38 @@ def _balance(weights: Sequence[float], capacity: Sequence[int], transfer: float)
     return groups
 
 
-def _tfwd_slack(rows: Sequence[Sequence[int]], last_stage: int, costs: StepCosts) -> dict[int, float]:
+def _tfwd_slack(rows: Sequence[Sequence[int]], config: PlanConfig, costs: OpCosts) -> dict[int, float]:
     """Per ``TFWD m`` on rank 0: latest minus earliest start (the critical-path method).
 
-    Earliest starts replay the orders under ``costs`` with every tower free (sends buffered, a
-    receive waits for its message, a collective for every rank); latest starts walk that replay
-    backwards from the step's end.
+    Earliest starts are the replay of the orders (:func:`~graph_exec.schedule.walk.walk`)
+    under ``costs`` with every tower free; latest starts walk that replay backwards from the
+    step's end: a step must end before its successor on the rank starts, a send before its
+    receive's latest start less the message's travel, and a collective's ranks share one.
     """
-    fused = costs.fused_last_stage
-    last_forward = codes.F | last_stage << codes.STAGE_SHIFT
-    last_backward = codes.B | last_stage << codes.STAGE_SHIFT
-
-    def duration(code: int) -> float:
-        if code < codes.B:
-            return 1.0 + (costs.backward if fused and code & ~codes.FIELD_MASK == last_forward else 0.0)
-        if code < codes.FSEND:
-            return 0.0 if fused and code & ~codes.FIELD_MASK == last_backward else costs.backward
-        return 0.0
-
-    def travel(code: int) -> float:
-        return costs.transfer if code < codes.BODY_LIMIT else costs.tower_transfer
-
-    ranks = len(rows)
-    start = [[0.0] * len(row) for row in rows]
-    clock = [0.0] * ranks
-    at = [0] * ranks
-    ready: dict[int, float] = {}  # receive code -> when its message is there
-    receiver: dict[int, tuple[int, int]] = {}  # receive code -> (rank, index)
-    replay: list[list[tuple[int, int]]] = []  # groups done together (a collective: every rank)
-    moved = True
-    while moved:
-        moved = False
-        for rank in range(ranks):
-            row = rows[rank]
-            while at[rank] < len(row):
-                code = row[at[rank]]
-                kind = kind_base(code)
-                if kind in (codes.BCAST, codes.GRADREDUCE):
-                    if not all(at[q] < len(rows[q]) and rows[q][at[q]] == code for q in range(ranks)):
-                        break
-                    begin = max(clock)
-                    for q in range(ranks):
-                        start[q][at[q]] = begin
-                        clock[q] = begin
-                    replay.append([(q, at[q]) for q in range(ranks)])
-                    for q in range(ranks):
-                        at[q] += 1
-                    moved = True
-                    continue
-                if kind in SEND_OF_RECV:
-                    if code not in ready:
-                        break
-                    receiver[code] = (rank, at[rank])
-                    begin = max(clock[rank], ready[code])
-                else:
-                    begin = clock[rank]
-                start[rank][at[rank]] = begin
-                clock[rank] = begin + duration(code)
-                if kind in PAIR_DELTA:
-                    ready[code + PAIR_DELTA[kind]] = clock[rank] + travel(code)
-                replay.append([(rank, at[rank])])
-                at[rank] += 1
-                moved = True
-    if any(at[r] < len(rows[r]) for r in range(ranks)):
+    free = replace(costs, preprocess_forward=0.0, recompute=0.0, preprocess_backward=0.0, tower_costs=())
+    cost = step_cost(free, config, (0.0,) * config.micro)
+    replay = walk(rows, cost, record=True)
+    if not replay.complete(rows):
         raise PlanConfigError("the slack pass could not replay the plan (validate it first)")
-    end = max(clock, default=0.0)
+    receiver = {c: (r, i) for r, row in enumerate(rows) for i, c in enumerate(row) if is_recv(c)}
+    end = max((row[-1][2] for row in replay.steps if row), default=0.0)
     latest = [[0.0] * len(row) for row in rows]
-    for group in reversed(replay):
+    for group in reversed(replay.replay):
         finishes = []
         for rank, index in group:
             code = rows[rank][index]
             finish = latest[rank][index + 1] if index + 1 < len(rows[rank]) else end
             kind = kind_base(code)
-            if kind in PAIR_DELTA:
+            if kind in PAIR_DELTA:  # takes no time on the sender; the message travels cost(code)
                 to_rank, to_index = receiver[code + PAIR_DELTA[kind]]
-                finish = min(finish, latest[to_rank][to_index] - travel(code))
-            finishes.append(finish - duration(code))
+                finishes.append(min(finish, latest[to_rank][to_index] - cost(code)))
+            else:
+                finishes.append(finish - cost(code))
         shared = min(finishes)
         for rank, index in group:
-            latest[rank][index] = shared if len(group) > 1 else finishes[0]
+            latest[rank][index] = shared
     return {
-        codes.micro_of(code): latest[0][i] - start[0][i]
+        codes.micro_of(code): latest[0][i] - replay.steps[0][i][1]
         for i, code in enumerate(rows[0])
         if kind_base(code) == codes.TFWD
     }

@@ -29,16 +29,14 @@ above, so the error names the first cause rather than a downstream symptom.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from graph_exec.schedule import codes, routing
 from graph_exec.schedule.codes import (
     BODY_LIMIT,
     KIND_SHIFT,
-    PAIR_DELTA,
-    SEND_OF_RECV,
     STAGE_SHIFT,
     STAGE_UNIT,
     is_body,
@@ -59,15 +57,23 @@ from graph_exec.schedule.errors import (
     PairingError,
 )
 from graph_exec.schedule.mpipe import inline_micros
-
-if TYPE_CHECKING:
-    from graph_exec.schedule.plan import Plan
+from graph_exec.schedule.walk import RECV, ROLE, SEND, walk
 
 Rows = Sequence[Sequence[int]]
 _SHOWN = 6  # examples listed in an error message before "…"
 
 
-def validate(plan: Plan) -> None:
+class PlanCodes(Protocol):
+    """What validation reads of a plan. :class:`~graph_exec.schedule.plan.Plan` is one; naming
+    the attributes here rather than importing it keeps the plan module (which validates every
+    plan it builds) and this one from importing each other."""
+
+    config: PlanConfig
+    order_codes: Rows  #: every rank's order
+    body_codes: Rows  #: every rank's body order (no MPipe step)
+
+
+def validate(plan: PlanCodes) -> None:
     """Raise a :class:`~graph_exec.schedule.errors.ScheduleError` if ``plan`` breaks an invariant."""
     config, orders, body = plan.config, plan.order_codes, plan.body_codes
     run = _execute(config, orders)
@@ -88,28 +94,18 @@ def validate(plan: Plan) -> None:
     _raise_deadlock(config, orders, run.pos)
 
 
-# The symbolic execution.
-
-_COMPUTE, _SEND, _RECV, _COLLECTIVE = range(4)
-_ROLE = [_COMPUTE] * len(codes.KINDS)
-for _kind in PAIR_DELTA:
-    _ROLE[_kind >> KIND_SHIFT] = _SEND
-for _kind in SEND_OF_RECV:
-    _ROLE[_kind >> KIND_SHIFT] = _RECV
-for _kind in (codes.BCAST, codes.GRADREDUCE):
-    _ROLE[_kind >> KIND_SHIFT] = _COLLECTIVE
+# The replay: each rank's inputs (check 3), then the ranks against each other (check 4).
 
 
 @dataclass
 class _Run:
-    """How far the symbolic execution got, and what it saw on the way."""
+    """What the replay found, and what each rank's order holds for the structural checks."""
 
     pos: list[int]  # per rank: where it waits, or the length of its order once done
-    seen: list[set[int]]  # per rank: every step run (or reached and waiting)
-    compute: list[int]  # per rank: F and B steps run
-    mpipe_at: list[list[int]]  # per rank: indices of the MPipe steps run
+    seen: list[set[int]]  # per rank: every step of its order
+    compute: list[int]  # per rank: F, B, I and W steps
+    mpipe_at: list[list[int]]  # per rank: indices of the MPipe steps
     violation: tuple[int, int, int, int] | None = None  # rank, index, step, missing input
-    arrived: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))  # at a collective
 
     def complete(self, orders: Rows) -> bool:
         return all(p == len(row) for p, row in zip(self.pos, orders, strict=True))
@@ -136,41 +132,39 @@ def _gradient_source(config: PlanConfig) -> int:
     return codes.I if config.split_backward else codes.B
 
 
-class _Violation(Exception):
-    """Stops the symbolic execution at a step whose input was never produced."""
-
-
 def _execute(config: PlanConfig, orders: Rows) -> _Run:
-    """Run every rank symbolically: check each step's inputs, rendezvous the transfers.
+    """Check every rank's inputs, then replay the ranks with rendezvous transfers.
 
-    A rank runs until it reaches a transfer whose partner has not been reached yet, or a
-    collective not every rank has reached; it then waits, and whoever completes the
-    transfer (or arrives last) puts it back to work. Each rank is a generator, so waiting
-    and resuming keep its state (a 64-rank plan waits about half a million times). Stops at
-    the first step whose input was never produced on its rank.
+    The replay (:func:`~graph_exec.schedule.walk.walk`) stops at the first step, in replay
+    order, whose input was never produced on its rank, as a run would; that step is the
+    violation reported.
     """
-    pp = config.pp
-    run = _Run([0] * pp, [set() for _ in range(pp)], [0] * pp, [[] for _ in range(pp)])
-    waiting_at: list[int | None] = [None] * pp  # the step each waiting rank is blocked on
-    work = list(range(pp))
-    ranks = [_rank_runner(config, orders[rank], rank, run, waiting_at, work) for rank in range(pp)]
-    try:
-        while work:
-            next(ranks[work.pop()], None)
-    except _Violation:
-        pass
+    scans = [_scan(config, row, rank) for rank, row in enumerate(orders)]
+    first = [scan.violation[1] if scan.violation else None for scan in scans]
+    replay = walk(orders, rendezvous=True, stop_at=first)
+    run = _Run(replay.pos, [s.seen for s in scans], [s.compute for s in scans], [s.mpipe_at for s in scans])
+    if replay.stopped is not None:
+        run.violation = scans[replay.stopped[0]].violation
     return run
 
 
-def _rank_runner(
-    config: PlanConfig,
-    row: Sequence[int],
-    rank: int,
-    run: _Run,
-    waiting_at: list[int | None],
-    work: list[int],
-) -> Iterator[None]:
-    """One rank of :func:`_execute`; yields whenever it has to wait."""
+@dataclass
+class _Scan:
+    """One rank's order read alone: its steps, and the first step whose input it lacks."""
+
+    seen: set[int]
+    compute: int
+    mpipe_at: list[int]
+    violation: tuple[int, int, int, int] | None  # rank, index, step, missing input
+
+
+def _scan(config: PlanConfig, row: Sequence[int], rank: int) -> _Scan:
+    """Check 3 on one rank: every step's input is produced earlier on the rank.
+
+    This loop visits every step of every rank (1.6 million for P=64 V=4 M=1024), so it tests
+    kinds by raw comparison with the locals below, not with the codes.is_* predicates: a
+    function call per step would add a measurable share of build_plan's time.
+    """
     pp = config.pp
     # What F s.m and B s.m read from a neighbouring stage: a receive, or with a single rank
     # the neighbour's own step.
@@ -186,16 +180,15 @@ def _rank_runner(
         for m in range(config.micro):
             stage0_input[m] = (codes.TFWD if config.owner(m) == 0 else codes.OUTRECV) | m
     fsend_to_f, bsend_to_b = codes.FSEND - codes.F, codes.BSEND - _gradient_source(config)
-    d_f, d_b = PAIR_DELTA[codes.FSEND], PAIR_DELTA[codes.BSEND]
     fsend, frecv, bsend, brecv, b_code = codes.FSEND, codes.FRECV, codes.BSEND, codes.BRECV, codes.B
-    after, before = (rank + 1) % pp, (rank - 1) % pp
-    pos, arrived, mpipe_at = run.pos, run.arrived, run.mpipe_at[rank]
-    have = run.seen[rank]
+    have: set[int] = set()
     add = have.add
+    mpipe_at: list[int] = []
     n_compute = 0
-    # This loop visits every step of every rank (1.6 million for P=64 V=4 M=1024), so it tests
-    # kinds by raw comparison with the locals above, not with the codes.is_* predicates: a
-    # function call per step would add a measurable share of build_plan's time.
+
+    def lacking(index: int, code: int, need: int) -> _Scan:
+        return _Scan(set(row), n_compute, mpipe_at, (rank, index, code, need))
+
     for i, code in enumerate(row):
         add(code)
         if code < fsend:  # F, B, I or W: check the input it reads
@@ -205,64 +198,30 @@ def _rank_runner(
                 need = code + f_input if code >= STAGE_UNIT else stage0_input.get(code, code)
             elif code < i_code:  # B s.m: its own forward, then the gradient from the next stage
                 if code - b_code not in have:
-                    _stop(run, rank, i, code, code - b_code)
+                    return lacking(i, code, code - b_code)
                 need = code + b_input if code < b_has_next else code
             elif code < w_code:  # I s.m: as B s.m
                 if code - f_to_i not in have:
-                    _stop(run, rank, i, code, code - f_to_i)
+                    return lacking(i, code, code - f_to_i)
                 need = code + i_input if code < i_has_next else code
             else:  # W s.m: what I s.m kept
                 need = code - i_to_w
             if need not in have:
-                _stop(run, rank, i, code, need)
+                return lacking(i, code, need)
+        elif code < frecv:  # Fsend s.m: after F s.m
+            if code - fsend_to_f not in have:
+                return lacking(i, code, code - fsend_to_f)
+        elif code < bsend:  # a receive needs nothing on its rank
             continue
-        if code < BODY_LIMIT:  # body transfer with a neighbouring rank
-            if code < frecv:
-                if code - fsend_to_f not in have:
-                    _stop(run, rank, i, code, code - fsend_to_f)
-                peer, partner = after, code + d_f
-            elif code < bsend:
-                peer, partner = before, code - d_f
-            elif code < brecv:
-                if code - bsend_to_b not in have:
-                    _stop(run, rank, i, code, code - bsend_to_b)
-                peer, partner = before, code + d_b
-            else:
-                peer, partner = after, code - d_b
-        else:  # MPipe step: rare, so the general rules
+        elif code < brecv:  # Bsend s.m: after B s.m (I s.m)
+            if code - bsend_to_b not in have:
+                return lacking(i, code, code - bsend_to_b)
+        elif code >= BODY_LIMIT:  # MPipe step: rare, so the general rules
             mpipe_at.append(i)
             for need in _mpipe_needs(config, code):
                 if need not in have:
-                    _stop(run, rank, i, code, need)
-            what = _ROLE[code >> KIND_SHIFT]
-            if what == _COMPUTE:
-                continue
-            if what == _COLLECTIVE:
-                group = arrived[code]
-                group.add(rank)
-                if len(group) < pp:
-                    pos[rank], waiting_at[rank] = i, code
-                    yield
-                    continue
-                del arrived[code]
-                for other in group - {rank}:
-                    waiting_at[other] = None
-                    work.append(other)
-                continue
-            peer, partner = routing.peer(config, code), routing.partner_code(code)
-        if waiting_at[peer] == partner:  # never this rank: it is running, not waiting
-            waiting_at[peer] = None
-            work.append(peer)
-            continue
-        pos[rank], waiting_at[rank] = i, code
-        yield  # resumed once the partner has taken the transfer
-    pos[rank] = len(row)
-    run.compute[rank] = n_compute
-
-
-def _stop(run: _Run, rank: int, index: int, code: int, need: int) -> None:
-    run.violation = (rank, index, code, need)
-    raise _Violation
+                    return lacking(i, code, need)
+    return _Scan(have, n_compute, mpipe_at, None)
 
 
 # Structure (checks 1 and 2): fast form on a complete run, precise form for messages.
@@ -427,10 +386,10 @@ def _messages(config: PlanConfig, orders: Rows) -> tuple[dict, dict]:
     received: dict[tuple[int | None, int], list[int]] = defaultdict(list)
     for rank, row in enumerate(orders):
         for code in row:
-            what = _ROLE[code >> KIND_SHIFT]
-            if what == _SEND:
+            what = ROLE[code >> KIND_SHIFT]
+            if what == SEND:
                 sent[rank, routing.peer(config, code)].append(code)
-            elif what == _RECV:
+            elif what == RECV:
                 received[routing.peer(config, code), rank].append(routing.partner_code(code))
     return sent, received
 

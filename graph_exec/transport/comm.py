@@ -48,7 +48,7 @@ from graph_exec.transport.frames import (
     prefix_from_words,
     prefix_words,
 )
-from graph_exec.transport.mesh import CommGroup
+from graph_exec.transport.group import CommGroup
 from graph_exec.transport.meta import (
     ABORT,
     CONTROL_BYTES,

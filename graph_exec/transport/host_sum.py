@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from graph_exec.transport.comm import Transport
-from graph_exec.transport.mesh import CommGroup
+from graph_exec.transport.group import CommGroup
 
 
 class HostSum:

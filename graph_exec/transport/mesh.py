@@ -16,34 +16,18 @@ waiting on a group its peers never made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from graph_exec import checks
 from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError
+from graph_exec.transport.comm import LAUNCH_HINT, is_initialized, world_all_reduce_sum, world_group_name
+from graph_exec.transport.group import CommGroup
 
 #: Seconds the layout check may wait for the other ranks (they all build their mesh at start).
 LAYOUT_CHECK_TIMEOUT_S = 300.0
 
 #: Groups this process already created: name -> global ranks (a group is created once).
 _created: dict[str, tuple[int, ...]] = {}
-
-
-@dataclass(frozen=True)
-class CommGroup:
-    """One communication group: its MindSpore name and its global ranks, in group-rank order."""
-
-    name: str
-    ranks: tuple[int, ...]
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def rank_of(self, global_rank: int) -> int:
-        """The group rank of ``global_rank`` (its position in :attr:`ranks`)."""
-        return self.ranks.index(global_rank)
 
 
 def _positive(name: str, value: object) -> int:
@@ -99,8 +83,6 @@ class DeviceMesh:
     """
 
     def __init__(self, dp: int | None = None, pp: int | None = None) -> None:
-        from graph_exec.transport.comm import LAUNCH_HINT, is_initialized
-
         if not is_initialized():
             if dp is None and pp is None:
                 self._set(1, 1, 0, world=True)
@@ -118,8 +100,6 @@ class DeviceMesh:
         self._set(dp, pp, rank, world=False)
 
     def _set(self, dp: int, pp: int, rank: int, *, world: bool) -> None:
-        from graph_exec.transport.comm import world_group_name
-
         self.dp_size, self.pp_size, self.global_rank = dp, pp, rank
         world_name = world_group_name() if not world else "world"
         pp_ranks, dp_ranks = replica_ranks(rank, pp), data_parallel_ranks(rank, dp, pp)
@@ -179,8 +159,6 @@ def _create_group(group: CommGroup) -> None:
 def _check_same_layout(dp: int, pp: int, rank: int) -> None:
     """Raise :class:`ConfigurationMismatchError` on every rank unless every rank asked for
     ``(dp, pp)`` (one SUM all-reduce over the world, with a deadline)."""
-    from graph_exec.transport.comm import world_all_reduce_sum
-
     world = dp * pp
     mine = np.array([dp, pp, dp * dp, pp * pp], dtype=np.float32)  # float64 all-reduce fails on CPU
     total = world_all_reduce_sum(mine, LAYOUT_CHECK_TIMEOUT_S, "checking the device mesh layout")

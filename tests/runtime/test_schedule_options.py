@@ -69,6 +69,42 @@ def test_the_baseline_refuses_the_options_that_need_transposition(model, option,
         )
 
 
+@pytest.mark.parametrize(
+    ("pre", "options", "error"),
+    [
+        (
+            "frozen",
+            {"backward": "owner"},
+            r"backward 'owner' needs preprocess 'trainable', got preprocess 'frozen'",
+        ),
+        ("none", {"backward": "owner"}, r"backward 'owner' needs preprocess 'trainable'.*"),
+        (
+            "trainable",
+            {"backward": "owner"},
+            r"backward 'owner' needs a peer rank, but pp=1.*use backward 'central'",
+        ),
+        (
+            "trainable",
+            {"input": "owned"},
+            r"input 'owned' needs a peer rank, but pp=1.*use input 'replicated'",
+        ),
+        ("trainable", {"body": "1f1b"}, r"body '1f1b' .* needs vpp=1, got vpp=2; use body 'interleaved'"),
+    ],
+)
+def test_options_the_plan_cannot_take_together_are_refused_at_construction(pre, options, error) -> None:
+    # One process holding both stages: P = 1, V = 2, known before any run() (which used to be
+    # where these failed, once communication and the mesh were set up).
+    model = build(2, pre)
+    layers = 0 if pre == "none" else 1
+    with pytest.raises(ValueError, match=error):
+        ge.ScheduleMPipeTranspose(stages_of(model), 2, model.preprocess, layers, loss_fn=loss_fn, **options)
+
+
+def test_the_baseline_refuses_a_plain_1f1b_body_over_two_chunks_at_construction(model) -> None:
+    with pytest.raises(ValueError, match=r"body '1f1b' .* needs vpp=1, got vpp=2"):
+        ge.ScheduleInterleaved1F1B(stages_of(model), 2, model.preprocess, 1, loss_fn=loss_fn, body="1f1b")
+
+
 def test_an_unknown_option_is_refused_with_the_list_of_options(model) -> None:
     with pytest.raises(
         TypeError, match=r"unexpected keyword argument\(s\) \['micro'\]; its options are: mode, "

@@ -47,6 +47,41 @@ def test_inline_slack_is_what_the_simulator_lets_one_tower_take_for_free() -> No
             assert simulate(plan, costs).step_time - base == pytest.approx(max(0.0, h - slack))
 
 
+_ZB_STEP_COSTS = {  # what each step costs, in units of one chunk forward
+    "runtime default": None,  # tower_positions(config): F 1, B 2 (I and W 1 each), last stage fused
+    "measured split": {"backward": 2.0, "input_backward": 1.5, "weight_backward": 0.25},
+    "measured split, last stage apart": {
+        "backward": 2.0,
+        "input_backward": 0.5,
+        "weight_backward": 1.75,
+        "fused_last_stage": False,
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(_ZB_STEP_COSTS))
+@pytest.mark.parametrize("transpose", [False, True])
+def test_zb_slack_prices_input_and_weight_backward_by_their_own_costs(name: str, transpose: bool) -> None:
+    # Under body="zb" each inline TFWD's slack is exactly the tower the simulator lets it take
+    # for free: one more (0.25) and the step is longer by that much. The slack used to price I
+    # and W as a whole backward each, so the decision worked from a plan that does not run.
+    given = _ZB_STEP_COSTS[name]
+    step = {"backward": 2.0, "fused_last_stage": True} if given is None else given
+    overflow = "min" if transpose else "full"  # either way some towers run inline on rank 0
+    config = PlanConfig(
+        pp=3, vpp=2, micro=9, body="zb", preprocess="frozen", transpose=transpose, overflow=overflow
+    )
+    positions = tower_positions(config) if given is None else tower_positions(config, StepCosts(**step))
+    assert positions.inline
+    plan = build_plan(config)
+    base = simulate(plan, OpCosts(forward=1, **step)).step_time
+    for m, slack in zip(positions.inline, positions.slack, strict=True):
+        for extra in (0.0, 0.25):
+            weights = tuple(slack + extra if i == m else 0.0 for i in range(config.micro))
+            costs = OpCosts(forward=1, preprocess_forward=1, tower_costs=weights, **step)
+            assert simulate(plan, costs).step_time - base == pytest.approx(extra), (m, slack)
+
+
 def test_min_overflow_puts_the_heavy_towers_in_the_prefix_and_the_rest_into_the_slack() -> None:
     # Same plan: prefix positions 0..3 (one per rank), inline 4..7 with slack 1, 3, 0, 0.
     # Towers: 1, 2, 0.5, 0.25 and four of 4. Balanced: the 4s in the prefix (in parallel on the
