@@ -10,7 +10,8 @@ split made without a fixed ``image_grid`` (:class:`~graph_exec.models.chunks.Vis
 ``patch_positions``    (B, P, 2) int32      each patch's (row, column) in its image's grid,
                                             as the model's ``rot_pos_emb`` orders them
 ``input_ids``          (B, S) int32         the text, padded with ``pad_token_id``
-``position_ids``       (B, 3, S) int32      the model's own ``get_rope_index`` with the mask
+``position_ids``       (B, 3, S) int32      M-RoPE positions by ``get_rope_index``'s formula
+                                            with the mask, on the host (:mod:`.mrope`)
 ``attention_mask``     (B, S) int32         1 on the sample's tokens, 0 on padding
 =====================  ===================  ==================================================
 
@@ -18,7 +19,7 @@ and the labels ``(B, S)`` int32 (``-100`` on padding). ``P`` is the batch's larg
 count (at least ``merge²``, so a text-only batch still has one merger row), or a bucket of
 ``patch_pad_to``; ``S`` the longest sample, or a bucket of ``pad_to``. Everything that reads
 token or grid values (the M-RoPE index, the rotary positions, the per-image bounds) is computed
-here, on the host: what the compiled tower sees are tensors, so one compiled graph serves any mix
+here, on the host with numpy (no device call per sample): what the compiled tower sees are tensors, so one compiled graph serves any mix
 of images of the same padded shape (``docs/models.md``, "Masks, padding, placement").
 
 Every sample is checked before anything runs (so before any rank communicates): each error names
@@ -34,6 +35,7 @@ import numpy as np
 
 from graph_exec.models.inputs import image_patches
 from graph_exec.models.loss import IGNORE_INDEX
+from graph_exec.models.mrope import mrope_positions
 
 
 class VLMBatch(NamedTuple):
@@ -168,21 +170,6 @@ def _check_tokens(ids: np.ndarray, grids: list[tuple[int, int, int]], v: _Vision
         )
 
 
-def _rope_index(
-    model: Any, ids: np.ndarray, mask: np.ndarray, grids: list[tuple[int, int, int]]
-) -> np.ndarray:
-    """``(3, S)``: the model's own ``get_rope_index`` of one padded sample with its mask and its
-    images' grids. One sample at a time: the model's loop treats every row alone anyway (only
-    its image counter runs on), and on a row without images the batched call fails in
-    mindone 0.5 on CPU (indexing by an empty tensor finds phantom vision tokens, then reads the
-    absent video grids); a text-only row alone takes the model's own text-only branch."""
-    import mindspore as ms
-
-    grid = ms.Tensor(np.array(grids, np.int64)) if grids else None
-    positions, _ = model.model.get_rope_index(ms.Tensor(ids[None]), grid, None, ms.Tensor(mask[None]))
-    return positions.asnumpy()[:, 0].astype(np.int32)
-
-
 def default_labels(ids: np.ndarray, image_token: int) -> np.ndarray:
     """``labels[i] = ids[i + 1]`` (aligned: position ``i`` predicts the next token), ``-100`` at
     the last position and where the next token is an image placeholder."""
@@ -204,7 +191,7 @@ def vlm_batch(
 
     Args:
         split_or_model: the :class:`~graph_exec.models.SplitModel` (its ``model``) or the whole
-            mindone ``Qwen2VLForConditionalGeneration``: its config and ``get_rope_index``.
+            mindone ``Qwen2VLForConditionalGeneration``: its config.
         samples: dicts with ``input_ids`` (1-D, the image tokens of its images in place),
             optionally ``labels`` (1-D, aligned with ``input_ids``: ``labels[i]`` is the token
             after position ``i``; default :func:`default_labels`) and ``images``: a list of
@@ -353,7 +340,10 @@ def _padded_batch(
         n = len(texts[b])
         input_ids[b, :n], mask[b, :n], target[b, :n] = texts[b], 1, labels[b]
     positions = np.stack(
-        [_rope_index(model, input_ids[b], mask[b], [g for _, g in made]) for b, made in enumerate(patches)]
+        [
+            mrope_positions(input_ids[b], mask[b], [g for _, g in made], v.merge, v.image_token)
+            for b, made in enumerate(patches)
+        ]
     )
     inputs = (pixel_values, patch_image, patch_positions, input_ids, positions, mask)
     return VLMBatch(inputs, target)

@@ -145,6 +145,64 @@ def test_bad_samples_are_named_before_anything_runs():
         gm.vlm_batch(model, [sample([S, I, E], np.zeros((8, 8), np.float32))])
 
 
+def models_rope_index(model, ids, mask, grids):
+    """``(3, B, S)``: the model's own ``get_rope_index`` of ``ids`` (B, S) with ``mask`` and all
+    rows' image grids in order (``None`` when there are none)."""
+    grid = ms.Tensor(np.array(grids, np.int64)) if grids else None
+    positions, _ = model.model.get_rope_index(ms.Tensor(ids), grid, None, ms.Tensor(mask))
+    return positions.asnumpy()
+
+
+def test_positions_are_computed_on_the_host_and_equal_the_models_get_rope_index(monkeypatch):
+    """``vlm_batch`` computes the M-RoPE positions with numpy (``get_rope_index`` made to raise
+    changes nothing), and they equal the model's own ``get_rope_index`` exactly on a text-only
+    row, one image, two images of different grids, an image of ``t = 2``, all padded to 24; the
+    rows with images also in one batched call (its image counter runs across rows); and
+    ``mrope_positions`` alone on a row padded at the front."""
+    from graph_exec.examples.qwen2vl import IMAGE_TOKEN as I
+    from graph_exec.examples.qwen2vl import VISION_END as E
+    from graph_exec.examples.qwen2vl import VISION_START as S
+    from graph_exec.models.mrope import mrope_positions
+
+    model = mm.whole("qwen2vl", 2)
+    rng = np.random.default_rng(3)
+
+    def pixels(h, w):
+        return rng.standard_normal((3, h, w)).astype(np.float32)
+
+    two_frames = {"pixel_values": rng.standard_normal((32, 96)).astype(np.float32), "grid_thw": (2, 4, 4)}
+    samples = [
+        sample([5, 6, 7]),
+        sample([5, S, *[I] * 4, E, 8, 9], pixels(16, 16)),
+        sample([S, I, E, 3, S, *[I] * 6, E, 4, 5, 6], pixels(8, 8), pixels(16, 24)),
+        sample([9, S, *[I] * 8, E, 2], two_frames),
+    ]
+    grids = [[], [(1, 4, 4)], [(1, 2, 2), (1, 4, 6)], [(2, 4, 4)]]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("vlm_batch called the model's get_rope_index")
+
+    monkeypatch.setattr(model.model, "get_rope_index", refuse)
+    batch = gm.vlm_batch(model, samples, pad_to=24)
+    monkeypatch.undo()
+    _, _, _, ids, positions, mask = batch.inputs
+    assert positions.shape == (4, 3, 24) and positions.dtype == np.int32
+    for b, grid in enumerate(grids):
+        theirs = models_rope_index(model, ids[b : b + 1], mask[b : b + 1], grid)[:, 0]
+        np.testing.assert_array_equal(positions[b], theirs, err_msg=f"row {b}")
+    assert positions[2, 0, 14] == positions[2, 0, 13] + 1 and (positions[2, :, 15:] == 1).all()  # text, pad
+    batched = models_rope_index(model, ids[1:], mask[1:], [g for row in grids[1:] for g in row])
+    np.testing.assert_array_equal(positions[1:], batched.transpose(1, 0, 2))
+    front = np.concatenate([[0, 0], ids[2, :16]])[None]
+    front_mask = np.concatenate([[0, 0], mask[2, :16]])[None]
+    mine = mrope_positions(front[0], front_mask[0], grids[2], 2, I)
+    np.testing.assert_array_equal(mine, models_rope_index(model, front, front_mask, grids[2])[:, 0])
+    with pytest.raises(
+        ValueError, match=r"image 1 of grid \[1, 2, 2\] has no image token 124 after kept token 6"
+    ):
+        mrope_positions(ids[1], mask[1], [(1, 4, 4), (1, 2, 2)], 2, I)
+
+
 def test_processed_images_and_rotary_positions_are_the_models_own():
     """A processed image (patches + grid) batches as its pixels do, and the per-patch rotary
     rows give the model's own ``rot_pos_emb``."""

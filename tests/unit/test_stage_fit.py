@@ -53,14 +53,26 @@ def test_one_layer_count_keeps_every_part_non_negative_and_every_stage() -> None
 
 
 def test_noise_that_fits_a_negative_part_falls_back_to_the_non_negative_split() -> None:
-    """Stage 0 with two layers measured cheaper than with one: no non-negative layer fits."""
+    """Stage 0 with two layers measured cheaper than with one: no non-negative layer fits.
+
+    By hand, per direction (forward and backward measured alike here): stage 0 gives
+    ``layer + first = 3.0`` and ``2 layer + first = 2.9``, the middle stages ``layer + chunk =
+    3.0``; the exact least-squares answer is ``layer = -0.1`` (refused). The fallback takes the
+    smaller group mean of per-layer costs, stage 0's ``(3.0 / 1 + 2.9 / 2) / 2 = 2.225`` (the
+    middle stages' is 3.0); then ``chunk = 3.0 - 2.225 = 0.775`` and ``first = ((3.0 - 2.225) +
+    (2.9 - 4.45)) / 2 = -0.3875``, clamped to 0. The last stage: ``((5.0 + 0.5 - 1 · 4.45) +
+    (9.0 + 0.0 - 2 · 4.45)) / 2 = (1.05 + 0.1) / 2 = 0.575``."""
     got = fit_stages(
         [
             _measured((3.0, 3.0, 3.0, 5.0), (3.0, 3.0, 3.0, 0.5), (1, 1, 1, 1)),
             _measured((2.9, 9), (2.9, 0), (2, 2)),
         ]
     )
-    assert min(vars(got).values()) >= 0
+    for direction in ("forward", "backward"):
+        assert getattr(got, f"layer_{direction}") == pytest.approx(2.225, abs=1e-12)
+        assert getattr(got, f"chunk_{direction}") == pytest.approx(0.775, abs=1e-12)
+        assert getattr(got, f"first_{direction}") == 0.0
+    assert got.last_extra == pytest.approx(0.575, abs=1e-12)
 
 
 def test_bad_input_is_named() -> None:
