@@ -75,6 +75,8 @@ def run_member(member: str) -> int:
         runpy.run_path(str(path), run_name="__main__")
     except SystemExit as done:
         code = done.code
+        if isinstance(code, str):  # the interpreter would print it on exit
+            print(code, file=sys.stderr, flush=True)
         return code if isinstance(code, int) else int(code is not None)
     except Exception:
         traceback.print_exc()
