@@ -154,12 +154,12 @@ def test_micro_batches_with_other_data_is_refused(model, call, given):
         call(schedule(model), ragged())
 
 
-def test_owned_input_is_refused_with_micro_batches(model):
-    sched = schedule(model, input="owned")
-    with pytest.raises(
-        ValueError, match=r"run\(\) with micro_batches= is not supported yet with input='owned'"
-    ):
-        sched.run(micro_batches=ragged())
+def test_owned_input_is_refused_in_one_process_at_construction(model):
+    """Owned input needs a peer rank: refused when the schedule is made, naming the alternative.
+    ``run(micro_batches=...)`` with owned input is refused on two ranks
+    (``tests/multirank/workers/owned_data_checks.py``, ``micro_batches_refused``)."""
+    with pytest.raises(ValueError, match=r"input 'owned' needs a peer rank.*use input 'replicated'"):
+        schedule(model, input="owned")
 
 
 def test_equal_micro_batches_are_what_split_batch_makes():

@@ -100,6 +100,7 @@ def check_failing_size(case: Case, pp: int, rank: int, checker: Checker) -> None
     sched = schedule(case, build(pp, case.preprocess), rank, pp, "owned")
     x, labels = batch(SAMPLES, seed=4)
     samples = [(x.asnumpy()[i], labels.asnumpy()[i]) for i in range(SAMPLES)]
+    check_micro_batches_refused(case, pp, rank, checker, x, labels)
 
     def sample_cost(index: int) -> float:
         if rank == 0:
@@ -115,6 +116,21 @@ def check_failing_size(case: Case, pp: int, rank: int, checker: Checker) -> None
         checker.check(f"{case.name}.raised", rank != 0 and "1 other rank(s)" in str(exc), str(exc))
     else:
         checker.check(f"{case.name}.raised", False, "next_batch() returned")
+
+
+def check_micro_batches_refused(case: Case, pp: int, rank: int, checker: Checker, x, labels) -> None:
+    """``run(micro_batches=...)`` with owned input is refused on the rank, before it communicates
+    (a schedule of its own: the refusal must not depend on, or disturb, the others)."""
+    sched = schedule(case, build(pp * case.vpp, case.preprocess), rank, pp, "owned")
+    rows = len(x) // MICRO
+    pieces = [((x[k * rows : (k + 1) * rows],), labels[k * rows : (k + 1) * rows]) for k in range(MICRO)]
+    try:
+        sched.run(micro_batches=pieces)
+    except ValueError as exc:
+        refused = "with micro_batches= is not supported yet with input='owned'" in str(exc)
+        checker.check(f"{case.name}.micro_batches_refused", refused, str(exc))
+    else:
+        checker.check(f"{case.name}.micro_batches_refused", False, "run() returned")
 
 
 def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
