@@ -54,6 +54,11 @@ class ProtocolError(CommunicationError):
     """A message arrived that the plan did not expect here (the ranks' plans disagree)."""
 
 
+class StepTagMismatchError(ProtocolError):
+    """A peer's transfer was stamped for another step than this rank's: the ranks disagree on
+    what the step's data is (their tower placements differ; ``Transport.set_step_tag``)."""
+
+
 class PipelineStepError(GraphExecError, RuntimeError):
     """A step of the plan failed; carries the rank, the step token and the peer (if any)."""
 

@@ -56,6 +56,7 @@ from graph_exec.runtime.setup_facts import pipeline_facts, replica_facts
 from graph_exec.runtime.stage import PipelineStage
 from graph_exec.runtime.step_end import StepEnd, per_token_losses
 from graph_exec.runtime.tied import check_local, set_up_ties
+from graph_exec.runtime.tower_placement import TowerPlacement, describe_tag, placement_tag
 from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan, placement
 
 
@@ -162,7 +163,7 @@ class PipelineSchedule:
                 "tower_order='balanced' places the preprocess of each micro-batch by its cost, but there "
                 "is no preprocess (num_transpose_layers=0); use tower_order='arrival'"
             )
-        self._tower_positions: dict[bool, placement.TowerPositions] = {}  # by forward_only
+        self._placement = TowerPlacement(self.micro_batch_num, self.tower_order)
         self._mesh: Any = None  # the mesh the first run() set up on
         self._setup: _Setup | None = None
         self._failed: str | None = None
@@ -194,14 +195,15 @@ class PipelineSchedule:
         return placement.check_tower_costs(tower_costs, self.micro_batch_num, ValueError)
 
     def _tower_placement(self, config: PlanConfig, costs: tuple[float, ...] | None) -> tuple[int, ...]:
-        """``order[m]``: the batch's micro-batch that runs as plan micro ``m`` (the same on every
-        rank given the same costs)."""
-        if costs is None or self.tower_order == "arrival":
-            return tuple(range(self.micro_batch_num))
-        positions = self._tower_positions.get(config.forward_only)
-        if positions is None:
-            positions = self._tower_positions[config.forward_only] = placement.tower_positions(config)
-        return placement.tower_order(positions, costs, self.tower_order)
+        """``order[m]``: the batch's micro-batch that runs as plan micro ``m``, for training and
+        evaluation alike (:mod:`graph_exec.runtime.tower_placement`)."""
+        return self._placement.order(config, costs)
+
+    def _step_tag(self, order: tuple[int, ...]) -> tuple[int, Any]:
+        """The tag every transfer of a step with ``order`` carries, and how to name one: ranks
+        that placed the towers differently fail at their first transfer
+        (:mod:`graph_exec.runtime.tower_placement`)."""
+        return placement_tag(order), partial(describe_tag, micro=self.micro_batch_num)
 
     # -- public ----------------------------------------------------------------------------
 
@@ -272,7 +274,7 @@ class PipelineSchedule:
         order = self._tower_placement(setup.plan.config, costs)
         try:
             setup.step_end.begin(self._accumulated)
-            results = setup.runtime.run(permuted(batch, order))
+            results = setup.runtime.run(permuted(batch, order), *self._step_tag(order))
             losses, finite = setup.step_end.finish(results)
         except BaseException as exc:
             setup.step_end.abandon()
@@ -316,7 +318,7 @@ class PipelineSchedule:
                     plan, setup.rank, setup.executor, setup.transport, setup.slots
                 )
             order = self._tower_placement(setup.evaluation.plan.config, costs)
-            results = setup.evaluation.run(permuted(batch, order))
+            results = setup.evaluation.run(permuted(batch, order), *self._step_tag(order))
         except BaseException as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
             raise

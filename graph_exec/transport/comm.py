@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import atexit
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from graph_exec.errors import (
     PeerTimeoutError,
     ProtocolError,
     RemoteRankError,
+    StepTagMismatchError,
     silent_peers_note,
 )
 from graph_exec.transport.comm_thread import CommWorker
@@ -289,6 +290,12 @@ def _waited_out(start: float) -> float | None:
     return waited if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S else None
 
 
+#: Bits of a transfer's sequence word that count transfers; the step tag sits above them.
+_SEQ_BITS = 32
+#: The largest step tag (:meth:`Transport.set_step_tag`): the sequence word stays a positive int64.
+MAX_STEP_TAG = (1 << 31) - 1
+
+
 #: Stale messages a restarting transport skips per peer before it gives up.
 MAX_STALE_MESSAGES = 10_000
 #: Transports created per group (name, global ranks) in this process: the next one's epoch.
@@ -381,6 +388,8 @@ class Transport:
         self._outbound = [_Outbound() for _ in self.ranks]
         self._inbound = [_Inbound() for _ in self.ranks]
         self._label_words: dict[str, list[int]] = {}
+        self._tag = 0  # the step's tag, in the high half of every transfer's sequence word
+        self._describe_tag: Callable[[int], str] = str
         self._p2p = point_to_point(dist, self.group, self.ranks)
         #: What a time-out waiting for each peer, or for all of them, ends with (global ranks).
         self._silent = [silent_peers_note([r]) for r in self.ranks]
@@ -398,6 +407,19 @@ class Transport:
 
     # -- point to point -------------------------------------------------------------------
 
+    def set_step_tag(self, tag: int, describe: Callable[[int], str] = str) -> None:
+        """Stamp ``tag`` (``0 <= tag <= MAX_STEP_TAG``) into every transfer from now on, and
+        refuse a transfer whose sender stamped another one with :class:`StepTagMismatchError`
+        (``describe`` names a tag in its message). The caller's way to check, at no cost in
+        messages, that the peers agree on what the step's data means (the tower placement)."""
+        if not 0 <= tag <= MAX_STEP_TAG:
+            raise ValueError(f"a step tag is an integer in [0, {MAX_STEP_TAG}], got {tag}")
+        self._tag, self._describe_tag = tag, describe
+
+    def _wire_seq(self, seq: int) -> int:
+        """The sequence word of transfer ``seq``: the step tag above the count."""
+        return (self._tag << _SEQ_BITS) | seq
+
     def send(self, tensors: Sequence[Any | None], dst: int, label: str) -> None:
         """Queue a tensor group for pipeline rank ``dst`` (``None`` entries stay ``None``)."""
         self._worker.require_usable()
@@ -412,9 +434,11 @@ class Transport:
                     None if t is None else TensorMeta(dtype_name(t.dtype), tuple(t.shape)) for t in tensors
                 ),
             )
-            header = _header_message(encode_header(meta, self.epoch, out.seq), known)
+            header = _header_message(encode_header(meta, self.epoch, self._wire_seq(out.seq)), known)
             known = (signature, layout_of(meta.entries))  # both raise ValueError before any message
-        frame, staging = self.frames.compose(known[1], label, self._label(label), out.seq, tensors)
+        frame, staging = self.frames.compose(
+            known[1], label, self._label(label), self._wire_seq(out.seq), tensors
+        )
         header_tensor = None if header is None else self.frames.control_tensor(header)
         # With a deadline: isend usually returns at once, but to a peer that has died it blocks
         # (measured: well past 16 s), which must end in a time-out.
@@ -458,7 +482,7 @@ class Transport:
         if split_first_word(words[0])[0] == HEADER:
             known = self._learn_layout(src, expect, frame, inbound)
             frame, words = self._receive(src, expect, alloc, known.layout.nbytes)
-        if known is None or not known.matches(words, inbound.seq):
+        if known is None or not known.matches(words, self._wire_seq(inbound.seq)):
             self._refuse_frame(src, expect, words, known, inbound.seq)
         inbound.seq += 1
         return self.frames.tensors(known.layout, frame)
@@ -582,6 +606,13 @@ class Transport:
             )
         if label != expect:
             raise ProtocolError(f"{where} but received {label}: the ranks' plans disagree")
+        tag, seq = seq >> _SEQ_BITS, seq & ((1 << _SEQ_BITS) - 1)
+        if tag != self._tag:
+            describe = self._describe_tag
+            raise StepTagMismatchError(
+                f"{where}, of a step with {describe(self._tag)}, but rank {src}'s step has "
+                f"{describe(tag)}: the ranks disagree on what this step's data is"
+            )
         if seq != due:
             raise ProtocolError(
                 f"{where} but received transfer #{seq} of the pair where #{due} was due: a message was "
