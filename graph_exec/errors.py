@@ -75,5 +75,10 @@ class NonFiniteGradientError(GraphExecError, FloatingPointError):
     (``error_if_nonfinite=True``); raised on every rank of the mesh alike."""
 
 
+class TiedCopiesDriftError(GraphExecError, ValueError):
+    """The two copies of a tied pair no longer hold the same values (raised on every rank of the
+    pipeline alike, at the end of the step that found it)."""
+
+
 class ConfigurationMismatchError(GraphExecError, ValueError):
     """The ranks of one pipeline were set up differently (detected before any training message)."""
