@@ -183,6 +183,21 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(pretrained, tmp_p
     assert not (out / "note.txt").exists() and (out / "config.json").is_file()
 
 
+def test_export_refuses_tied_copies_that_differ(pretrained, tmp_path):
+    """The export writes the embedding only: a head copy that drifted from it would be lost, so
+    the export refuses, naming both copies, and writes nothing."""
+    from mindspore import ops
+
+    name = next(n for n in FAMILIES if gm.load_split(pretrained[n], 2).tied_weights)
+    parts = gm.load_split(pretrained[name], 2)
+    embed, head = parts.tied_weights
+    param = next(p for cell in parts.stages for p in cell.get_parameters() if p.name == head)
+    ops.assign(param, param * 1.001)
+    with pytest.raises(ValueError, match=rf"tied copies {embed!r} .* and {head!r} .* hold different values"):
+        gm.export_pretrained(parts, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failed_export_leaves_nothing_from_pretrained_accepts(pretrained, tmp_path, monkeypatch):
     from graph_exec.models import export
 
