@@ -57,6 +57,7 @@ from graph_exec.runtime.stage import PipelineStage
 from graph_exec.runtime.step_end import StepEnd, per_token_losses
 from graph_exec.runtime.tied import check_local, set_up_ties
 from graph_exec.runtime.tower_placement import TowerPlacement, describe_tag, placement_tag
+from graph_exec.runtime.wait_bounds import WaitBounds, compile_timeout
 from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan, placement
 
 
@@ -102,6 +103,7 @@ class _Setup:
     data_parallel: DataParallelGrads | None
     step_end: StepEnd
     grad_norm: GlobalGradNorm
+    waits: WaitBounds
     evaluation: RankRuntime | None = None  #: made by the first evaluate()
 
 
@@ -272,6 +274,7 @@ class PipelineSchedule:
         )
         setup = self._setup or self._set_up()
         order = self._tower_placement(setup.plan.config, costs)
+        setup.waits.before_step("run", batch)
         try:
             setup.step_end.begin(self._accumulated)
             results = setup.runtime.run(permuted(batch, order), *self._step_tag(order))
@@ -311,6 +314,7 @@ class PipelineSchedule:
             "evaluate()", inputs, labels, kwargs, labels_required=False, micro_batches=micro_batches
         )
         setup = self._setup or self._set_up()
+        setup.waits.before_step("evaluate", batch)
         try:
             if setup.evaluation is None:
                 plan = build_plan(replace(setup.plan.config, forward_only=True))
@@ -634,8 +638,9 @@ class PipelineSchedule:
                 f"this rank holds stages {local} of {num_stages}, so other ranks hold the rest, but "
                 f"MindSpore communication is not initialised: {LAUNCH_HINT}"
             )
+        compile_s = compile_timeout(self.compile_timeout_s, self.timeout_s)
         if is_initialized():  # before the first message (the mesh check); a lone process sends none
-            bound_backend_waits(self.timeout_s)
+            bound_backend_waits(compile_s)  # the longest wait; the transports bound each step's
         mesh = self.mesh if self.mesh is not None else DeviceMesh()
         self._mesh = mesh
         pp, rank = mesh.pp_size, mesh.pp_rank
@@ -689,8 +694,9 @@ class PipelineSchedule:
         )
         slots = receive_slots()
         runtime = self._runtime(plan, rank, executor, transport, slots)
+        waits = WaitBounds(self.timeout_s, compile_s, (transport, dp_transport))
         self._setup = _Setup(
-            plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm
+            plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm, waits
         )
         return self._setup
 

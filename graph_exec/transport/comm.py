@@ -337,7 +337,8 @@ class Transport:
     ``group`` is a group of a :class:`~graph_exec.transport.mesh.DeviceMesh` (its pipeline
     group for the pipeline's messages, its data-parallel group for gradient averaging); the
     default is the whole world, group rank = global rank. Peers are named by group rank; the
-    messages go to their global ranks. ``timeout_s`` bounds every blocking call.
+    messages go to their global ranks. ``timeout_s`` bounds every blocking call (until
+    :meth:`set_wait_bound` sets another bound).
     Point-to-point transfers (see :mod:`graph_exec.transport.frames`): a transfer is one data
     frame; a 1 KiB header goes in front only when the pair's transfer under that label changes
     layout (first time, new shapes). Every message carries the transport's *epoch*: the number
@@ -379,8 +380,7 @@ class Transport:
         self.epoch = _register(self.group, self.ranks, self._worker)
         chosen = policy()
         self._sends_complete_on_post = chosen.sends_complete_on_post
-        self.direct = self._sends_complete_on_post and backend_ends_waits(timeout_s)
-        self._run = self._worker.run_here if self.direct else self._worker.run
+        self._choose_waiting()
         self._host_barrier = chosen.host_barrier
         self._synchronous_dispatch = chosen.synchronous_dispatch
         #: Where frames live: host memory on the CPU fast path, MindSpore tensors elsewhere.
@@ -397,6 +397,17 @@ class Transport:
         _exit_barrier.track(self)
         if self.epoch > 0:
             self._resync()
+
+    def set_wait_bound(self, timeout_s: float) -> None:
+        """Bound every blocking call from now on by ``timeout_s`` (a step that may compile waits
+        longer than a steady one: :mod:`graph_exec.runtime.wait_bounds`)."""
+        self.timeout_s = checks.positive_seconds("timeout_s", timeout_s)
+        self._choose_waiting()
+
+    def _choose_waiting(self) -> None:
+        """Wait on the caller's thread where the back end ends a wait by the bound itself."""
+        self.direct = self._sends_complete_on_post and backend_ends_waits(self.timeout_s)
+        self._run = self._worker.run_here if self.direct else self._worker.run
 
     @property
     def call_in_flight(self) -> bool:
