@@ -369,6 +369,22 @@ def test_a_step_tag_travels_with_every_transfer_and_a_different_one_is_refused(p
         a.set_step_tag(-1)
 
 
+def test_a_wait_bound_waits_on_the_callers_thread_only_where_the_back_end_ends_it(pair, monkeypatch):
+    """A step's bound (:mod:`graph_exec.runtime.wait_bounds`): where the back end fails a wait at
+    its limit (here 20 s) a longer bound can wait on the caller's thread, a shorter one needs the
+    communication thread's deadline; transfers flow either way."""
+    a, b, _ = pair
+    monkeypatch.setattr(comm, "backend_ends_waits", lambda seconds: seconds >= 20)
+    for bound, direct in ((30.0, a._sends_complete_on_post), (10.0, False)):
+        a.set_wait_bound(bound)
+        b.set_wait_bound(bound)
+        assert (a.timeout_s, a.direct) == (bound, direct)
+        a.send((tensor([bound]),), 1, "Fsend0.0")
+        assert b.recv(0, "Fsend0.0")[0].asnumpy()[0] == bound
+    with pytest.raises(ValueError, match="timeout_s"):
+        a.set_wait_bound(0.0)
+
+
 def test_a_layout_the_receiver_never_heard_of_is_refused(pair):
     a, b, link = pair
     a.send((tensor([1.0]),), 1, "Fsend0.0")
