@@ -228,7 +228,11 @@ def healthy_step(name: str, sched: Any, seed: int) -> tuple:
 
 
 def scenario_setup(rank: int, pp: int) -> None:
-    """Set-up errors, then rank 1 raising in pynative mode at F1.0."""
+    """A slow first compile that is no hang, set-up errors, then rank 1 raising in pynative mode
+    at F1.0. The slow compile comes first: its schedule sets the process's back-end wait limit to
+    its ``compile_timeout_s`` (the first setting counts), and no wait in this launch times out,
+    so no call of a timed-out wait is left in flight until that longer limit."""
+    check_slow_compile(rank, pp, TIMEOUT_S + 2 * TIMEOUT_SLACK_S)
     setup_errors(rank)
     sched, armed = armed_schedule(rank, pp, 1, explode)
     x, labels = healthy_step("raise_pynative", sched, seed=3)
@@ -353,11 +357,8 @@ def check_slow_compile(rank: int, pp: int, stall_s: float) -> None:
 
 
 def scenario_hang(rank: int, pp: int) -> None:
-    """Rank 1 compiles slowly in its first graph step (not a hang: ``compile_timeout_s``); then,
-    in a steady step, rank 1 stalls in F1.0 for longer than the time-out: rank 0 times out
-    waiting for it."""
+    """Rank 1 stalls in F1.0 for longer than the time-out: rank 0 times out waiting for it."""
     stall_s = TIMEOUT_S + 2 * TIMEOUT_SLACK_S
-    check_slow_compile(rank, pp, stall_s)
     sched, armed = armed_schedule(rank, pp, 1, lambda: time.sleep(stall_s))
     x, labels = healthy_step("hang", sched, seed=9)
     if armed is not None:
