@@ -16,12 +16,14 @@ in a step, so every rank decides the same; a rank silent past the bound of its s
 named hung. Which shapes were run is kept for the last :data:`KEPT_SIGNATURES` (least recently
 used goes): a signature forgotten only makes a later step's bound the generous one.
 
-The default ``compile_timeout_s`` (``None``) depends on who ends a wait. Where MindSpore's back
-end itself fails a call at its limit (:attr:`~graph_exec.device.DevicePolicy.backend_bounds_waits`:
-CPU with its fast paths), that limit is one number per process, so a longer window would make
-every steady step's call wait through the communication thread instead of the caller's; CPU
-compiles take seconds, and the default there is ``timeout_s``. Everywhere else the calls go
-through that thread anyway, and the default is :data:`DEFAULT_COMPILE_TIMEOUT_S`.
+The default ``compile_timeout_s`` (``None``) depends on the back end's own limit. On CPU
+(either path) MindSpore fails every call at one limit per process (``MS_CPU_COMM_OP_TIMEOUT``,
+:func:`~graph_exec.transport.cpu_workarounds.backend_limit_is_process_wide`), which the schedule
+sets to the compile window: a longer window there makes every steady wait run on the
+communication thread instead of the caller's (the fast path's direct calls), and a wait that
+times out leaves its call in flight until that limit (seen to end the process with an abort at
+exit). CPU compiles take seconds: the default there is ``timeout_s``, and a longer window is
+opted into. Elsewhere the default is :data:`DEFAULT_COMPILE_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ def compile_timeout(compile_timeout_s: float | None, timeout_s: float) -> float:
     """The bound of a step that may compile: the option, or its default (module docstring)."""
     if compile_timeout_s is not None:
         return compile_timeout_s
-    from graph_exec.device import policy
+    from graph_exec.transport import backend_limit_is_process_wide
 
-    return timeout_s if policy().backend_bounds_waits else max(timeout_s, DEFAULT_COMPILE_TIMEOUT_S)
+    return timeout_s if backend_limit_is_process_wide() else max(timeout_s, DEFAULT_COMPILE_TIMEOUT_S)
 
 
 def step_signature(kind: str, batch: MicroBatches) -> tuple[Any, ...]:

@@ -52,9 +52,15 @@ def test_the_signatures_kept_are_bounded_and_a_forgotten_one_only_waits_longer(m
     assert len(waits._seen) == 2
 
 
-def test_the_default_window_depends_on_who_ends_a_wait(cpu_path) -> None:
-    expected = 30.0 if cpu_path.backend_bounds_waits else DEFAULT_COMPILE_TIMEOUT_S
-    assert compile_timeout(None, 30.0) == expected
+@pytest.mark.parametrize("target", ["CPU", "Ascend"])
+def test_the_default_window_is_timeout_s_only_where_one_back_end_limit_holds_for_every_wait(
+    target, monkeypatch
+) -> None:
+    from graph_exec.device import DevicePolicy
+    from graph_exec.transport import cpu_workarounds
+
+    monkeypatch.setattr(cpu_workarounds, "policy", lambda: DevicePolicy.for_target(target))
+    assert compile_timeout(None, 30.0) == (30.0 if target == "CPU" else DEFAULT_COMPILE_TIMEOUT_S)
     assert compile_timeout(45.0, 30.0) == 45.0
 
 
