@@ -71,9 +71,9 @@ def placement_tag(order: Sequence[int]) -> int:
 def describe_tag(tag: int, micro: int) -> str:
     """The placement a tag of :func:`placement_tag` stands for, in words."""
     if tag & _DIGEST_BIT:
-        return f"a placement with digest {tag & (_DIGEST_BIT - 1):#x}"
+        return f"a tower placement with digest {tag & (_DIGEST_BIT - 1):#x}"
     left, order = list(range(micro)), []
     for position in range(micro):
         index, tag = divmod(tag, math.factorial(micro - 1 - position))
         order.append(left.pop(index))
-    return f"order {tuple(order)}"
+    return f"tower placement order {tuple(order)}"

@@ -63,7 +63,7 @@ def test_a_tag_names_its_placement_exactly_up_to_twelve_micro_batches() -> None:
             order = tuple(rng.sample(range(micro), micro))
             tag = placement_tag(order)
             assert 0 <= tag < 1 << 30
-            assert describe_tag(tag, micro) == f"order {order}"
+            assert describe_tag(tag, micro) == f"tower placement order {order}"
     assert placement_tag(tuple(range(EXACT_MICROS))) == 0  # arrival order: the wire as before
 
 
@@ -72,6 +72,6 @@ def test_above_twelve_micro_batches_the_tag_is_a_digest() -> None:
     order = (1, 0, *range(2, micro))
     tag = placement_tag(order)
     assert tag >> 30 == 1 and tag < 1 << 31
-    assert describe_tag(tag, micro).startswith("a placement with digest ")
+    assert describe_tag(tag, micro).startswith("a tower placement with digest ")
     assert placement_tag(tuple(range(micro))) == 0
     assert tag != placement_tag((0, 2, 1, *range(3, micro)))
