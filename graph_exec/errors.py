@@ -54,6 +54,11 @@ class ProtocolError(CommunicationError):
     """A message arrived that the plan did not expect here (the ranks' plans disagree)."""
 
 
+class StepTagMismatchError(ProtocolError):
+    """A peer's transfer was stamped for another step than this rank's: the ranks disagree on
+    what the step's data is (their tower placements differ; ``Transport.set_step_tag``)."""
+
+
 class PipelineStepError(GraphExecError, RuntimeError):
     """A step of the plan failed; carries the rank, the step token and the peer (if any)."""
 
@@ -68,6 +73,11 @@ class PipelineStepError(GraphExecError, RuntimeError):
 class NonFiniteGradientError(GraphExecError, FloatingPointError):
     """A gradient held an infinity or a NaN and the caller asked for an error
     (``error_if_nonfinite=True``); raised on every rank of the mesh alike."""
+
+
+class TiedCopiesDriftError(GraphExecError, ValueError):
+    """The two copies of a tied pair no longer hold the same values (raised on every rank of the
+    pipeline alike, at the end of the step that found it)."""
 
 
 class ConfigurationMismatchError(GraphExecError, ValueError):

@@ -91,6 +91,8 @@ class Trainer:
             "recompute": spec.recompute,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
             "mesh": mesh,
+            # a tied embedding and head stay one weight (an export writes the embedding only)
+            "tied_parameters": getattr(self.model.split, "tied_weights", None),
         }
         if spec.baseline:  # the fair baseline: the same preprocess on rank 0, not transposed
             self.schedule = ge.ScheduleInterleaved1F1B(

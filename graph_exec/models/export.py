@@ -35,8 +35,11 @@ import copy
 import json
 import os
 import shutil
+import zlib
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from graph_exec.hub.directory import INDEX_FILE, SINGLE_FILE
 from graph_exec.hub.dtypes import FLOAT_NAMES, as_stored, config_dtype, stored_name, write_safetensors
@@ -157,8 +160,11 @@ def export_pretrained(
     together = split.pp > 1 or replica > 0
     exchange = _Exchange(timeout_s) if together else None
     sizes = [(name, tensor_bytes(p, stored)) for name, p in mine]
-    everyone = exchange.gather((split.rank, writes, sizes)) if exchange else [(0, True, sizes)]
-    writers = sorted((rank, entries) for rank, wrote, entries in everyone if wrote)
+    digests = tied_digests(split) if writes else {}
+    shared = (split.rank, writes, sizes, digests)
+    everyone = exchange.gather(shared) if exchange else [shared]
+    check_tied_equal(split.tied_weights, [(rank, held) for rank, wrote, _, held in everyone if wrote])
+    writers = sorted((rank, entries) for rank, wrote, entries, _ in everyone if wrote)
     plan = shard_plan([entries for _, entries in writers], max_shard_size)
     count = sum(len(shards) for shards in plan)
     position = [rank for rank, _ in writers].index(split.rank) if writes else len(plan)
@@ -198,9 +204,34 @@ def export_pretrained(
     return out
 
 
-def sizes_of(everyone: list[tuple[int, bool, list[tuple[str, int]]]]) -> int:
+def sizes_of(everyone: list[tuple[int, bool, list[tuple[str, int]], Any]]) -> int:
     """Total bytes written, over every writing rank."""
-    return sum(size for _, wrote, entries in everyone if wrote for _, size in entries)
+    return sum(size for _, wrote, entries, _ in everyone if wrote for _, size in entries)
+
+
+def tied_digests(split: SplitModel) -> dict[str, int]:
+    """``{name: CRC-32 of its bytes}`` of the copies of the tied pair this rank holds."""
+    if not split.tied_weights:
+        return {}
+    cells = [split.stages[s] for s in range(split.rank, len(split.stages), split.pp)]
+    if split.rank == 0 and split.preprocess is not None:
+        cells.append(split.preprocess)
+    held = {p.name: p for cell in cells for p in cell.get_parameters() if p.name in split.tied_weights}
+    return {name: zlib.crc32(np.ascontiguousarray(p.asnumpy()).tobytes()) for name, p in held.items()}
+
+
+def check_tied_equal(pair: tuple[str, str] | None, held: list[tuple[int, dict[str, int]]]) -> None:
+    """``ValueError`` (on every rank alike: they all see ``held``, pipeline rank -> digests)
+    unless both copies of the tied ``pair`` hold the same bytes: the export writes the first only."""
+    if not pair:
+        return
+    where = {name: (rank, digest) for rank, digests in held for name, digest in digests.items()}
+    if all(name in where for name in pair) and where[pair[0]][1] != where[pair[1]][1]:
+        raise ValueError(
+            f"the tied copies {pair[0]!r} (pipeline rank {where[pair[0]][0]}) and {pair[1]!r} (pipeline "
+            f"rank {where[pair[1]][0]}) hold different values, and an export writes only {pair[0]!r}: "
+            "train them with tied_parameters=[...] and one optimizer setting for both"
+        )
 
 
 def write_shard(

@@ -108,15 +108,22 @@ class RankRuntime:
 
     # -- the walk --------------------------------------------------------------------------
 
-    def run(self, batch: MicroBatches) -> dict[int, Any]:
+    def run(
+        self, batch: MicroBatches, tag: int = 0, describe_tag: Callable[[int], str] = str
+    ) -> dict[int, Any]:
         """Run this rank's whole order on ``batch``; returns the losses by micro-batch index
-        (on the last stage's rank; of a forward-only plan without labels: its outputs)."""
+        (on the last stage's rank; of a forward-only plan without labels: its outputs).
+        ``tag`` (what the step's data depends on beyond the plan, e.g. the tower placement)
+        travels in every transfer and must match the peers' (``describe_tag`` names one in
+        the error)."""
         leftovers = self.caches.leftovers()
         if self.executor.kept():
             leftovers.append(f"executor kept {list(self.executor.kept())}")
         if leftovers:
             raise GraphExecError(f"rank {self.rank}: data left from a previous step: {'; '.join(leftovers)}")
         self._batch = batch
+        if self.transport is not None:
+            self.transport.set_step_tag(tag, describe_tag)
         self.timeline = []
         self.executor.begin_step()
         self.memory.begin_step()

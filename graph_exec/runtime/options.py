@@ -104,6 +104,16 @@ class ScheduleOptions:
         metadata=_doc('divide the gradients by ``micro_batch_num`` (``loss_reduction="mean"``).'),
     )
     timeout_s: float = field(default=300.0, metadata=_doc("bound, in seconds, on every wait for a peer."))
+    compile_timeout_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            """bound, in seconds, on the waits of a step in which a peer may be compiling (the
+            first ``run()``/``evaluate()``, one with shapes not run before, and the ``step()``
+            after it), at least ``timeout_s``; ``None``: ``timeout_s`` where MindSpore's back end
+            ends the waits itself (CPU with its fast paths, whose compiles take seconds), else
+            1800 (``graph_exec.runtime.wait_bounds``)."""
+        ),
+    )
     sync_steps: bool | None = field(
         default=None,
         metadata=_doc(
@@ -242,6 +252,14 @@ class ScheduleOptions:
         self._set("loss_fn", _check_loss_fn(self.loss_fn, mode))
         self._set("scale_grads", bool(self.scale_grads))
         self._set("timeout_s", checks.positive_seconds("timeout_s", self.timeout_s))
+        if self.compile_timeout_s is not None:
+            compile_s = checks.positive_seconds("compile_timeout_s", self.compile_timeout_s)
+            if compile_s < self.timeout_s:
+                raise ValueError(
+                    f"compile_timeout_s={compile_s:g} is shorter than timeout_s={self.timeout_s:g}: it "
+                    "bounds the waits while a peer may be compiling, which take at least as long"
+                )
+            self._set("compile_timeout_s", compile_s)
         _check_mesh(self.mesh)
         checks.positive_int("dp_bucket_bytes", self.dp_bucket_bytes)
         checks.boolean("recompute", self.recompute)

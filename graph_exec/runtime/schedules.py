@@ -56,6 +56,8 @@ from graph_exec.runtime.setup_facts import pipeline_facts, replica_facts
 from graph_exec.runtime.stage import PipelineStage
 from graph_exec.runtime.step_end import StepEnd, per_token_losses
 from graph_exec.runtime.tied import check_local, set_up_ties
+from graph_exec.runtime.tower_placement import TowerPlacement, describe_tag, placement_tag
+from graph_exec.runtime.wait_bounds import WaitBounds, compile_timeout
 from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan, placement
 
 
@@ -101,6 +103,7 @@ class _Setup:
     data_parallel: DataParallelGrads | None
     step_end: StepEnd
     grad_norm: GlobalGradNorm
+    waits: WaitBounds
     evaluation: RankRuntime | None = None  #: made by the first evaluate()
 
 
@@ -163,7 +166,7 @@ class PipelineSchedule:
                 "is no preprocess (num_transpose_layers=0); use tower_order='arrival'"
             )
         self._check_plan_options()
-        self._tower_positions: dict[bool, placement.TowerPositions] = {}  # by forward_only
+        self._placement = TowerPlacement(self.micro_batch_num, self.tower_order)
         self._mesh: Any = None  # the mesh the first run() set up on
         self._setup: _Setup | None = None
         self._failed: str | None = None
@@ -195,14 +198,15 @@ class PipelineSchedule:
         return placement.check_tower_costs(tower_costs, self.micro_batch_num, ValueError)
 
     def _tower_placement(self, config: PlanConfig, costs: tuple[float, ...] | None) -> tuple[int, ...]:
-        """``order[m]``: the batch's micro-batch that runs as plan micro ``m`` (the same on every
-        rank given the same costs)."""
-        if costs is None or self.tower_order == "arrival":
-            return tuple(range(self.micro_batch_num))
-        positions = self._tower_positions.get(config.forward_only)
-        if positions is None:
-            positions = self._tower_positions[config.forward_only] = placement.tower_positions(config)
-        return placement.tower_order(positions, costs, self.tower_order)
+        """``order[m]``: the batch's micro-batch that runs as plan micro ``m``, for training and
+        evaluation alike (:mod:`graph_exec.runtime.tower_placement`)."""
+        return self._placement.order(config, costs)
+
+    def _step_tag(self, order: tuple[int, ...]) -> tuple[int, Any]:
+        """The tag every transfer of a step with ``order`` carries, and how to name one: ranks
+        that placed the towers differently fail at their first transfer
+        (:mod:`graph_exec.runtime.tower_placement`)."""
+        return placement_tag(order), partial(describe_tag, micro=self.micro_batch_num)
 
     # -- public ----------------------------------------------------------------------------
 
@@ -271,9 +275,10 @@ class PipelineSchedule:
         )
         setup = self._setup or self._set_up()
         order = self._tower_placement(setup.plan.config, costs)
+        setup.waits.before_step("run", batch)
         try:
             setup.step_end.begin(self._accumulated)
-            results = setup.runtime.run(permuted(batch, order))
+            results = setup.runtime.run(permuted(batch, order), *self._step_tag(order))
             losses, finite = setup.step_end.finish(results)
         except BaseException as exc:
             setup.step_end.abandon()
@@ -310,6 +315,7 @@ class PipelineSchedule:
             "evaluate()", inputs, labels, kwargs, labels_required=False, micro_batches=micro_batches
         )
         setup = self._setup or self._set_up()
+        setup.waits.before_step("evaluate", batch)
         try:
             if setup.evaluation is None:
                 plan = build_plan(replace(setup.plan.config, forward_only=True))
@@ -317,7 +323,7 @@ class PipelineSchedule:
                     plan, setup.rank, setup.executor, setup.transport, setup.slots
                 )
             order = self._tower_placement(setup.evaluation.plan.config, costs)
-            results = setup.evaluation.run(permuted(batch, order))
+            results = setup.evaluation.run(permuted(batch, order), *self._step_tag(order))
         except BaseException as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
             raise
@@ -651,8 +657,9 @@ class PipelineSchedule:
                 f"this rank holds stages {local} of {num_stages}, so other ranks hold the rest, but "
                 f"MindSpore communication is not initialised: {LAUNCH_HINT}"
             )
+        compile_s = compile_timeout(self.compile_timeout_s, self.timeout_s)
         if is_initialized():  # before the first message (the mesh check); a lone process sends none
-            bound_backend_waits(self.timeout_s)
+            bound_backend_waits(compile_s)  # the longest wait; the transports bound each step's
         mesh = self.mesh if self.mesh is not None else DeviceMesh()
         self._mesh = mesh
         pp, rank = mesh.pp_size, mesh.pp_rank
@@ -713,8 +720,9 @@ class PipelineSchedule:
         )
         slots = receive_slots(self.buffer_cache_bytes)
         runtime = self._runtime(plan, rank, executor, transport, slots)
+        waits = WaitBounds(self.timeout_s, compile_s, (transport, dp_transport))
         self._setup = _Setup(
-            plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm
+            plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm, waits
         )
         return self._setup
 

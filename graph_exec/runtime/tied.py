@@ -15,7 +15,10 @@ update gets the same gradient, the sum of both uses' gradients. So:
   rank puts in what it *counts* (a stage parameter on its rank; a preprocess parameter on
   pipeline rank 0 only, since with owner backward every rank holds the same one), one SUM
   all-reduce over the pipeline group in flat buckets, and every rank that trains one of the two
-  takes the sum. The global norm counts the pair once (:mod:`graph_exec.runtime.grad_norm`).
+  takes the sum. The global norm counts the pair once (:mod:`graph_exec.runtime.grad_norm`);
+- in the same all-reduce, a checksum of each copy's values: copies that drifted apart (an
+  optimizer that treats them differently) fail the step on every rank, naming the pair
+  (:mod:`graph_exec.runtime.tied_check`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from graph_exec.errors import ConfigurationMismatchError
+from graph_exec.runtime.tied_check import TiedCopiesCheck
 
 Pair = tuple[str, str]
 
@@ -181,6 +185,7 @@ class TiedGradients:
         trained: Sequence[str],
         accumulators: Callable[[], Mapping[str, Any]],
         transport: Any | None,
+        check: TiedCopiesCheck,
     ) -> None:
         import mindspore as ms
         from mindspore import Parameter, ops
@@ -201,7 +206,11 @@ class TiedGradients:
             )
             for a, _ in self.pairs
         ]
-        self._packed = PackedTensors(self._sums)
+        self._check = check
+        # The copies' checksums ride along (float32 last, beside the float32 sums): one bucket
+        # per dtype, so no collective of their own.
+        packed = [*sorted(self._sums, key=lambda t: t.dtype == ms.float32), check.slots]
+        self._packed = PackedTensors(packed, bucket_bytes=sum(int(t.nbytes) for t in packed))
 
     def sum_gradients(self) -> None:
         """Make both accumulators of every pair (where held) the sum of the two uses' gradients."""
@@ -213,8 +222,10 @@ class TiedGradients:
             for name in pair:
                 if name in self._counted:
                     ops.assign_add(total, grads[name])
+        self._check.stamp()
         if self._transport is not None:
             self._packed.all_reduce_sum(self._transport)
+        self._check.verify()
         for total, pair in zip(self._sums, self.pairs, strict=True):
             for name in pair:
                 if name in self._trained:
@@ -254,5 +265,11 @@ def set_up_ties(
         by_rank = {0: held}
     ties = agree(pairs, by_rank)
     return TiedGradients(
-        pairs, ties, list(counted), [n for n in names if n in trained], executor.grads, transport
+        pairs,
+        ties,
+        list(counted),
+        [n for n in names if n in trained],
+        executor.grads,
+        transport,
+        TiedCopiesCheck(pairs, counted),
     )

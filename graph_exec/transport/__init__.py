@@ -10,7 +10,7 @@ from graph_exec.transport.comm import (
     pipeline_rank,
     require_initialized,
 )
-from graph_exec.transport.cpu_workarounds import bound_backend_waits
+from graph_exec.transport.cpu_workarounds import backend_limit_is_process_wide, bound_backend_waits
 from graph_exec.transport.host_sum import HostSum
 from graph_exec.transport.mesh import CommGroup, DeviceMesh
 from graph_exec.transport.meta import TensorMeta
@@ -24,6 +24,7 @@ __all__ = [
     "Transport",
     "TransportStats",
     "all_gather_objects",
+    "backend_limit_is_process_wide",
     "barrier",
     "bound_backend_waits",
     "is_initialized",

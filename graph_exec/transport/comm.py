@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import atexit
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from graph_exec.errors import (
     PeerTimeoutError,
     ProtocolError,
     RemoteRankError,
+    StepTagMismatchError,
     silent_peers_note,
 )
 from graph_exec.idle_buffers import DEFAULT_BUFFER_CACHE_BYTES
@@ -290,6 +291,12 @@ def _waited_out(start: float) -> float | None:
     return waited if waited >= backend_wait_limit() - BACKEND_LIMIT_SLACK_S else None
 
 
+#: Bits of a transfer's sequence word that count transfers; the step tag sits above them.
+_SEQ_BITS = 32
+#: The largest step tag (:meth:`Transport.set_step_tag`): the sequence word stays a positive int64.
+MAX_STEP_TAG = (1 << 31) - 1
+
+
 #: Stale messages a restarting transport skips per peer before it gives up.
 MAX_STALE_MESSAGES = 10_000
 #: Transports created per group (name, global ranks) in this process: the next one's epoch.
@@ -331,7 +338,8 @@ class Transport:
     ``group`` is a group of a :class:`~graph_exec.transport.mesh.DeviceMesh` (its pipeline
     group for the pipeline's messages, its data-parallel group for gradient averaging); the
     default is the whole world, group rank = global rank. Peers are named by group rank; the
-    messages go to their global ranks. ``timeout_s`` bounds every blocking call.
+    messages go to their global ranks. ``timeout_s`` bounds every blocking call (until
+    :meth:`set_wait_bound` sets another bound).
     Point-to-point transfers (see :mod:`graph_exec.transport.frames`): a transfer is one data
     frame; a 1 KiB header goes in front only when the pair's transfer under that label changes
     layout (first time, new shapes). Every message carries the transport's *epoch*: the number
@@ -379,8 +387,7 @@ class Transport:
         self.epoch = _register(self.group, self.ranks, self._worker)
         chosen = policy()
         self._sends_complete_on_post = chosen.sends_complete_on_post
-        self.direct = self._sends_complete_on_post and backend_ends_waits(timeout_s)
-        self._run = self._worker.run_here if self.direct else self._worker.run
+        self._choose_waiting()
         self._host_barrier = chosen.host_barrier
         self._synchronous_dispatch = chosen.synchronous_dispatch
         #: Where frames live: host memory on the CPU fast path, MindSpore tensors elsewhere.
@@ -390,6 +397,8 @@ class Transport:
         self._outbound = [_Outbound() for _ in self.ranks]
         self._inbound = [_Inbound() for _ in self.ranks]
         self._label_words: dict[str, list[int]] = {}
+        self._tag = 0  # the step's tag, in the high half of every transfer's sequence word
+        self._describe_tag: Callable[[int], str] = str
         self._p2p = point_to_point(dist, self.group, self.ranks)
         #: What a time-out waiting for each peer, or for all of them, ends with (global ranks).
         self._silent = [silent_peers_note([r]) for r in self.ranks]
@@ -397,6 +406,17 @@ class Transport:
         _exit_barrier.track(self)
         if self.epoch > 0:
             self._resync()
+
+    def set_wait_bound(self, timeout_s: float) -> None:
+        """Bound every blocking call from now on by ``timeout_s`` (a step that may compile waits
+        longer than a steady one: :mod:`graph_exec.runtime.wait_bounds`)."""
+        self.timeout_s = checks.positive_seconds("timeout_s", timeout_s)
+        self._choose_waiting()
+
+    def _choose_waiting(self) -> None:
+        """Wait on the caller's thread where the back end ends a wait by the bound itself."""
+        self.direct = self._sends_complete_on_post and backend_ends_waits(self.timeout_s)
+        self._run = self._worker.run_here if self.direct else self._worker.run
 
     @property
     def call_in_flight(self) -> bool:
@@ -406,6 +426,19 @@ class Transport:
         return self._worker.broken is not None and not self.direct
 
     # -- point to point -------------------------------------------------------------------
+
+    def set_step_tag(self, tag: int, describe: Callable[[int], str] = str) -> None:
+        """Stamp ``tag`` (``0 <= tag <= MAX_STEP_TAG``) into every transfer from now on, and
+        refuse a transfer whose sender stamped another one with :class:`StepTagMismatchError`
+        (``describe`` names a tag in its message). The caller's way to check, at no cost in
+        messages, that the peers agree on what the step's data means (the tower placement)."""
+        if not 0 <= tag <= MAX_STEP_TAG:
+            raise ValueError(f"a step tag is an integer in [0, {MAX_STEP_TAG}], got {tag}")
+        self._tag, self._describe_tag = tag, describe
+
+    def _wire_seq(self, seq: int) -> int:
+        """The sequence word of transfer ``seq``: the step tag above the count."""
+        return (self._tag << _SEQ_BITS) | seq
 
     def send(self, tensors: Sequence[Any | None], dst: int, label: str) -> None:
         """Queue a tensor group for pipeline rank ``dst`` (``None`` entries stay ``None``)."""
@@ -421,9 +454,11 @@ class Transport:
                     None if t is None else TensorMeta(dtype_name(t.dtype), tuple(t.shape)) for t in tensors
                 ),
             )
-            header = _header_message(encode_header(meta, self.epoch, out.seq), known)
+            header = _header_message(encode_header(meta, self.epoch, self._wire_seq(out.seq)), known)
             known = (signature, layout_of(meta.entries))  # both raise ValueError before any message
-        frame, staging = self.frames.compose(known[1], label, self._label(label), out.seq, tensors)
+        frame, staging = self.frames.compose(
+            known[1], label, self._label(label), self._wire_seq(out.seq), tensors
+        )
         header_tensor = None if header is None else self.frames.control_tensor(header)
         # With a deadline: isend usually returns at once, but to a peer that has died it blocks
         # (measured: well past 16 s), which must end in a time-out.
@@ -467,7 +502,7 @@ class Transport:
         if split_first_word(words[0])[0] == HEADER:
             known = self._learn_layout(src, expect, frame, inbound)
             frame, words = self._receive(src, expect, alloc, known.layout.nbytes)
-        if known is None or not known.matches(words, inbound.seq):
+        if known is None or not known.matches(words, self._wire_seq(inbound.seq)):
             self._refuse_frame(src, expect, words, known, inbound.seq)
         inbound.seq += 1
         return self.frames.tensors(known.layout, frame)
@@ -591,6 +626,13 @@ class Transport:
             )
         if label != expect:
             raise ProtocolError(f"{where} but received {label}: the ranks' plans disagree")
+        tag, seq = seq >> _SEQ_BITS, seq & ((1 << _SEQ_BITS) - 1)
+        if tag != self._tag:
+            describe = self._describe_tag
+            raise StepTagMismatchError(
+                f"{where}, of a step with {describe(self._tag)}, but rank {src}'s step has "
+                f"{describe(tag)}: the ranks disagree on what this step's data is"
+            )
         if seq != due:
             raise ProtocolError(
                 f"{where} but received transfer #{seq} of the pair where #{due} was due: a message was "

@@ -48,6 +48,14 @@ def backend_wait_limit() -> float:
         return BACKEND_DEFAULT_TIMEOUT_S
 
 
+def backend_limit_is_process_wide() -> bool:
+    """Whether one back-end wait limit holds for every call of the process: on CPU (either path)
+    MindSpore reads ``MS_CPU_COMM_OP_TIMEOUT`` once, so a longer limit for some waits is a longer
+    limit for all, and a call whose wait timed out on the communication thread stays in flight
+    until it."""
+    return policy().target == "CPU"
+
+
 def backend_ends_waits(timeout_s: float) -> bool:
     """Whether the back end itself fails a call that waits longer than ``timeout_s`` (rounded
     up to whole seconds), so that the call needs no deadline thread.

@@ -2,7 +2,9 @@
 (workers/owned_data_checks.py): one exchange of sizes gives both ranks the same costs and the
 same placement (a rank that cannot size a sample makes every rank raise); each rank reads exactly the micro-batches placed on it (rank 0 only its own,
 rank 1, holding the last stage, all of them); losses and every gradient equal replicated input
-(bit for bit) and the non-pipelined reference (atol 1e-5, rtol 1e-4)."""
+(bit for bit) and the non-pipelined reference (atol 1e-5, rtol 1e-4); ``evaluate()`` with owned
+input and balanced placement gives the replicated losses (atol 1e-5, rtol 1e-4) from the rows each
+rank holds; ``tower_costs`` one rounding step apart make every rank raise, naming both placements."""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def test_owned_reading_with_balanced_placement_matches_replicated_input(run_work
     for rank in (0, 1):
         assert "ALL DONE failures=0" in result.worker_logs[rank], result.describe()
         assert "failing_size.raised" in checks(result, rank)  # a failed sizing is told to every rank
+        # tower_costs one rounding step apart: every rank raises, naming both placements
+        assert "disagreeing_costs.raised" in checks(result, rank)
         wanted = {
             f"{name}.{check}"
             for name in names
@@ -48,3 +52,6 @@ def test_owned_reading_with_balanced_placement_matches_replicated_input(run_work
     assert {f"{name}.{check}" for name in names for check in ("losses", "losses_equal_replicated")} <= checks(
         result, 1
     )
+    # evaluate() with owned input reads the rows the owned reading placed on each rank
+    assert {f"{case.name}.eval_losses_equal_replicated" for case in CASES} <= checks(result, 1)
+    assert {f"{case.name}.eval_ran" for case in CASES} <= checks(result, 0)

@@ -52,7 +52,7 @@ def options(name: str) -> dict:
     return {"image_grid": GRID} if name == "qwen2vl" else {}
 
 
-def schedule(parts, mode: str, micro: int = 2):
+def schedule(parts, mode: str, micro: int = 2, **extra):
     num = len(parts.stages)
     stages = [ge.PipelineStage(cell, k, num) for k, cell in enumerate(parts.stages)]
     return ge.ScheduleMPipeTranspose(
@@ -63,6 +63,7 @@ def schedule(parts, mode: str, micro: int = 2):
         mode=mode,
         loss_fn=gm.causal_lm_loss,
         scale_grads=True,
+        **extra,
     )
 
 
@@ -313,6 +314,21 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(pretrained, tmp_p
     assert not (out / "note.txt").exists() and (out / "config.json").is_file()
 
 
+def test_export_refuses_tied_copies_that_differ(pretrained, tmp_path):
+    """The export writes the embedding only: a head copy that drifted from it would be lost, so
+    the export refuses, naming both copies, and writes nothing."""
+    from mindspore import ops
+
+    name = next(n for n in FAMILIES if gm.load_split(pretrained[n], 2).tied_weights)
+    parts = gm.load_split(pretrained[name], 2)
+    embed, head = parts.tied_weights
+    param = next(p for cell in parts.stages for p in cell.get_parameters() if p.name == head)
+    ops.assign(param, param * 1.001)
+    with pytest.raises(ValueError, match=rf"tied copies {embed!r} .* and {head!r} .* hold different values"):
+        gm.export_pretrained(parts, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failed_export_leaves_nothing_from_pretrained_accepts(pretrained, tmp_path, monkeypatch):
     from graph_exec.models import export
 
@@ -395,7 +411,8 @@ def test_offline_export_of_a_checkpoint_equals_the_live_export(pretrained, tmp_p
 
     source = with_non_weights(pretrained[name], tmp_path / "in")
     parts = gm.load_split(source, 2, **options(name))
-    sched = schedule(parts, "pynative")
+    # trained as one weight: an export refuses tied copies that differ
+    sched = schedule(parts, "pynative", tied_parameters=parts.tied_weights)
     inputs, labels = mm.batch(name, parts.model, 4)
     sched.run(*inputs, labels=labels)
     optimizer = ms.nn.Adam(sched.trainable_params(), learning_rate=1e-2)

@@ -23,6 +23,7 @@ from graph_exec.errors import (
     GraphExecError,
     NonFiniteGradientError,
     PipelineStepError,
+    TiedCopiesDriftError,
 )
 from graph_exec.runtime.grad_norm import NonFiniteGradientWarning
 from tests.models.common import ATOL, RTOL, loss_fn
@@ -248,6 +249,34 @@ def test_tied_parameters_that_differ_at_the_first_step_are_refused():
     sched = schedule(model, tied_parameters=[pair])
     x, labels = tied_batch(4)
     with pytest.raises(ConfigurationMismatchError, match="different values"):
+        sched.run(x, labels=labels)
+
+
+def test_tied_copies_that_an_optimizer_moves_apart_fail_the_next_step_naming_the_pair(cpu_path):
+    """Weight decay on every parameter but the embedding (a common per-group choice) moves the
+    head's copy away from the embedding: the next run() raises on the checksums that rode with
+    the tied gradients, naming the pair; with one setting for both, steps go on."""
+    model, pair = build_tied(2)
+    sched = schedule(model, tied_parameters=[pair])
+    params = sched.trainable_params()
+    same = nn.SGD(params, learning_rate=0.5, weight_decay=0.1)
+    for step in range(2):
+        x, labels = tied_batch(4, seed=90 + step)
+        sched.run(x, labels=labels)
+        sched.step(same)
+    embedding = [p for p in params if p.name == pair[0]]
+    decayed = [p for p in params if p.name != pair[0]]
+    split = nn.SGD(
+        [{"params": embedding, "weight_decay": 0.0}, {"params": decayed, "weight_decay": 0.1}],
+        learning_rate=0.5,
+    )
+    x, labels = tied_batch(4, seed=92)
+    sched.run(x, labels=labels)
+    sched.step(split)
+    x, labels = tied_batch(4, seed=93)
+    with pytest.raises(
+        TiedCopiesDriftError, match=rf"{pair[0]!r} and {pair[1]!r} no longer hold the same values"
+    ):
         sched.run(x, labels=labels)
 
 

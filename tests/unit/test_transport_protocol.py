@@ -26,7 +26,13 @@ import numpy as np
 import pytest
 
 import graph_exec.transport.comm as comm
-from graph_exec.errors import PeerTimeoutError, ProtocolError, RemoteRankError, silent_peers
+from graph_exec.errors import (
+    PeerTimeoutError,
+    ProtocolError,
+    RemoteRankError,
+    StepTagMismatchError,
+    silent_peers,
+)
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport.frame_memory import HostFrames, TensorFrames, numpy_allocator, tensor_allocator
 from graph_exec.transport.meta import CONTROL_BYTES
@@ -339,6 +345,44 @@ def test_a_lost_message_is_caught_by_the_sequence_number(pair):
     link.queues[(0, 1)].popleft()  # the second transfer is lost
     with pytest.raises(ProtocolError, match=r"transfer #2 of the pair where #1 was due"):
         b.recv(0, "Fsend0.0")
+
+
+def test_a_step_tag_travels_with_every_transfer_and_a_different_one_is_refused(pair):
+    """The tag rides in the sequence word: agreeing tags deliver (a first header and steady
+    frames alike, tags changing between steps), a peer's other tag is refused, named."""
+    a, b, _ = pair
+    for step, tag in enumerate((0, 5, 5, (1 << 31) - 1)):
+        a.set_step_tag(tag)
+        b.set_step_tag(tag)
+        a.send((tensor([float(step)]),), 1, "Fsend0.0")
+        assert b.recv(0, "Fsend0.0")[0].asnumpy()[0] == float(step)
+    assert a.stats.messages_sent == 5  # one header, then frames alone: the tag costs no message
+    b.set_step_tag(7, lambda tag: f"placement #{tag}")
+    for label in ("Fsend0.0", "Fsend0.1"):  # a steady frame and a first header
+        a.send((tensor([1.0]),), 1, label)
+        with pytest.raises(
+            StepTagMismatchError, match=r"step with placement #7, but rank 0's step has placement #2147483647"
+        ):
+            b.recv(0, label)
+        b.set_step_tag(7, lambda tag: f"placement #{tag}")
+    with pytest.raises(ValueError, match=r"step tag is an integer in \[0, 2147483647\], got -1"):
+        a.set_step_tag(-1)
+
+
+def test_a_wait_bound_waits_on_the_callers_thread_only_where_the_back_end_ends_it(pair, monkeypatch):
+    """A step's bound (:mod:`graph_exec.runtime.wait_bounds`): where the back end fails a wait at
+    its limit (here 20 s) a longer bound can wait on the caller's thread, a shorter one needs the
+    communication thread's deadline; transfers flow either way."""
+    a, b, _ = pair
+    monkeypatch.setattr(comm, "backend_ends_waits", lambda seconds: seconds >= 20)
+    for bound, direct in ((30.0, a._sends_complete_on_post), (10.0, False)):
+        a.set_wait_bound(bound)
+        b.set_wait_bound(bound)
+        assert (a.timeout_s, a.direct) == (bound, direct)
+        a.send((tensor([bound]),), 1, "Fsend0.0")
+        assert b.recv(0, "Fsend0.0")[0].asnumpy()[0] == bound
+    with pytest.raises(ValueError, match="timeout_s"):
+        a.set_wait_bound(0.0)
 
 
 def test_a_layout_the_receiver_never_heard_of_is_refused(pair):

@@ -228,7 +228,11 @@ def healthy_step(name: str, sched: Any, seed: int) -> tuple:
 
 
 def scenario_setup(rank: int, pp: int) -> None:
-    """Set-up errors, then rank 1 raising in pynative mode at F1.0."""
+    """A slow first compile that is no hang, set-up errors, then rank 1 raising in pynative mode
+    at F1.0. The slow compile comes first: its schedule sets the process's back-end wait limit to
+    its ``compile_timeout_s`` (the first setting counts), and no wait in this launch times out,
+    so no call of a timed-out wait is left in flight until that longer limit."""
+    check_slow_compile(rank, pp, TIMEOUT_S + 2 * TIMEOUT_SLACK_S)
     setup_errors(rank)
     sched, armed = armed_schedule(rank, pp, 1, explode)
     x, labels = healthy_step("raise_pynative", sched, seed=3)
@@ -303,6 +307,53 @@ def scenario_bcast(rank: int, pp: int) -> None:
 
 def scenario_gradreduce(rank: int, pp: int) -> None:
     collective_failure(rank, "gradreduce", "all_reduce_sum", "GRADreduce", "owner")
+
+
+def slow_first_compile(stall_s: float) -> tuple[dict[str, bool], Callable[[], None]]:
+    """Make the first kernel this process compiles in graph mode take ``stall_s`` longer (a sleep
+    inside its first call, where it compiles); returns a flag set once it slept, and the undo."""
+    from graph_exec.executors.graph import GraphExecutor
+
+    original, state = GraphExecutor._prepare, {"slept": False}
+
+    def prepare(self: Any, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        compiled = original(self, kernel)
+
+        def first_call_sleeps(*args: Any, **kwargs: Any) -> Any:
+            if not state["slept"]:
+                state["slept"] = True
+                time.sleep(stall_s)
+            return compiled(*args, **kwargs)
+
+        return first_call_sleeps
+
+    GraphExecutor._prepare = prepare
+    return state, lambda: setattr(GraphExecutor, "_prepare", original)
+
+
+def check_slow_compile(rank: int, pp: int, stall_s: float) -> None:
+    """Rank 1 compiles its first kernel for longer than ``timeout_s``: within
+    ``compile_timeout_s`` it is a compiling peer, not a hung one; both steps finish everywhere."""
+    cells = build(pp, "none").stages
+    sched = ge.ScheduleMPipeTranspose(
+        [ge.PipelineStage(cells[rank], rank, pp)],
+        4,
+        loss_fn=loss_fn,
+        mode="graph",
+        timeout_s=TIMEOUT_S,
+        compile_timeout_s=4 * TIMEOUT_S,
+    )
+    state, undo = slow_first_compile(stall_s) if rank == 1 else ({"slept": True}, lambda: None)
+    try:
+        for step in range(2):
+            x, labels = batch(8, seed=20 + step)
+            sched.run(x, labels=labels)
+        check("slow_compile.not_named_hung", True)
+    except Exception as exc:
+        check("slow_compile.not_named_hung", False, f"{type(exc).__name__}: {exc}")
+    finally:
+        undo()
+    check("slow_compile.compiled_slowly", state["slept"])
 
 
 def scenario_hang(rank: int, pp: int) -> None:

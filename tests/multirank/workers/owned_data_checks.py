@@ -49,6 +49,7 @@ class Case:
     mode: str = "graph"
     overflow: str = "full"
     failing: bool = False  #: rank 0's sample_cost fails: every rank must raise, none wait
+    disagreeing: bool = False  #: rank 1's tower_costs differ by one rounding step: every rank raises
 
 
 CASES = [
@@ -57,6 +58,13 @@ CASES = [
     Case("frozen_min_v1_graph", "frozen", overflow="min"),
 ]
 FAILING = Case("failing_size", "frozen", failing=True)
+#: Last: it fails a step, after which the ranks' message order is lost.
+DISAGREEING = Case("disagreeing_costs", "frozen", disagreeing=True)
+#: Costs whose balanced placement on the forward-only plan's own slack differs from the training
+#: one at run_ahead="min" (the owned set of each rank changes): evaluate() must use the training one.
+EVAL_COSTS = [10.0, 10.0, 10.0, 1.0]
+#: Costs with a tie that one rounding step on one rank breaks the other way (run_ahead="full").
+TIED_COSTS = [2.0, 6.0, 2.0, 6.0]
 
 
 class Recording:
@@ -133,9 +141,46 @@ def check_micro_batches_refused(case: Case, pp: int, rank: int, checker: Checker
         checker.check(f"{case.name}.micro_batches_refused", False, "run() returned")
 
 
+def check_disagreeing_costs(case: Case, pp: int, rank: int, checker: Checker) -> None:
+    """Rank 1's ``tower_costs`` differ from rank 0's by one rounding step, enough to place the
+    towers differently: the first transfer between them fails, on every rank, with an error
+    naming both placements (nothing runs on mispaired rows, nobody waits for a timeout)."""
+    sched = schedule(case, build(pp, case.preprocess), rank, pp, "owned")
+    nudged = [*TIED_COSTS[:1], float(np.nextafter(TIED_COSTS[1], np.inf)), *TIED_COSTS[2:]]
+    placements = {sched.placement(TIED_COSTS), sched.placement(nudged)}
+    x, labels = batch(SIZE, seed=6)
+    try:
+        sched.run(x, labels=labels, tower_costs=nudged if rank == 1 else TIED_COSTS)
+    except Exception as exc:  # the message is what is checked
+        text = str(exc)
+        named = all(f"order {order}" in text for order in placements)
+        checker.check(f"{case.name}.raised", len(placements) == 2 and named and "disagree" in text, text)
+    else:
+        checker.check(f"{case.name}.raised", False, f"run() returned with placements {placements}")
+
+
+def check_owned_evaluation(case: Case, owned, replicated, x, labels, rank: int, checker: Checker) -> None:
+    """``evaluate()`` with owned input feeds each tower the rows the owned reading holds: the rows
+    of the micro-batches placed elsewhere are blanked, the losses equal the replicated ones."""
+    held = owned.owned_input(EVAL_COSTS)
+    data = x.copy()
+    for m in range(MICRO):
+        if m not in held:
+            data[m * PER : (m + 1) * PER] = 0
+    got = owned.evaluate(Tensor(data), labels=Tensor(labels), tower_costs=EVAL_COSTS)
+    want = replicated.evaluate(Tensor(x), labels=Tensor(labels), tower_costs=EVAL_COSTS)
+    if owned.stages[-1].is_last:
+        checker.losses(f"{case.name}.eval_losses_equal_replicated", got, [float(v.asnumpy()) for v in want])
+    else:
+        checker.check(f"{case.name}.eval_ran", got is None and want is None)
+
+
 def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
     if case.failing:
         check_failing_size(case, pp, rank, checker)
+        return
+    if case.disagreeing:
+        check_disagreeing_costs(case, pp, rank, checker)
         return
     num_stages = pp * case.vpp
     owned_model, replicated_model, ref = (build(num_stages, case.preprocess) for _ in range(3))
@@ -193,6 +238,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
         checker.close(f"{name}.grads", got, {k: v for k, v in ref_grads.items() if k in trained})
         bitwise = set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in got)
         print(f"BITWISE {name} {bitwise}", flush=True)
+    check_owned_evaluation(case, owned, replicated, wx, wlabels, rank, checker)
 
 
 def main() -> int:
@@ -201,7 +247,7 @@ def main() -> int:
     init()
     rank, pp = get_rank(), get_group_size()
     checker = Checker(rank)
-    return run_suite([*CASES, FAILING], lambda case: run_case(case, pp, rank, checker), checker)
+    return run_suite([*CASES, FAILING, DISAGREEING], lambda case: run_case(case, pp, rank, checker), checker)
 
 
 if __name__ == "__main__":

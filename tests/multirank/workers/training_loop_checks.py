@@ -33,6 +33,7 @@ from graph_exec.errors import (
     GraphExecError,
     NonFiniteGradientError,
     RemoteRankError,
+    TiedCopiesDriftError,
 )
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.runtime.grad_norm import NonFiniteGradientWarning
@@ -434,6 +435,36 @@ def overflow_case(name: str, **options) -> Case:
     return Case(name, run)
 
 
+def tied_drift_case(name: str) -> Case:
+    """An optimizer that decays the head's copy but not the embedding's (per-group settings)
+    moves the copies apart: the next run() fails on every rank naming the pair, from checksums
+    that rode in the tied gradients' all-reduce (one all-reduce per step, as without them)."""
+
+    def run(ctx: Rank) -> None:
+        model, pair = build_tied(ctx.pp)
+        sched = make(model, ctx, 4, tied_parameters=[pair])
+        params = sched.trainable_params()
+        groups = [
+            {"params": [p for p in params if p.name == pair[0]], "weight_decay": 0.0},
+            {"params": [p for p in params if p.name != pair[0]], "weight_decay": 0.1},
+        ]
+        optimizer = nn.SGD([g for g in groups if g["params"]], learning_rate=0.5)
+        x, labels = tied_batch(8, seed=30)
+        sched.run(x, labels=labels)
+        before = sched.stats()["transport"].all_reduces
+        sched.run(x, labels=labels)  # the copies are still equal: a normal step
+        ctx.check(f"{name}.one_all_reduce_per_step", sched.stats()["transport"].all_reduces - before == 1)
+        sched.step(optimizer)
+        try:
+            sched.run(x, labels=labels)
+        except TiedCopiesDriftError as exc:
+            ctx.check(f"{name}.raised", f"{pair[0]!r} and {pair[1]!r} no longer hold" in str(exc), str(exc))
+            return
+        ctx.check(f"{name}.raised", False, "no error")
+
+    return Case(name, run)
+
+
 def bad_tied_name(name: str) -> Case:
     """A tied name that no rank holds: construction passes on ranks that cannot know, the
     set-up handshake fails on every rank naming it, before any training message."""
@@ -675,6 +706,7 @@ SUITES: dict[str, list[Case]] = {
         low_precision_case("bfloat16_pynative", ms.bfloat16, mode="pynative"),
         bad_tied_name("bad.tied_name_nowhere"),
         bad_token_loss("bad.token_loss_returns_a_scalar"),
+        tied_drift_case("tied_drift_graph"),
     ],
     "p4": [
         clip_case("clip_v2_trainable_owner_m8_graph", vpp=2, micro=8, backward="owner"),
