@@ -32,6 +32,9 @@ class ExampleModel:
     #: ``tower_costs(inputs, micro)``: each micro-batch's preprocess cost in chunk forwards, read
     #: from the batch (what ``tower_order="balanced"`` places by); ``None``: not known.
     tower_costs: Callable[[Sequence[Any], int], tuple[float, ...]] | None = None
+    #: ``token_counts(step, batch_size)``: ``(real, padded)`` tokens of that step's global batch
+    #: (real-data examples; the step line's real tokens per second and padding fraction).
+    token_counts: Callable[[int, int], tuple[int, int] | None] | None = None
     #: ``micro_batches(step, batch_size, micro)``: step ``step``'s batch as ``micro`` micro-batches,
     #: each padded only to its own sizes (``run(micro_batches=...)``: a micro-batch of small images
     #: runs the tower at its own patch count); ``None``: the batch is padded as a whole.
@@ -73,6 +76,29 @@ class Example:
     trainable_by_default: bool
 
 
+class ConversationSource:
+    """``graph-exec run --dataset``'s data: the conversations of a file prepared by a model
+    directory's own processor (:class:`graph_exec.data.ConversationDataset`); step ``k`` takes
+    samples ``k·batch_size …`` in file order, wrapping around (the same on every rank)."""
+
+    def __init__(self, data: Any, summary: str) -> None:
+        self.data, self.summary = data, summary
+        self._counts: dict[tuple[int, int], tuple[int, int]] = {}  # the last step's only
+
+    def samples(self, step: int, batch_size: int) -> list[dict]:
+        """Step ``step``'s samples; their token counts are kept for :meth:`token_counts`."""
+        made = [self.data[(step * batch_size + k) % len(self.data)] for k in range(batch_size)]
+        lengths = [len(sample["input_ids"]) for sample in made]
+        self._counts = {(step, batch_size): (sum(lengths), len(lengths) * max(lengths, default=0))}
+        return made
+
+    def token_counts(self, step: int, batch_size: int) -> tuple[int, int] | None:
+        """``(real, padded)`` tokens of step ``step``'s batch padded to its longest sample (what
+        the step line's real tokens per second and padding fraction come from), once its
+        samples were made; else ``None``."""
+        return self._counts.get((step, batch_size))
+
+
 def conversation_samples(
     dataset: str,
     model_dir: str | None,
@@ -80,12 +106,9 @@ def conversation_samples(
     image_root: str | None = None,
     max_length: int | None = None,
     skip_bad_samples: bool = False,
-) -> tuple[Any, Callable[[int, int], list[dict]], str]:
-    """``(data, samples(step, batch_size), summary)`` for ``graph-exec run --dataset``: the
-    conversations of ``dataset`` prepared by ``model_dir``'s own processor
-    (:class:`graph_exec.data.ConversationDataset`; a sample above ``max_length`` is refused, or
-    skipped and named with ``skip_bad_samples``); step ``k`` takes samples ``k·batch_size …`` in
-    file order, wrapping around (the same on every rank)."""
+) -> ConversationSource:
+    """The :class:`ConversationSource` of ``dataset`` prepared by ``model_dir``'s own processor
+    (a sample above ``max_length`` is refused, or skipped and named with ``skip_bad_samples``)."""
     from graph_exec.data import ConversationDataset
 
     if model_dir is None:
@@ -93,10 +116,7 @@ def conversation_samples(
     data = ConversationDataset(
         dataset, model_dir, image_root=image_root, max_length=max_length, skip_bad_samples=skip_bad_samples
     )
-
-    def samples(step: int, batch_size: int) -> list[dict]:
-        return [data[(step * batch_size + k) % len(data)] for k in range(batch_size)]
-
     limit = f", max_length {max_length} (longer refused)" if max_length else ""
-    summary = f"conversations of {dataset}: {len(data)} samples, {len(data.skipped)} skipped{limit}"
-    return data, samples, summary
+    return ConversationSource(
+        data, f"conversations of {dataset}: {len(data)} samples, {len(data.skipped)} skipped{limit}"
+    )

@@ -149,17 +149,21 @@ def build(
 
         from graph_exec.data import pad_text_samples
 
-        pad = conversations[0].processor.pad_token_id
-        (ids, positions), labels = pad_text_samples(conversations[1](step, batch_size), pad_token_id=pad)
+        pad = conversations.data.processor.pad_token_id
+        (ids, positions), labels = pad_text_samples(conversations.samples(step, batch_size), pad_token_id=pad)
         return (ms.Tensor(ids), ms.Tensor(positions)), ms.Tensor(labels)
 
-    return ExampleModel.of_split(
+    example = ExampleModel.of_split(
         split,
         make_batch,
         f"mindone Llama{f' from {pretrained}' if pretrained else ''}: embedding "
         f"({'trainable' if trainable_preprocess else 'frozen'}) as preprocess, width {width}, layers per stage "
-        f"{list(split.layers)}, vocab {vocab}, " + (conversations[2] if conversations else f"sequence {SEQ}"),
+        f"{list(split.layers)}, vocab {vocab}, "
+        + (conversations.summary if conversations else f"sequence {SEQ}"),
     )
+    if conversations is not None:  # padded to the batch's longest: the step line shows the padding
+        example.token_counts = conversations.token_counts
+    return example
 
 
 EXAMPLE = Example(

@@ -338,11 +338,11 @@ def build(
     sizes = image_sizes or [(preset.image, preset.image)]
     counts = images_per_sample or (1, 1)
 
-    pad = conversations[0].processor.pad_token_id if conversations else 0
+    pad = conversations.data.processor.pad_token_id if conversations else 0
 
     def samples(step: int, batch_size: int) -> list[dict]:
         if conversations is not None:
-            return conversations[1](step, batch_size)
+            return conversations.samples(step, batch_size)
         if image_mix is not None:
             return mix_samples(step, batch_size, image_mix, mix_micro, size)
         return mixed_samples(step, batch_size, sizes, counts, size)
@@ -368,7 +368,7 @@ def build(
         return tuple(float(p) / light * tower_unit for p in per_micro)
 
     images = (
-        conversations[2]
+        conversations.summary
         if conversations is not None
         else f"{image_mix} image mix of {preset.image}px and {image_mix_heavy(preset.image)}px images "
         f"({'each micro-batch' if pad_per_micro else 'the batch'} padded, masked)"
@@ -388,6 +388,8 @@ def build(
         example.tower_costs = tower_costs
         if pad_per_micro:
             example.micro_batches = micro_batches
+    if conversations is not None and not pad_per_micro:  # padded to the batch's longest sample
+        example.token_counts = conversations.token_counts
     return example
 
 

@@ -555,6 +555,10 @@ def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
     loss = "-" if line["loss"] is None else f"{line['loss']:.4f}"
     where = f"  [{mesh}]" if mesh else ""
     text = f"step {line['step'] + 1:>3}/{total}{where}  loss {loss}  last stage's run() {line['seconds'] * 1e3:8.1f} ms"
+    tokens = line.get("tokens")
+    if tokens and tokens["padded"]:
+        rate = tokens["real"] / line["seconds"] if line["seconds"] > 0 else float("inf")
+        text += f"  {rate:,.0f} real tokens/s, padding {1 - tokens['real'] / tokens['padded']:.0%}"
     compiled = line.get("compiled")
     if compiled:
         why = "" if compiled.get("first") else " for a new shape"

@@ -178,6 +178,9 @@ class Trainer:
             line["compiled"] = {"graphs": compiled, "seconds": seconds, "first": before is None}
         if self._samples is not None:
             line["samples"] = self._samples
+        counts = self.model.token_counts(record.step, self.job.batch) if self.model.token_counts else None
+        if counts is not None:  # the global batch's (real, padded) tokens
+            line["tokens"] = {"real": counts[0], "padded": counts[1]}
         if saved is not None:
             line["checkpoint"] = {
                 "path": str(saved.path),

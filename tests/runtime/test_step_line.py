@@ -1,5 +1,6 @@
 """The step line says when a step compiled: the first step's graphs, and a later step's new
-shape (``shapes="dynamic"``), which costs seconds against a fraction of one."""
+shape (``shapes="dynamic"``), which costs seconds against a fraction of one; on real data it
+says the real (non-pad) tokens per second and the padding fraction."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from types import SimpleNamespace
 
 from graph_exec.cli.run import progress_text
+from graph_exec.examples.common import ConversationSource
 from graph_exec.harness.training import Trainer
 from graph_exec.report.job import PROGRESS
 from graph_exec.report.records import StepRecord
@@ -16,8 +18,14 @@ def record(step: int, compilations: int, seconds: float) -> StepRecord:
     return StepRecord(step, 0.0, 1.0, (), 2.5, compilations, seconds, 0)
 
 
-def lines(records: list[StepRecord], capsys) -> list[dict]:
-    trainer = SimpleNamespace(records=[], spec=SimpleNamespace(name="run"), _samples=None)
+def lines(records: list[StepRecord], capsys, token_counts=None) -> list[dict]:
+    trainer = SimpleNamespace(
+        records=[],
+        spec=SimpleNamespace(name="run"),
+        _samples=None,
+        model=SimpleNamespace(token_counts=token_counts),
+        job=SimpleNamespace(batch=2),
+    )
     out = []
     for rec in records:
         trainer.records.append(rec)
@@ -34,3 +42,16 @@ def test_a_step_that_compiled_a_new_shape_is_marked(capsys):
     assert progress_text(first, 3).endswith("  compiled 12 graph(s) in 9.0 s")
     assert "compiled" not in progress_text(same, 3)
     assert progress_text(new, 3).endswith("  compiled 3 graph(s) for a new shape in 10.5 s")
+
+
+def test_real_data_steps_say_their_real_tokens_per_second_and_padding(capsys):
+    """Two samples of 3 and 5 tokens padded to 5: 8 real of 10, in a step of 1 s (``record``)."""
+    source = ConversationSource([{"input_ids": [7] * 3}, {"input_ids": [7] * 5}], "two samples")
+    assert source.token_counts(0, 2) is None  # before its samples are made
+    assert [len(s["input_ids"]) for s in source.samples(0, 2)] == [3, 5]
+    assert source.token_counts(0, 2) == (8, 10)
+    (line,) = lines([record(0, 0, 0.0)], capsys, token_counts=source.token_counts)
+    assert line["tokens"] == {"real": 8, "padded": 10}
+    assert progress_text(line, 1).endswith("  8 real tokens/s, padding 20%")
+    (plain,) = lines([record(0, 0, 0.0)], capsys)
+    assert "tokens" not in plain and "real tokens" not in progress_text(plain, 1)
