@@ -84,8 +84,10 @@ class ChatProcessor:
                     "image processor's patch size, merge size and pixel limits) beside its tokenizer"
                 )
             import graph_exec.models as gm
+            from graph_exec.models.quiet import quiet_imports
 
-            return gm.mindone().AutoProcessor.from_pretrained(where)
+            with quiet_imports():  # its tokenizer fallback note, not about the user's data
+                return gm.mindone().AutoProcessor.from_pretrained(where)
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(where)

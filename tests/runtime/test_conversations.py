@@ -22,6 +22,7 @@ import pytest
 import graph_exec as ge
 import graph_exec.models as gm
 from graph_exec.data import (
+    ChatProcessor,
     ConversationDataset,
     ConversationError,
     DataError,
@@ -312,7 +313,8 @@ def token_reference(model, samples: list[dict]):
 
 
 @pytest.mark.timeout(600)  # graph mode compiles both stages and the tower: minutes on a loaded CPU
-@pytest.mark.parametrize(("mode", "trainable"), [("pynative", True), ("graph", False)])
+@pytest.mark.parametrize("trainable", [True, False], ids=["trainable", "frozen"])
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
 def test_a_batch_of_conversations_matches_the_whole_model_on_each_sample(qwen_dir, mode, trainable):
     """examples/data's four conversations (text-only; two images of 40x24 and 16x16 px;
     multi-turn text; one 24x16 image), batched by the loader with ``conversation_collate``
@@ -363,3 +365,19 @@ def test_the_docs_fine_tuning_block_trains_on_the_example_conversations(tmp_path
     lines = [line for line in done.stdout.splitlines() if line.startswith("loss per assistant token")]
     assert len(lines) == 1, done.stdout
     assert all(np.isfinite(float(x)) for x in lines[0].split("[", 1)[1].rstrip("]").split(","))
+
+
+def test_loading_the_processor_keeps_quiet_about_its_tokenizer_fallback(qwen_dir, capfd):
+    """mindone warns (on its own stderr handler) that it takes transformers' tokenizer class, as it
+    should for a tokenizer: dropped while the library loads the processor; the same note for a
+    class that is not a tokenizer still passes the filter."""
+    from graph_exec.models.quiet import _DropNoise
+
+    ChatProcessor(qwen_dir)
+    assert "Falling back" not in capfd.readouterr().err
+
+    def passes(message: str) -> bool:
+        return _DropNoise().filter(logging.LogRecord("mindone", logging.WARNING, "", 0, message, None, None))
+
+    assert not passes("Falling back to 🤗 Transformers `Qwen2TokenizerFast`. Note that ...")
+    assert passes("Falling back to 🤗 Transformers `Qwen2VLImageProcessorFast`. Note that ...")
