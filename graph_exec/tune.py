@@ -58,14 +58,14 @@ class Candidate:
     split: str  #: ``"even"`` or ``"rebalanced"`` (fewer layers where the preprocess runs)
     vpp: int
     micro: int
-    run_ahead: str = "full"  #: MPipe's ``overflow``: ``"full"`` or ``"min"``
+    run_ahead: str = "full"  #: MPipe's ``run_ahead``: ``"full"`` or ``"min"``
     backward: str = "central"  #: MPipe, trainable preprocess: ``"central"`` or ``"owner"``
     recompute: bool = False
 
     def describe(self) -> str:
         parts = [self.schedule, f"split={self.split}", f"V={self.vpp}", f"M={self.micro}"]
         if self.schedule == "mpipe":
-            parts.append(f"overflow={self.run_ahead}")
+            parts.append(f"run_ahead={self.run_ahead}")
             if self.backward != "central":
                 parts.append(f"backward={self.backward}")
         return " ".join([*parts, f"recompute={'on' if self.recompute else 'off'}"])
@@ -135,7 +135,7 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
         micro=candidate.micro,
         preprocess=costs.preprocess,
         num_preprocess_layers=0 if costs.preprocess == "none" else 1,
-        overflow=candidate.run_ahead,
+        run_ahead=candidate.run_ahead,
         backward=candidate.backward,
         transpose=candidate.schedule == "mpipe",
     )

@@ -82,7 +82,7 @@ def tail_after_rank0_body(result: SimResult) -> float:
 
 
 def main() -> None:
-    print("simulated step time (ms), owner backward, overflow full: contract suffix vs early placement")
+    print("simulated step time (ms), owner backward, run_ahead full: contract suffix vs early placement")
     print("tail: time after rank 0's last B 0.m / TBWD (the owners' last GRADrecv+bwd, then GRADreduce)")
     header = ("P", "V", "M", "R", "suffix", "tail", "early", "tail", "early/suffix", "left in suffix")
     widths = (3, 3, 4, 5, 9, 7, 9, 7, 14, 16)

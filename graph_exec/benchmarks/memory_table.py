@@ -28,7 +28,7 @@ from typing import Any
 
 from graph_exec.benchmarks.common import argument_parser
 
-#: (name, baseline, overflow, rebalanced) of every plan measured, each with recompute off and on.
+#: (name, baseline, run_ahead, rebalanced) of every plan measured, each with recompute off and on.
 PLANS = (
     ("fair", True, "full", False),
     ("rebalanced", True, "full", True),
@@ -57,14 +57,14 @@ def _runs(mode: str, rebalanced: tuple[int, ...]) -> tuple[Any, ...]:
     from graph_exec.report.job import RunSpec
 
     runs = []
-    for name, baseline, overflow, moved in PLANS:
+    for name, baseline, run_ahead, moved in PLANS:
         for recompute in (False, True):
             runs.append(
                 RunSpec(
                     name=f"{name}{'-rc' if recompute else ''}.{mode}",
                     mode=mode,
                     baseline=baseline,
-                    overflow=overflow,
+                    run_ahead=run_ahead,
                     recompute=recompute,
                     layers=rebalanced if moved else None,
                 )

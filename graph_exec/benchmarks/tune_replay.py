@@ -53,7 +53,7 @@ def parse_candidate(text: str) -> Candidate:
         named["split"],
         int(named["V"]),
         int(named["M"]),
-        named.get("overflow", "full"),
+        named.get("run_ahead", named.get("overflow", "full")),  # logs before the rename: overflow=
         named.get("backward", "central"),
         named["recompute"] == "on",
     )

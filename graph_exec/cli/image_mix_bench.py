@@ -4,7 +4,7 @@ The mix is defined by measured cost (:mod:`graph_exec.report.image_mix`): the pa
 start-up calibration of ``--tower-ratio`` (:mod:`graph_exec.harness.tower_costs`), picks the
 vision depth that makes the mean micro-batch's tower forward 2x a chunk's forward, and then, per
 ``M`` (4 and 8 unless ``--micro`` names one), one launch trains side by side, step by step in
-turn: the even-split and the rebalanced baselines and MPipe (``overflow="full"``) with each
+turn: the even-split and the rebalanced baselines and MPipe (``run_ahead="full"``) with each
 ``--tower-order``, every rank building the same batch and reading each micro-batch's tower cost
 from it (its real patches times the calibrated cost of a light micro-batch). It prints each
 run's step time (p10/p50/p90 over the measured steps), the ratios, and the simulator's
@@ -67,7 +67,10 @@ def mix_runs(tower_orders: Sequence[str], rebalanced: tuple[int, ...]) -> tuple[
     return (
         RunSpec(name="baseline-frozen.graph", baseline=True),
         RunSpec(name="baseline-rebalanced.graph", baseline=True, layers=rebalanced),
-        *(RunSpec(name=f"mpipe-{order}.graph", overflow="full", tower_order=order) for order in tower_orders),
+        *(
+            RunSpec(name=f"mpipe-{order}.graph", run_ahead="full", tower_order=order)
+            for order in tower_orders
+        ),
     )
 
 
@@ -99,7 +102,7 @@ def simulated_ratio(
         sim_micro, sim_layers = micro * ranks // pp, num_layers * ranks // pp
         forward, backward = stage_costs(layers, even(sim_layers, ranks * vpp))
         plan = build_plan(
-            PlanConfig(pp=ranks, vpp=vpp, micro=sim_micro, preprocess="frozen", overflow="full")
+            PlanConfig(pp=ranks, vpp=vpp, micro=sim_micro, preprocess="frozen", run_ahead="full")
         )
         body_only = simulate(
             plan, replace(arrival, stage_forward=forward, stage_backward=backward, preprocess_forward=0.0)

@@ -21,7 +21,7 @@ from graph_exec.schedule import (
     to_text,
     write_json,
 )
-from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW, PREPROCESS
+from graph_exec.schedule.config import BACKWARD, BODY, PREPROCESS, RUN_AHEAD
 from graph_exec.schedule.size import BUILD_BYTES_PER_STEP, MAX_PLAN_STEPS
 
 
@@ -56,9 +56,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--run-ahead",
         "--overflow",
-        dest="overflow",
-        choices=OVERFLOW,
-        default=defaults.overflow,
+        dest="run_ahead",
+        choices=RUN_AHEAD,
+        default=defaults.run_ahead,
         help="how far the transposed preprocess runs ahead: micros beyond NT=min(P,M) spread over the "
         "owners (full) or inline on rank 0 (min); --overflow is its old name",
     )
@@ -99,7 +99,7 @@ def config_from_args(
             micro=args.micro,
             preprocess=args.preprocess,
             num_preprocess_layers=args.num_preprocess_layers,
-            overflow=args.overflow,
+            run_ahead=args.run_ahead,
             backward=args.backward,
             input="owned" if args.owned_input else "replicated",
             body=args.body,

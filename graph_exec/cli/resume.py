@@ -49,7 +49,7 @@ def expected_facts(job: JobSpec) -> dict[str, Any]:
     spec = job.runs[0]
     options: dict[str, Any] = {"micro_batch_num": job.micro, "shapes": job.shapes}
     if not spec.baseline:
-        options.update(run_ahead=spec.overflow, backward=spec.backward)
+        options.update(run_ahead=spec.run_ahead, backward=spec.backward)
     return {
         "world_size": job.ranks,
         "mesh": {"dp": job.dp, "pp": job.pp},

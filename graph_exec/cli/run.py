@@ -45,7 +45,7 @@ from graph_exec.report.memory import memory_lines
 from graph_exec.report.records import read_run
 from graph_exec.report.trace import PLOT_EXTRA_HINT, chrome_trace, plot_timeline
 from graph_exec.restarts import Attempt
-from graph_exec.schedule.config import BACKWARD, BODY, OVERFLOW
+from graph_exec.schedule.config import BACKWARD, BODY, RUN_AHEAD
 
 SIZES = ("tiny", "small")
 
@@ -139,8 +139,8 @@ def _add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--run-ahead",
         "--overflow",
-        dest="overflow",
-        choices=OVERFLOW,
+        dest="run_ahead",
+        choices=RUN_AHEAD,
         help="how far the transposed preprocess runs ahead: micro-batches beyond NT spread over the "
         "owners (full, the default) or inline on rank 0 (min); --overflow is its old name",
     )
@@ -464,7 +464,7 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     from graph_exec.examples import TRAINABLE_BY_DEFAULT
 
     micro, batch = workload(args, parser)
-    if args.baseline and (args.overflow or args.backward or args.keep_preprocess_tape):
+    if args.baseline and (args.run_ahead or args.backward or args.keep_preprocess_tape):
         parser.error(
             "--baseline runs without MPipe: --run-ahead (--overflow), --backward and --keep-preprocess-tape "
             "do not apply"
@@ -479,7 +479,7 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         mode=args.mode,
         baseline=args.baseline,
         trainable=trainable,
-        overflow=args.overflow or "full",
+        run_ahead=args.run_ahead or "full",
         backward=args.backward or "central",
         keep_preprocess_tape=args.keep_preprocess_tape,
         body=args.body,
@@ -532,7 +532,7 @@ def describe(job: JobSpec) -> str:
     schedule = (
         "fair baseline (interleaved 1F1B, preprocess on rank 0, not transposed)"
         if spec.baseline
-        else f"MPipe run_ahead={spec.overflow} backward={spec.backward}"
+        else f"MPipe run_ahead={spec.run_ahead} backward={spec.backward}"
         + (" keep_preprocess_tape" if spec.keep_preprocess_tape else "")
     )
     return (

@@ -89,7 +89,7 @@ def runs(
     for mode in modes:
         out.append(RunSpec(name=f"baseline-frozen.{mode}", mode=mode, baseline=True))
         out.append(RunSpec(name=f"baseline-rebalanced.{mode}", mode=mode, baseline=True, layers=rebalanced))
-        out += [RunSpec(name=f"{v}.{mode}", mode=mode, overflow=tower_sweep.MPIPE[v]) for v in variants]
+        out += [RunSpec(name=f"{v}.{mode}", mode=mode, run_ahead=tower_sweep.MPIPE[v]) for v in variants]
     return tuple(out)
 
 

@@ -346,7 +346,7 @@ def run_spec(index: int, predicted: Predicted, trainable: bool) -> RunSpec:
         name=f"candidate{index}.graph",
         baseline=c.schedule == "baseline",
         trainable=trainable,
-        overflow=c.run_ahead,
+        run_ahead=c.run_ahead,
         backward=c.backward,
         recompute=c.recompute,
         layers=predicted.layers if c.split == "rebalanced" else None,

@@ -104,7 +104,7 @@ class Trainer:
                 job.micro,
                 self.model.preprocess,
                 self.model.num_transpose_layers,
-                run_ahead=spec.overflow,
+                run_ahead=spec.run_ahead,
                 backward=spec.backward,
                 keep_preprocess_tape=spec.keep_preprocess_tape,
                 tower_order=spec.tower_order,

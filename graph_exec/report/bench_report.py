@@ -6,11 +6,12 @@ preprocess run on rank 0 right before ``F 0.m``, nothing transposed) and the MPi
 baseline of the same mode and the same preprocess trainability (added to the job
 automatically), so the comparison isolates what transposition buys.
 
-JSON document (``--json``), ``version`` 2 (checked by :mod:`graph_exec.report.bench_schema`),
-every time in seconds, every share a fraction::
+JSON document (``--json``), ``version`` 3 (checked by :mod:`graph_exec.report.bench_schema`, which
+also accepts version 2, whose runs name ``run_ahead`` ``overflow``), every time in seconds,
+every share a fraction::
 
     schema        "graph-exec-bench"
-    version       1
+    version       3
     created       ISO-8601 UTC time
     environment   {python, mindspore, graph_exec: version strings; cpus: int}
     job           {example, size, ranks, dp (pipeline replicas; ranks / dp per pipeline), vpp,
@@ -20,7 +21,7 @@ every time in seconds, every share a fraction::
     runs          one object per (variant, mode):
       name, variant, mode            "frozen-full.graph", "frozen-full", "graph"
       baseline                       bool: the fair baseline (nothing transposed)
-      preprocess, overflow, backward the schedule (a baseline has the preprocess of its variants)
+      preprocess, run_ahead, backward the schedule (a baseline has the preprocess of its variants)
       step_time_s, step_times_s      median, and every measured step
       baseline_run, ratio_to_baseline   the baseline's name and step_time / its step_time
                                      (null for a baseline)
@@ -66,24 +67,24 @@ from graph_exec.schedule import Plan, StepKind, build_plan
 from graph_exec.simulate import fair_baseline, simulate
 
 SCHEMA = "graph-exec-bench"
-VERSION = 2
+VERSION = 3
 
 #: MPipe variant name -> RunSpec fields. The baselines are added by :func:`runs_for`.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "frozen-full": {"trainable": False, "overflow": "full"},
-    "frozen-min": {"trainable": False, "overflow": "min"},
-    "trainable-full": {"trainable": True, "overflow": "full"},
-    "trainable-min": {"trainable": True, "overflow": "min"},
-    "trainable-full-owner": {"trainable": True, "overflow": "full", "backward": "owner"},
-    "trainable-min-owner": {"trainable": True, "overflow": "min", "backward": "owner"},
+    "frozen-full": {"trainable": False, "run_ahead": "full"},
+    "frozen-min": {"trainable": False, "run_ahead": "min"},
+    "trainable-full": {"trainable": True, "run_ahead": "full"},
+    "trainable-min": {"trainable": True, "run_ahead": "min"},
+    "trainable-full-owner": {"trainable": True, "run_ahead": "full", "backward": "owner"},
+    "trainable-min-owner": {"trainable": True, "run_ahead": "min", "backward": "owner"},
     # Opt-in: the owners keep the tape of their own TFWD instead of recomputing the preprocess.
     "trainable-full-owner-tape": {
         "trainable": True,
-        "overflow": "full",
+        "run_ahead": "full",
         "backward": "owner",
         "keep_preprocess_tape": True,
     },
-    "trainable-full-tape": {"trainable": True, "overflow": "full", "keep_preprocess_tape": True},
+    "trainable-full-tape": {"trainable": True, "run_ahead": "full", "keep_preprocess_tape": True},
 }
 
 DEFINITIONS = {
@@ -260,7 +261,7 @@ def document(
                 "mode": r.spec.mode,
                 "baseline": r.spec.baseline,
                 "preprocess": r.spec.preprocess,
-                "overflow": r.spec.overflow,
+                "run_ahead": r.spec.run_ahead,
                 "backward": r.spec.backward,
                 "keep_preprocess_tape": r.spec.keep_preprocess_tape,
                 "step_time_s": s.step_time,

@@ -1,8 +1,9 @@
-"""The version-1 schema of the ``graph-exec bench --json`` document, as a checker.
+"""The schema of the ``graph-exec bench --json`` document, as a checker.
 
 The layout is documented in :mod:`graph_exec.report.bench_report`; :func:`check` lists every
 departure from it (missing or unexpected keys, wrong types), so a test or a consumer can
-validate a file without a JSON-schema library.
+validate a file without a JSON-schema library. Documents of version 2, written before
+``overflow`` was renamed ``run_ahead``, are checked with the old key.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ _RUN = {
     "mode": str,
     "baseline": bool,
     "preprocess": str,
-    "overflow": str,
+    "run_ahead": str,
     "backward": str,
     "keep_preprocess_tape": bool,
     "step_time_s": _NUM,
@@ -85,14 +86,21 @@ _DOCUMENT = {
     "definitions": {key: str for key in DEFINITIONS},
     "runs": [_RUN],
 }
+#: The document shape of each version read: version 2 named a run's ``run_ahead`` ``overflow``.
+_SHAPES = {
+    VERSION: _DOCUMENT,
+    2: {**_DOCUMENT, "runs": [{("overflow" if k == "run_ahead" else k): v for k, v in _RUN.items()}]},
+}
 
 
 def check(doc: Any) -> list[str]:
-    """Every way ``doc`` departs from the version-1 schema (empty: it conforms)."""
-    problems = _check(doc, _DOCUMENT, "$")
-    if not problems and (doc["schema"], doc["version"]) != (SCHEMA, VERSION):
+    """Every way ``doc`` departs from the schema of its version (empty: it conforms)."""
+    version = doc.get("version") if isinstance(doc, Mapping) else None
+    shape = _SHAPES.get(version, _DOCUMENT) if type(version) is int else _DOCUMENT  # bool is no version
+    problems = _check(doc, shape, "$")
+    if not problems and (doc["schema"] != SCHEMA or doc["version"] not in _SHAPES):
         problems.append(
-            f"$: expected schema {SCHEMA!r} version {VERSION}, got {doc['schema']!r} {doc['version']}"
+            f"$: expected schema {SCHEMA!r} version {VERSION} (or 2), got {doc['schema']!r} {doc['version']}"
         )
     return problems
 

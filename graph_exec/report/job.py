@@ -16,6 +16,8 @@ JOB_FILE = "job.json"
 #: Prefix of the progress lines every worker prints per finished step (one JSON object each);
 #: the parent echoes the last-stage worker's (they carry the loss) while the job runs.
 PROGRESS = "@@graph-exec "
+#: Run fields a ``job.json`` written by an older version may carry under their old name: old -> new.
+RENAMED = {"overflow": "run_ahead"}
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class RunSpec:
     """One training configuration: a schedule over the example model.
 
     ``baseline`` runs the fair baseline, :class:`ScheduleInterleaved1F1B` with the same
-    preprocess run on rank 0 and nothing transposed; ``overflow`` and ``backward`` then do not
+    preprocess run on rank 0 and nothing transposed; ``run_ahead`` and ``backward`` then do not
     apply.
     """
 
@@ -31,7 +33,7 @@ class RunSpec:
     mode: str = "graph"
     baseline: bool = False
     trainable: bool = False
-    overflow: str = "full"
+    run_ahead: str = "full"
     backward: str = "central"
     keep_preprocess_tape: bool = False  #: see ScheduleMPipeTranspose
     body: str = "interleaved"  #: the schedules' ``body`` ("zb": the split backward)
@@ -109,7 +111,7 @@ class JobSpec:
             vpp=self.vpp,
             micro=self.micro,
             preprocess=spec.preprocess,
-            overflow=spec.overflow if not spec.baseline else "full",
+            run_ahead=spec.run_ahead if not spec.baseline else "full",
             backward=spec.backward if not spec.baseline else "central",
             transpose=not spec.baseline,
             body=spec.body,
@@ -133,10 +135,15 @@ class JobSpec:
     @classmethod
     def read(cls, path: Path) -> JobSpec:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        data["runs"] = tuple(
-            RunSpec(**{**run, "layers": None if run.get("layers") is None else tuple(run["layers"])})
-            for run in data["runs"]
-        )
+        data["runs"] = tuple(_run_spec(run) for run in data["runs"])
         for name in ("seq_len_range", "shape_buckets"):
             data[name] = None if data.get(name) is None else tuple(data[name])
         return cls(**data)
+
+
+def _run_spec(run: dict) -> RunSpec:
+    """One run of a ``job.json``; a file written before a rename (a run to resume) names fields by
+    :data:`RENAMED`'s old names."""
+    fields = {RENAMED.get(name, name): value for name, value in run.items()}
+    fields["layers"] = None if fields.get("layers") is None else tuple(fields["layers"])
+    return RunSpec(**fields)

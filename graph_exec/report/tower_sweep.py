@@ -35,7 +35,7 @@ from graph_exec.simulate import OpCosts, simulate
 
 #: The schedules of one sweep point, in the order printed and plotted.
 SCHEDULES = ("baseline-frozen", "baseline-rebalanced", "frozen-full", "frozen-min")
-#: MPipe schedule -> its ``overflow``.
+#: MPipe schedule -> its ``run_ahead``.
 MPIPE = {"frozen-full": "full", "frozen-min": "min"}
 SIMULATED_RANKS = (2, 4, 8)
 #: The deepest tower a sweep builds: deeper means the calibration was off (its compile alone
@@ -154,11 +154,11 @@ def simulated(
         plan = build_plan(PlanConfig(pp=pp, vpp=vpp, micro=micro, preprocess="frozen", transpose=False))
         out[name] = simulate(plan, costs).step_time
     forward, backward = stage_costs(baseline, even_split)
-    for name, overflow in MPIPE.items():
+    for name, run_ahead in MPIPE.items():
         if name not in mpipe:
             continue
         costs = replace(mpipe[name], stage_forward=forward, stage_backward=backward)
-        plan = build_plan(PlanConfig(pp=pp, vpp=vpp, micro=micro, preprocess="frozen", overflow=overflow))
+        plan = build_plan(PlanConfig(pp=pp, vpp=vpp, micro=micro, preprocess="frozen", run_ahead=run_ahead))
         out[name] = simulate(plan, costs).step_time
     return out
 

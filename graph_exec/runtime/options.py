@@ -29,14 +29,12 @@ from graph_exec.idle_buffers import DEFAULT_BUFFER_CACHE_BYTES
 from graph_exec.runtime.loss_scaling import check_loss_scaler
 from graph_exec.runtime.shapes import ShapeBuckets, check_shapes
 from graph_exec.runtime.tied import check_pairs
-from graph_exec.schedule.config import BACKWARD, BODY, INPUT, OVERFLOW
+from graph_exec.schedule.config import BACKWARD, BODY, INPUT, RUN_AHEAD
 from graph_exec.schedule.placement import TOWER_ORDERS
 from graph_exec.transport.buckets import DEFAULT_BUCKET_BYTES
 
 #: The accepted ``loss_reduction`` values.
 LOSS_REDUCTIONS = ("mean", "token")
-#: The accepted ``run_ahead`` values (the plan's ``overflow``).
-RUN_AHEAD = OVERFLOW
 #: Options that only mean something when the preprocess is transposed (refused by the baseline).
 MPIPE_ONLY = ("run_ahead", "backward", "input", "keep_preprocess_tape")
 #: Old option names still accepted, with a ``DeprecationWarning``: old name -> new name.

@@ -788,7 +788,7 @@ class PipelineSchedule:
             micro=self.micro_batch_num,
             preprocess=preprocess,
             num_preprocess_layers=layers,
-            overflow=self.run_ahead,
+            run_ahead=self.run_ahead,
             backward=self.backward,
             input=self.input,
             body=self.body,

@@ -13,7 +13,7 @@ from graph_exec import checks
 from graph_exec.errors import GraphExecError
 
 PREPROCESS = ("trainable", "frozen", "none")
-OVERFLOW = ("full", "min")
+RUN_AHEAD = ("full", "min")
 BACKWARD = ("central", "owner")
 INPUT = ("replicated", "owned")
 BODY = ("interleaved", "1f1b", "gpipe", "zb")
@@ -44,7 +44,7 @@ class PlanConfig:
       ``T >= 1`` (a preprocess without layers is ``"none"``). ``None`` picks 0 or 1 accordingly.
       The plan's steps do not depend on the value beyond that; the runtime uses it to split
       the model.
-    - ``overflow``: ``"full"`` (micro ``m`` owned by ``m mod NT``) or ``"min"`` (micros
+    - ``run_ahead``: ``"full"`` (micro ``m`` owned by ``m mod NT``) or ``"min"`` (micros
       ``m >= NT`` stay on rank 0, run inline before ``F 0.m``).
     - ``backward``: ``"central"`` (rank 0 runs ``TBWD`` for every micro) or ``"owner"``
       (owners recompute and back-propagate, then ``GRADreduce``); owner needs a trainable
@@ -61,13 +61,13 @@ class PlanConfig:
       without transposition: rank 0 runs ``TFWD m`` right before every ``F 0.m`` and, with a
       trainable preprocess, ``TBWD m`` right after every ``B 0.m``; no ``BCAST``, no transfers,
       the other ranks run exactly the body. Comparing the two isolates what transposition buys.
-      It needs the defaults of the transposition options (``overflow="full"``,
+      It needs the defaults of the transposition options (``run_ahead="full"``,
       ``backward="central"``, ``input="replicated"``): none of them means anything without it.
     - ``forward_only``: ``True`` is the evaluation plan of the same configuration
       (``docs/schedule.md``, "Forward-only plans"): every stage's ``F`` of every micro, the
       forwards of each rank chunk by chunk (``body`` does not apply: there is no backward to
       interleave), with the same MPipe prefix (``BCAST``, the owners' ``TFWD`` and
-      ``OUTsend``/``OUTrecv``, inline ``TFWD`` for ``min`` overflow or without transposition)
+      ``OUTsend``/``OUTrecv``, inline ``TFWD`` for ``run_ahead="min"`` or without transposition)
       and nothing of the backward: no ``B``, ``TBWD``, ``IN*``, ``GRAD*``.
 
     ``pp = 1`` has no peer rank, so nothing can be transposed: rank 0 owns every micro-batch
@@ -82,7 +82,7 @@ class PlanConfig:
     micro: int | None = None
     preprocess: str = "none"
     num_preprocess_layers: int | None = None
-    overflow: str = "full"
+    run_ahead: str = "full"
     backward: str = "central"
     input: str = "replicated"
     body: str = "interleaved"
@@ -101,7 +101,7 @@ class PlanConfig:
                 f"got micro={self.micro}, pp*vpp={self.pp * self.vpp}"
             )
         checks.choice("preprocess", self.preprocess, PREPROCESS, PlanConfigError)
-        checks.choice("overflow", self.overflow, OVERFLOW, PlanConfigError)
+        checks.choice("run_ahead", self.run_ahead, RUN_AHEAD, PlanConfigError)
         checks.choice("backward", self.backward, BACKWARD, PlanConfigError)
         checks.choice("input", self.input, INPUT, PlanConfigError)
         checks.choice("body", self.body, BODY, PlanConfigError)
@@ -144,7 +144,7 @@ class PlanConfig:
         # Checked before the owner/trainable rule so the message names the real conflict.
         inline = "without transposition rank 0 runs every preprocess forward right before F 0.m"
         for name, value, default in (
-            ("overflow", self.overflow, "full"),
+            ("run_ahead", self.run_ahead, "full"),
             ("backward", self.backward, "central"),
             ("input", self.input, "replicated"),
         ):
@@ -219,13 +219,13 @@ class PlanConfig:
 
     def owner(self, micro: int) -> int:
         """The rank that runs the preprocess forward of ``micro``."""
-        if self.overflow == "full":
+        if self.run_ahead == "full":
             return micro % self.nt
         return micro if micro < self.nt else 0
 
     def owned(self, rank: int) -> tuple[int, ...]:
         """The micro-batches ``rank`` owns, ascending."""
-        if self.overflow == "full":
+        if self.run_ahead == "full":
             return tuple(range(rank, self.micro, self.nt)) if rank < self.nt else ()
         if rank == 0:
             return (0, *range(self.nt, self.micro))

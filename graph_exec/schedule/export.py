@@ -7,9 +7,9 @@ compared line by line with ``docs/schedule.md``, "Worked examples".
 **JSON** — the machine format (``write_json`` streams it compactly, ``to_json`` returns it)::
 
     {
-      "schema": "graph-exec/plan", "version": 1,
+      "schema": "graph-exec/plan", "version": 2,
       "config": {"pp": 2, "vpp": 1, "micro": 4, "preprocess": "trainable",
-                 "num_preprocess_layers": 1, "overflow": "full", "backward": "central",
+                 "num_preprocess_layers": 1, "run_ahead": "full", "backward": "central",
                  "input": "replicated", "body": "interleaved", "transpose": true},
       "num_stages": 2, "last_stage": 1, "nt": 2,
       "owners": [0, 1, 0, 1],                      # owners[m]: rank that owns micro m
@@ -28,7 +28,8 @@ compared line by line with ``docs/schedule.md``, "Worked examples".
 
 ``kind`` is the token spelling of the step type (``F``, ``Fsend``, ``GRADrecv+bwd``…);
 ``stage`` is set for body steps, ``micro`` for every step except ``BCAST`` / ``GRADreduce``;
-``peer`` is the other rank of a send or receive, ``null`` otherwise. ``steps`` is written only
+``peer`` is the other rank of a send or receive, ``null`` otherwise. Version 1 named
+``config.run_ahead`` ``overflow`` (before the option's rename). ``steps`` is written only
 when asked for (``steps=True``; ``graph-exec plan --format json --json-steps``): the tokens
 carry the same information in a fifth of the space.
 
@@ -109,14 +110,14 @@ def write_json(plan: Plan, out: TextIO, steps: bool = False) -> None:
     cfg = plan.config
     header = {
         "schema": "graph-exec/plan",
-        "version": 1,
+        "version": 2,
         "config": {
             "pp": cfg.pp,
             "vpp": cfg.vpp,
             "micro": cfg.micro,
             "preprocess": cfg.preprocess,
             "num_preprocess_layers": cfg.num_preprocess_layers,
-            "overflow": cfg.overflow,
+            "run_ahead": cfg.run_ahead,
             "backward": cfg.backward,
             "input": cfg.input,
             "body": cfg.body,

@@ -30,11 +30,11 @@ def tbwd_micros(config: PlanConfig) -> frozenset[int]:
 
 
 def inline_micros(config: PlanConfig) -> frozenset[int]:
-    """Micros rank 0 runs the preprocess forward of right before ``F 0.m``: the overflow
-    micros in ``min`` mode, every micro without transposition (the fair baseline)."""
+    """Micros rank 0 runs the preprocess forward of right before ``F 0.m``: the micros
+    beyond ``NT`` with ``run_ahead="min"``, every micro without transposition (the fair baseline)."""
     if not config.transpose:
         return frozenset(range(config.micro))
-    if config.overflow != "min":
+    if config.run_ahead != "min":
         return frozenset()
     return frozenset(range(config.nt, config.micro))
 

@@ -13,7 +13,7 @@ Two kinds of position (:func:`tower_positions`):
   its first ``F 0.0``, so the body starts when the most loaded owner is done: these positions
   are balanced over the owners (longest tower first onto the least loaded owner, then pairwise
   swaps), ties going to ranks other than 0.
-- **inline**: ``TFWD m`` on rank 0 right before ``F 0.m`` (``overflow="min"``, or no
+- **inline**: ``TFWD m`` on rank 0 right before ``F 0.m`` (``run_ahead="min"``, or no
   transposition). It is on rank 0's path except where rank 0 would wait anyway; that *slack*
   is measured once per plan by a critical-path pass over the plan's replay
   (:mod:`.walk`), every step priced by the one cost rule (:mod:`.costs`; by default ``F`` = 1,

@@ -42,7 +42,7 @@ class StepKind(StrEnum):
     BRECV = "Brecv"
     #: Every rank (trainable preprocess, ``P > 1``): broadcast the preprocess weights from rank 0, in place.
     BCAST = "BCAST"
-    #: Preprocess forward of ``m``, detached from the body, on the owner (rank 0 inline for ``min`` overflow).
+    #: Preprocess forward of ``m``, detached from the body, on the owner (rank 0 inline for ``run_ahead="min"``).
     TFWD = "TFWD"
     #: Owner to rank 0: ship ``m``'s preprocess output.
     OUTSEND = "OUTsend"

@@ -350,7 +350,7 @@ def _check_structure(config: PlanConfig, orders: Rows, body: Rows) -> None:
         if mpipe != expected_mpipe[rank]:
             raise InvariantError(
                 f"rank {rank}: MPipe steps do not match preprocess {config.preprocess!r}, "
-                f"overflow {config.overflow!r}, backward {config.backward!r}, input {config.input!r}: "
+                f"run_ahead {config.run_ahead!r}, backward {config.backward!r}, input {config.input!r}: "
                 f"{_difference(mpipe, expected_mpipe[rank])}"
             )
     _check_mpipe_order(config, orders, [i for i, code in enumerate(orders[0]) if is_mpipe(code)])
@@ -370,7 +370,7 @@ def _check_mpipe_order(config: PlanConfig, orders: Rows, mpipe_at0: list[int]) -
         if kind == codes.TBWD and (i == 0 or row0[i - 1] != gradient | m):
             raise InvariantError(f"rank 0: TBWD{m} must directly follow {token(gradient | m)}")
         if kind == codes.TFWD and m in inline and (i + 1 == len(row0) or row0[i + 1] != codes.F | m):
-            why = "with overflow 'min'" if config.transpose else "without transposition"
+            why = "with run_ahead 'min'" if config.transpose else "without transposition"
             raise InvariantError(f"rank 0: {why}, TFWD{m} must directly precede F0.{m}")
 
 

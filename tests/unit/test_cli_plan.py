@@ -24,7 +24,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def test_plan_text_is_the_contract_example(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run([*PLAN, "--preprocess", "trainable", "--overflow", "min", "--owned-input"], capsys)
+    code, out, _ = _run([*PLAN, "--preprocess", "trainable", "--run-ahead", "min", "--owned-input"], capsys)
     assert code == 0
     assert out.splitlines()[1] == (
         "r1: BCAST TFWD1 OUTsend1 INsend1 Frecv1.0 F1.0 Frecv1.1 B1.0 Bsend1.0 F1.1 Frecv1.2 B1.1 "

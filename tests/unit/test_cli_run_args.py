@@ -57,7 +57,8 @@ def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
         (["run", "embed_lm", "--micro", "4", "--batch", "6"], "--batch 6 is not a multiple of --micro 4"),
         (["run", "vl_tower", "--backward", "owner"], "backward 'owner' needs preprocess 'trainable'"),
         (["run", "embed_lm", "--ranks", "1", "--backward", "owner"], "backward 'owner' needs a peer rank"),
-        (["run", "embed_lm", "--baseline", "--overflow", "min"], "--baseline runs without MPipe"),
+        (["run", "embed_lm", "--baseline", "--run-ahead", "min"], "--baseline runs without MPipe"),
+        (["run", "embed_lm", "--baseline", "--overflow", "min"], "--baseline runs without MPipe"),  # old name
         (
             ["run", "embed_lm", "--data", "shuffled", "--seq-len-range", "8,16"],
             "--data shuffled reads a fixed set of samples of one length: it cannot take --seq-len-range",
@@ -193,6 +194,16 @@ def test_job_spec_round_trip(tmp_path: Path) -> None:
     )
     job.write(tmp_path)
     assert JobSpec.read(tmp_path / "job.json") == job
+
+
+def test_a_job_file_written_before_the_rename_reads_overflow_as_run_ahead(tmp_path: Path) -> None:
+    job = JobSpec("vl_tower", "tiny", 2, 2, 4, 8, 3, 1, runs=bench_report.runs_for(["frozen-min"], ["graph"]))
+    data = json.loads(job.write(tmp_path).read_text(encoding="utf-8"))
+    for run in data["runs"]:
+        run["overflow"] = run.pop("run_ahead")  # how job.json named it before
+    (tmp_path / "job.json").write_text(json.dumps(data), encoding="utf-8")
+    again = JobSpec.read(tmp_path / "job.json")
+    assert again == job and [r.run_ahead for r in again.runs] == ["full", "min"]
 
 
 def test_cores_are_shared_out_evenly() -> None:
@@ -386,6 +397,24 @@ def test_schema_check_names_what_is_wrong(tmp_path: Path) -> None:
     assert "$.runs[2].mpipe: missing 'pf_s'" in problems
     assert "$.version: expected int, got bool" in problems
     assert "$: unexpected 'extra'" in problems
+
+
+def test_schema_check_reads_version_2_documents_with_the_old_key_overflow(tmp_path: Path) -> None:
+    job, variants = _bench_dir(tmp_path)
+    doc = bench_report.document(job, variants, ["graph"], bench_report.evaluate(job, tmp_path))
+    assert doc["version"] == 3 and {r["run_ahead"] for r in doc["runs"]} == {"full"}
+    old = json.loads(json.dumps(doc))
+    old["version"] = 2
+    for run in old["runs"]:
+        run["overflow"] = run.pop("run_ahead")
+    assert bench_schema.check(old) == []
+    old["version"] = 3  # version 3 names it run_ahead
+    assert "$.runs[0]: missing 'run_ahead'" in bench_schema.check(old)
+    assert "$.runs[0]: unexpected 'overflow'" in bench_schema.check(old)
+    doc["version"] = 1
+    assert bench_schema.check(doc) == [
+        "$: expected schema 'graph-exec-bench' version 3 (or 2), got 'graph-exec-bench' 1"
+    ]
 
 
 def test_missing_rank_record_is_named(tmp_path: Path) -> None:

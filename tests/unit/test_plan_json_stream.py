@@ -21,7 +21,7 @@ def test_tokens_only_by_default_and_compact():
     text = out.getvalue()
     assert "\n" not in text.rstrip("\n") and ", " not in text.split('"ranks"')[1]
     doc = json.loads(text)
-    assert doc["schema"] == "graph-exec/plan" and doc["version"] == 1
+    assert doc["schema"] == "graph-exec/plan" and doc["version"] == 2
     assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
     for rank, entry in enumerate(doc["ranks"]):
         assert set(entry) == {"rank", "tokens", "held"}

@@ -11,7 +11,7 @@ from graph_exec.schedule import PlanConfig, PlanConfigError, StepKind, build_pla
 def test_defaults_describe_a_plain_interleaved_body() -> None:
     config = PlanConfig(pp=4)
     assert (config.vpp, config.micro, config.preprocess, config.num_preprocess_layers) == (1, 4, "none", 0)
-    assert (config.overflow, config.backward, config.input, config.body) == (
+    assert (config.run_ahead, config.backward, config.input, config.body) == (
         "full",
         "central",
         "replicated",
@@ -59,7 +59,7 @@ def test_t_rules() -> None:
     ("field", "allowed"),
     [
         ("preprocess", "'trainable', 'frozen', 'none'"),
-        ("overflow", "'full', 'min'"),
+        ("run_ahead", "'full', 'min'"),
         ("backward", "'central', 'owner'"),
         ("input", "'replicated', 'owned'"),
         ("body", "'interleaved', '1f1b', 'gpipe', 'zb'"),
@@ -102,7 +102,7 @@ def test_single_rank_rejects_options_that_need_a_peer(option: str, value: str) -
 def test_single_rank_runs_the_preprocess_inline_without_broadcast() -> None:
     # Body: rounds [1, 1], warmup min(1, 4) = 1: F0.0 | F1.0 B1.0 F0.1 B0.0 F1.1 B1.1 | · B0.1.
     # NT = 1: TFWD0 up front, TFWD1 inline before F0.1 (min), TBWD after each B0.m, no BCAST.
-    plan = build_plan(PlanConfig(pp=1, vpp=2, micro=2, preprocess="trainable", overflow="min"))
+    plan = build_plan(PlanConfig(pp=1, vpp=2, micro=2, preprocess="trainable", run_ahead="min"))
     assert to_text(plan) == "r0: TFWD0 F0.0 F1.0 B1.0 TFWD1 F0.1 B0.0 TBWD0 F1.1 B1.1 B0.1 TBWD1\n"
     frozen = build_plan(PlanConfig(pp=1, micro=2, preprocess="frozen"))
     assert [s.kind for s in frozen.orders[0]].count(StepKind.TFWD) == 2

@@ -41,7 +41,7 @@ def test_mpipe_trainable_replicated_full_central() -> None:
 
 
 def test_mpipe_trainable_owned_min_central() -> None:
-    assert _lines(pp=2, vpp=1, micro=4, preprocess="trainable", overflow="min", input="owned") == [
+    assert _lines(pp=2, vpp=1, micro=4, preprocess="trainable", run_ahead="min", input="owned") == [
         "r0: BCAST TFWD0 OUTrecv1 INrecv1 F0.0 Fsend0.0 F0.1 Fsend0.1 Brecv0.0 TFWD2 F0.2 Fsend0.2 "
         "B0.0 TBWD0 Brecv0.1 TFWD3 F0.3 Fsend0.3 B0.1 TBWD1 Brecv0.2 B0.2 TBWD2 Brecv0.3 B0.3 TBWD3",
         "r1: BCAST TFWD1 OUTsend1 INsend1 Frecv1.0 F1.0 Frecv1.1 B1.0 Bsend1.0 F1.1 Frecv1.2 B1.1 "

@@ -26,14 +26,14 @@ def test_text_is_one_line_per_rank() -> None:
 def test_json_schema() -> None:
     plan = build_plan(CONFIG)
     doc = json.loads(to_json(plan))
-    assert doc["schema"] == "graph-exec/plan" and doc["version"] == 1
+    assert doc["schema"] == "graph-exec/plan" and doc["version"] == 2
     assert doc["config"] == {
         "pp": 2,
         "vpp": 2,
         "micro": 4,
         "preprocess": "trainable",
         "num_preprocess_layers": 1,
-        "overflow": "full",
+        "run_ahead": "full",
         "backward": "central",
         "input": "owned",
         "body": "interleaved",

@@ -31,7 +31,7 @@ def _rows(plan: Plan) -> list[list[str]]:
 def _configs():
     """Every option combination the training plans accept, at small sizes."""
     for pp, vpp, micro in [(1, 2, 3), (2, 1, 4), (2, 2, 5), (4, 2, 8), (4, 1, 2)]:
-        for preprocess, overflow, backward, input_, transpose in itertools.product(
+        for preprocess, run_ahead, backward, input_, transpose in itertools.product(
             ("trainable", "frozen", "none"),
             ("full", "min"),
             ("central", "owner"),
@@ -44,7 +44,7 @@ def _configs():
                     vpp=vpp,
                     micro=micro,
                     preprocess=preprocess,
-                    overflow=overflow,
+                    run_ahead=run_ahead,
                     backward=backward,
                     input=input_,
                     transpose=transpose,
@@ -86,7 +86,7 @@ def test_forward_only_order_runs_each_chunk_in_turn() -> None:
 
 def test_inline_preprocess_forwards_stay_before_their_stage_zero_forward() -> None:
     for config in (
-        PlanConfig(pp=2, micro=4, preprocess="trainable", overflow="min", forward_only=True),
+        PlanConfig(pp=2, micro=4, preprocess="trainable", run_ahead="min", forward_only=True),
         PlanConfig(pp=2, micro=3, preprocess="frozen", transpose=False, forward_only=True),
     ):
         row = _rows(build_plan(config))[0]

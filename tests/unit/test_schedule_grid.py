@@ -25,9 +25,9 @@ OPTIONS = list(
 
 
 def _valid(pp: int, vpp: int, micro: int, options: tuple[str, str, str, str], body: str) -> PlanConfig | None:
-    preprocess, overflow, backward, input_ = options
+    preprocess, run_ahead, backward, input_ = options
     try:
-        return PlanConfig(pp, vpp, micro, preprocess, None, overflow, backward, input_, body)
+        return PlanConfig(pp, vpp, micro, preprocess, None, run_ahead, backward, input_, body)
     except PlanConfigError:
         return None
 
@@ -48,7 +48,7 @@ GRID = [c for c in ALL if c.pp == 1] + random.Random(20240601).sample([c for c i
 
 def test_the_sample_covers_every_valid_option_combination() -> None:
     def combo(c: PlanConfig) -> tuple[str, ...]:
-        return (c.preprocess, c.overflow, c.backward, c.input, c.body)
+        return (c.preprocess, c.run_ahead, c.backward, c.input, c.body)
 
     assert len(GRID) >= 500
     assert {combo(c) for c in GRID} == {combo(c) for c in ALL}
@@ -154,7 +154,7 @@ def _check_invariants(plan: Plan) -> None:
     for i, step in enumerate(row0):
         if step.kind == K.TBWD:
             assert row0[i - 1] == Step(K.B, 0, step.micro)
-        if step.kind == K.TFWD and cfg.overflow == "min" and step.micro >= cfg.nt:
+        if step.kind == K.TFWD and cfg.run_ahead == "min" and step.micro >= cfg.nt:
             assert row0[i + 1] == Step(K.F, 0, step.micro)
     if cfg.trainable and cfg.backward == "central":
         assert sum(s.kind == K.TBWD for s in row0) == cfg.micro
@@ -173,13 +173,13 @@ def test_invariants_on_the_grid(chunk: int) -> None:
 def test_full_equals_min_when_every_micro_has_its_own_owner() -> None:
     compared = 0
     for config in ALL:
-        if config.overflow == "full" and config.micro <= config.nt and config.body == "interleaved":
+        if config.run_ahead == "full" and config.micro <= config.nt and config.body == "interleaved":
             full = build_plan(config)
-            assert to_text(build_plan(replace(config, overflow="min"))) == to_text(full)
+            assert to_text(build_plan(replace(config, run_ahead="min"))) == to_text(full)
             compared += 1
     assert compared > 500
 
 
-def test_full_and_min_differ_once_micros_overflow() -> None:
+def test_full_and_min_differ_once_micros_exceed_nt() -> None:
     config = PlanConfig(pp=2, micro=3, preprocess="frozen")
-    assert to_text(build_plan(config)) != to_text(build_plan(replace(config, overflow="min")))
+    assert to_text(build_plan(config)) != to_text(build_plan(replace(config, run_ahead="min")))

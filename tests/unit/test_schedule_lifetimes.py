@@ -15,7 +15,9 @@ def _spans(plan, rank: int) -> list[tuple[str, str]]:
 
 
 def test_contract_example_lifetimes() -> None:
-    plan = build_plan(PlanConfig(pp=2, vpp=1, micro=4, preprocess="trainable", overflow="min", input="owned"))
+    plan = build_plan(
+        PlanConfig(pp=2, vpp=1, micro=4, preprocess="trainable", run_ahead="min", input="owned")
+    )
     # Rank 0: stage-0 inputs live until the backward that recomputes from them; the shipped raw
     # input until TBWD; the gradient from stage 1 until B.
     assert _spans(plan, 0) == [
@@ -51,7 +53,7 @@ def test_rules_hold_on_random_plans() -> None:
             micro=rng.randint(1, 3 * pp),
             preprocess="trainable",
             input=rng.choice(["owned", "replicated"]),
-            overflow=rng.choice(["full", "min"]),
+            run_ahead=rng.choice(["full", "min"]),
         )
         plan = build_plan(config)
         for rank in range(pp):

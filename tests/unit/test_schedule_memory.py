@@ -37,7 +37,7 @@ def test_an_owner_holds_its_preprocess_outputs_until_it_ships_them() -> None:
     """MPipe ``full`` at P = 2, M = 4: rank 1 owns micro-batches 1 and 3 and runs both towers
     before its first body step, so it holds two outputs; ``min`` runs one ahead."""
     full = build_plan(PlanConfig(pp=2, micro=4, preprocess="frozen", num_preprocess_layers=1))
-    low = build_plan(PlanConfig(pp=2, micro=4, preprocess="frozen", num_preprocess_layers=1, overflow="min"))
+    low = build_plan(PlanConfig(pp=2, micro=4, preprocess="frozen", num_preprocess_layers=1, run_ahead="min"))
     assert peak_counts(full, 1)["preprocess outputs"] == 2
     assert peak_counts(low, 1)["preprocess outputs"] == 1
     assert all(peak_counts(full, r)["preprocess tapes"] == 0 for r in range(2))  # frozen: nothing taped

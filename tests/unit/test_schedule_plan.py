@@ -40,7 +40,7 @@ def test_ownership_full_and_min() -> None:
     full = build_plan(PlanConfig(pp=3, micro=7, preprocess="frozen"))
     assert [full.owner(m) for m in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     assert [full.owned(r) for r in range(3)] == [(0, 3, 6), (1, 4), (2, 5)]
-    least = build_plan(PlanConfig(pp=3, micro=7, preprocess="frozen", overflow="min"))
+    least = build_plan(PlanConfig(pp=3, micro=7, preprocess="frozen", run_ahead="min"))
     assert [least.owner(m) for m in range(7)] == [0, 1, 2, 0, 0, 0, 0]
     assert [least.owned(r) for r in range(3)] == [(0, 3, 4, 5, 6), (1,), (2,)]
     few = build_plan(PlanConfig(pp=4, micro=2, preprocess="frozen"))
@@ -145,7 +145,7 @@ def test_schedule_and_simulator_import_without_mindspore() -> None:
     [
         PlanConfig(pp=1, vpp=1, micro=7, preprocess="trainable"),
         PlanConfig(pp=2, vpp=1, micro=9, preprocess="trainable", backward="owner", input="owned"),
-        PlanConfig(pp=4, vpp=2, micro=11, preprocess="trainable", input="owned", overflow="min"),
+        PlanConfig(pp=4, vpp=2, micro=11, preprocess="trainable", input="owned", run_ahead="min"),
         PlanConfig(pp=4, vpp=3, micro=8, preprocess="trainable", backward="owner"),
         PlanConfig(pp=3, vpp=2, micro=5, preprocess="frozen", input="owned", body="gpipe"),
         PlanConfig(pp=8, vpp=1, micro=16, body="1f1b"),

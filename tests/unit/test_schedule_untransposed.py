@@ -82,7 +82,7 @@ def test_none_preprocess_without_transposition_is_the_body() -> None:
 @pytest.mark.parametrize(
     ("option", "match"),
     [
-        ({"overflow": "min"}, r"overflow 'min' applies to transposed micro-batches, but transpose=False"),
+        ({"run_ahead": "min"}, r"run_ahead 'min' applies to transposed micro-batches, but transpose=False"),
         ({"backward": "owner"}, r"backward 'owner' applies to transposed micro-batches"),
         ({"input": "owned"}, r"input 'owned' applies to transposed micro-batches.*default 'replicated'"),
         ({"transpose": 0}, r"transpose must be a bool \(True or False\), got 0"),

@@ -78,7 +78,7 @@ def test_tbwd_must_directly_follow_its_backward() -> None:
 
 
 def test_inline_tfwd_must_directly_precede_its_forward() -> None:
-    config = PlanConfig(pp=2, vpp=1, micro=4, preprocess="frozen", overflow="min")
+    config = PlanConfig(pp=2, vpp=1, micro=4, preprocess="frozen", run_ahead="min")
     rows = _rows(build_plan(config))
     rows[0].remove("TFWD3")
     rows[0].insert(rows[0].index("F0.3") + 1, "TFWD3")

@@ -52,9 +52,9 @@ _OPTIONS = [
     {},
     {"preprocess": "frozen"},
     {"preprocess": "trainable"},
-    {"preprocess": "trainable", "overflow": "min"},
+    {"preprocess": "trainable", "run_ahead": "min"},
     {"preprocess": "trainable", "backward": "owner"},
-    {"preprocess": "trainable", "overflow": "min", "input": "owned"},
+    {"preprocess": "trainable", "run_ahead": "min", "input": "owned"},
     {"preprocess": "trainable", "transpose": False},
     {"preprocess": "none", "input": "owned"},
 ]

@@ -251,8 +251,8 @@ def test_zb_target_against_interleaved_at_v2() -> None:
 
 @pytest.mark.parametrize(("vpp", "expected"), [(1, (37.0, 31.0)), (2, (61.0, 55.0))])
 def test_zb_target_under_mpipe_with_a_frozen_tower(vpp: int, expected: tuple[float, float]) -> None:
-    """MPipe (full overflow) with a frozen tower of 2F, P = 4, M = 8: zb <= 0.92x MPipe with the
-    interleaved body (0.84x at V = 1, 0.90x at V = 2). With ``min`` overflow rank 0 runs the
+    """MPipe (``run_ahead="full"``) with a frozen tower of 2F, P = 4, M = 8: zb <= 0.92x MPipe with the
+    interleaved body (0.84x at V = 1, 0.90x at V = 2). With ``run_ahead="min"`` rank 0 runs the
     towers of micro-batches 4..7 inline and zb reaches only 0.93x / 0.95x (docs/schedule.md)."""
     costs = OpCosts(
         forward=1.0, backward=2.0, input_backward=1.0, weight_backward=1.0, preprocess_forward=2.0
@@ -293,14 +293,14 @@ def test_a_simulation_too_large_for_the_machine_is_refused_before_it_runs(
 
 
 @pytest.mark.parametrize(
-    ("pp", "vpp", "micro", "overflow"), [(2, 2, 4, "full"), (4, 1, 8, "min"), (8, 1, 16, "full")]
+    ("pp", "vpp", "micro", "run_ahead"), [(2, 2, 4, "full"), (4, 1, 8, "min"), (8, 1, 16, "full")]
 )
-def test_no_tower_order_beats_towers_that_cost_nothing(pp: int, vpp: int, micro: int, overflow: str) -> None:
+def test_no_tower_order_beats_towers_that_cost_nothing(pp: int, vpp: int, micro: int, run_ahead: str) -> None:
     """The image-mix bench's ceiling: with the orders fixed, a shorter step never comes from a
     longer tower, so arrival / towers-free bounds what any placement can gain."""
     import random
 
-    plan = build_plan(PlanConfig(pp=pp, vpp=vpp, micro=micro, preprocess="frozen", overflow=overflow))
+    plan = build_plan(PlanConfig(pp=pp, vpp=vpp, micro=micro, preprocess="frozen", run_ahead=run_ahead))
     free = simulate(plan, OpCosts(preprocess_forward=0.0)).step_time
     draw = random.Random(micro)
     for _ in range(5):

@@ -14,11 +14,17 @@ from graph_exec.schedule import PlanConfig, StepKind, build_plan
 
 CONFIGS = [
     PlanConfig(
-        pp=pp, vpp=vpp, micro=micro, preprocess=pre, num_preprocess_layers=1, overflow=overflow, input="owned"
+        pp=pp,
+        vpp=vpp,
+        micro=micro,
+        preprocess=pre,
+        num_preprocess_layers=1,
+        run_ahead=run_ahead,
+        input="owned",
     )
     for pp, vpp, micro in ((2, 1, 4), (2, 2, 6), (4, 1, 8), (4, 2, 8))
     for pre in ("frozen", "trainable")
-    for overflow in ("full", "min")
+    for run_ahead in ("full", "min")
 ]
 
 
@@ -28,7 +34,7 @@ def _reads(config: PlanConfig, rank: int) -> set[int]:
 
 
 @pytest.mark.parametrize(
-    "config", CONFIGS, ids=lambda c: f"P{c.pp}V{c.vpp}M{c.micro}-{c.preprocess}-{c.overflow}"
+    "config", CONFIGS, ids=lambda c: f"P{c.pp}V{c.vpp}M{c.micro}-{c.preprocess}-{c.run_ahead}"
 )
 def test_evaluation_reads_the_rows_the_owned_reading_placed_on_each_rank(config: PlanConfig) -> None:
     """Over random cost vectors, every batch micro-batch whose rows a rank's forward-only plan

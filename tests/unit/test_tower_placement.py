@@ -15,7 +15,7 @@ from graph_exec.schedule.placement import StepCosts, balanced_order, tower_order
 from graph_exec.simulate import OpCosts, simulate
 
 
-def test_full_overflow_balances_the_owners_prefix_by_hand() -> None:
+def test_full_run_ahead_balances_the_owners_prefix_by_hand() -> None:
     # P=2 V=1 M=4, frozen tower, F=1 B=2, Pf=1, towers 4,1,4,1. Arrival: rank 0 owns plan
     # micros 0 and 2 (towers 4+4=8), rank 1 owns 1 and 3 (1+1=2); rank 0 starts F0.0 once it
     # has every output, at 8, and the body takes (M+P-1)(F+B) = 15: 23. Balanced: one 4 and one
@@ -32,9 +32,9 @@ def test_full_overflow_balances_the_owners_prefix_by_hand() -> None:
 
 
 def test_inline_slack_is_what_the_simulator_lets_one_tower_take_for_free() -> None:
-    # P=4 V=1 M=8, overflow min: plan micros 4..7 run inline on rank 0. One tower of weight h at
+    # P=4 V=1 M=8, run_ahead="min": plan micros 4..7 run inline on rank 0. One tower of weight h at
     # inline micro m lengthens the simulated step by exactly max(0, h - slack(m)).
-    config = PlanConfig(pp=4, vpp=1, micro=8, preprocess="frozen", overflow="min")
+    config = PlanConfig(pp=4, vpp=1, micro=8, preprocess="frozen", run_ahead="min")
     plan = build_plan(config)
     positions = tower_positions(config, StepCosts(backward=2.0, fused_last_stage=False))
     assert positions.inline == (4, 5, 6, 7)
@@ -67,9 +67,9 @@ def test_zb_slack_prices_input_and_weight_backward_by_their_own_costs(name: str,
     # and W as a whole backward each, so the decision worked from a plan that does not run.
     given = _ZB_STEP_COSTS[name]
     step = {"backward": 2.0, "fused_last_stage": True} if given is None else given
-    overflow = "min" if transpose else "full"  # either way some towers run inline on rank 0
+    run_ahead = "min" if transpose else "full"  # either way some towers run inline on rank 0
     config = PlanConfig(
-        pp=3, vpp=2, micro=9, body="zb", preprocess="frozen", transpose=transpose, overflow=overflow
+        pp=3, vpp=2, micro=9, body="zb", preprocess="frozen", transpose=transpose, run_ahead=run_ahead
     )
     positions = tower_positions(config) if given is None else tower_positions(config, StepCosts(**step))
     assert positions.inline
@@ -82,13 +82,13 @@ def test_zb_slack_prices_input_and_weight_backward_by_their_own_costs(name: str,
             assert simulate(plan, costs).step_time - base == pytest.approx(extra), (m, slack)
 
 
-def test_min_overflow_puts_the_heavy_towers_in_the_prefix_and_the_rest_into_the_slack() -> None:
+def test_min_run_ahead_puts_the_heavy_towers_in_the_prefix_and_the_rest_into_the_slack() -> None:
     # Same plan: prefix positions 0..3 (one per rank), inline 4..7 with slack 1, 3, 0, 0.
     # Towers: 1, 2, 0.5, 0.25 and four of 4. Balanced: the 4s in the prefix (in parallel on the
     # four ranks: the body starts 4 later), 2 at the slack-3 position and 1 at the slack-1 one
     # (free), 0.5 and 0.25 on rank 0's critical path: 4 + 0.5 + 0.25 = 4.75 over the tower-free
     # step. Arrival keeps the 4s inline, at least 4 + 4 at the slack-0 positions: >= 8.
-    config = PlanConfig(pp=4, vpp=1, micro=8, preprocess="frozen", overflow="min")
+    config = PlanConfig(pp=4, vpp=1, micro=8, preprocess="frozen", run_ahead="min")
     plan = build_plan(config)
     weights = (1, 2, 0.5, 0.25, 4, 4, 4, 4)
     costs = OpCosts(forward=1, backward=2, preprocess_forward=1, tower_costs=weights)
@@ -103,12 +103,12 @@ def test_min_overflow_puts_the_heavy_towers_in_the_prefix_and_the_rest_into_the_
 def _sweep() -> list[tuple[PlanConfig, OpCosts]]:
     rng = random.Random(7)
     cases = []
-    for pp, vpp, micro, kind, overflow, transpose in itertools.product(
+    for pp, vpp, micro, kind, run_ahead, transpose in itertools.product(
         (2, 3, 4), (1, 2), (4, 6, 8), ("frozen", "trainable"), ("full", "min"), (True, False)
     ):
-        if not transpose and overflow == "min":
+        if not transpose and run_ahead == "min":
             continue
-        config = PlanConfig(pp, vpp, micro, preprocess=kind, overflow=overflow, transpose=transpose)
+        config = PlanConfig(pp, vpp, micro, preprocess=kind, run_ahead=run_ahead, transpose=transpose)
         for _ in range(4):
             # skewed: mostly light towers, a few 4x heavier
             weights = tuple(rng.choice((1, 1, 1, 4)) for _ in range(micro))

@@ -67,7 +67,7 @@ def test_runs_are_the_two_baselines_and_the_mpipe_variants():
         "frozen-min.graph",
     ]
     assert runs[0].layers is None and runs[1].layers == (1, 2, 2, 3) and runs[1].baseline
-    assert (runs[2].overflow, runs[3].overflow) == ("full", "min") and not runs[2].trainable
+    assert (runs[2].run_ahead, runs[3].run_ahead) == ("full", "min") and not runs[2].trainable
 
 
 def test_the_job_file_keeps_the_rebalanced_split_and_the_model_options(tmp_path):

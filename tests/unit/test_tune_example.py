@@ -116,7 +116,7 @@ def test_the_runs_verify_launches_carry_the_candidates_options() -> None:
     frozen = replace(PLAIN, preprocess="frozen", preprocess_forward=3.0)
     mpipe = predict(frozen, 2, 4, Candidate("mpipe", "even", 1, 4, run_ahead="min", recompute=True))
     spec = run_spec(1, mpipe, trainable=False)
-    assert (spec.baseline, spec.overflow, spec.recompute, spec.layers) == (False, "min", True, None)
+    assert (spec.baseline, spec.run_ahead, spec.recompute, spec.layers) == (False, "min", True, None)
     rebalanced = predict(frozen, 2, 4, Candidate("baseline", "rebalanced", 1, 4))
     spec = run_spec(2, rebalanced, trainable=False)
     assert spec.baseline and spec.layers == rebalanced.layers and spec.layers != (2, 2)
@@ -242,3 +242,5 @@ def test_the_replay_reads_back_every_plan_tune_prints() -> None:
     every = candidates(trainable, 2, 8, splits=("even", "rebalanced"))
     assert len(every) > 20
     assert all(parse_candidate(c.describe()) == c for c in every)
+    old = next(c for c in every if c.schedule == "mpipe" and c.run_ahead == "min")
+    assert parse_candidate(old.describe().replace("run_ahead=", "overflow=")) == old  # logs before the rename

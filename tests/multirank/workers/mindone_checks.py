@@ -8,7 +8,7 @@ it holds: the per-micro-batch losses on the last stage's rank, every gradient it
 stay in step.
 
 Usage: ``mindone_checks.py`` (one suite: both modes, frozen and trainable vision tower,
-central and owner backward, full and min overflow, the fair baseline on a rebalanced split,
+central and owner backward, run_ahead full and min, the fair baseline on a rebalanced split,
 Llama's trainable embedding).
 """
 
@@ -37,7 +37,7 @@ class Case:
     mode: str = "graph"
     trainable: bool = False
     backward: str = "central"
-    overflow: str = "full"
+    run_ahead: str = "full"
     vpp: int = 1
     micro: int = 4
     layers: tuple[int, ...] | None = None
@@ -48,7 +48,7 @@ CASES = [
     Case("vlm_graph_frozen", "qwen2vl"),
     Case("vlm_graph_trainable_owner", "qwen2vl", trainable=True, backward="owner"),
     Case("vlm_pynative_trainable_central_v2", "qwen2vl", mode="pynative", trainable=True, vpp=2),
-    Case("vlm_pynative_frozen_min_v2_m3", "qwen2vl", mode="pynative", overflow="min", vpp=2, micro=3),
+    Case("vlm_pynative_frozen_min_v2_m3", "qwen2vl", mode="pynative", run_ahead="min", vpp=2, micro=3),
     Case(
         "vlm_pynative_rebalanced_baseline",
         "qwen2vl",
@@ -88,7 +88,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
             parts.preprocess,
             parts.num_transpose_layers,
             backward=case.backward,
-            run_ahead=case.overflow,
+            run_ahead=case.run_ahead,
             **common,
         )
     inputs, labels = mm.batch(case.model, ref, 2 * case.micro, step=1)  # the same batch on every rank

@@ -47,7 +47,7 @@ class Case:
     preprocess: str
     vpp: int = 1
     mode: str = "graph"
-    overflow: str = "full"
+    run_ahead: str = "full"
     failing: bool = False  #: rank 0's sample_cost fails: every rank must raise, none wait
     disagreeing: bool = False  #: rank 1's tower_costs differ by one rounding step: every rank raises
 
@@ -55,7 +55,7 @@ class Case:
 CASES = [
     Case("frozen_v1_graph", "frozen"),
     Case("trainable_v2_pynative", "trainable", vpp=2, mode="pynative"),
-    Case("frozen_min_v1_graph", "frozen", overflow="min"),
+    Case("frozen_min_v1_graph", "frozen", run_ahead="min"),
 ]
 FAILING = Case("failing_size", "frozen", failing=True)
 #: Last: it fails a step, after which the ranks' message order is lost.
@@ -92,7 +92,7 @@ def schedule(case: Case, model, rank: int, pp: int, input: str):
         mode=case.mode,
         loss_fn=loss_fn,
         timeout_s=120,
-        run_ahead=case.overflow,
+        run_ahead=case.run_ahead,
         input=input,
         tower_order="balanced",
     )

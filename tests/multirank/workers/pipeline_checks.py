@@ -34,7 +34,7 @@ class Case:
     vpp: int = 1
     micro: int = 4
     preprocess: str = "trainable"  # trainable | frozen | none
-    overflow: str = "full"
+    run_ahead: str = "full"
     backward: str = "central"
     input: str = "replicated"
     mode: str = "graph"
@@ -54,14 +54,16 @@ class Case:
 SUITES: dict[str, list[Case]] = {
     "p2": [
         Case("v1_trainable_central_full", twice=True, optimizer=True),
-        Case("v1_trainable_central_min_owned", overflow="min", input="owned"),
+        Case("v1_trainable_central_min_owned", run_ahead="min", input="owned"),
         Case("v1_trainable_owner_full", backward="owner", twice=True, optimizer=True, sync_steps=False),
         Case("v1_frozen_full_m3", preprocess="frozen", micro=3),
         Case("v1_none_replicated", preprocess="none", scale_grads=True),
         Case("v1_none_owned_tokens", preprocess="none", input="owned", tokens=True),
         Case("v2_trainable_central_full", vpp=2, optimizer=True),
-        Case("v2_trainable_owner_min_m5", vpp=2, backward="owner", overflow="min", micro=5, sync_steps=False),
-        Case("v2_frozen_min_m1", vpp=2, preprocess="frozen", overflow="min", micro=1),
+        Case(
+            "v2_trainable_owner_min_m5", vpp=2, backward="owner", run_ahead="min", micro=5, sync_steps=False
+        ),
+        Case("v2_frozen_min_m1", vpp=2, preprocess="frozen", run_ahead="min", micro=1),
         Case(
             "v2_trainable_central_full_pynative", vpp=2, mode="pynative", same_as="v2_trainable_central_full"
         ),
@@ -86,10 +88,10 @@ SUITES: dict[str, list[Case]] = {
     "p4": [
         Case("v1_trainable_central_full_m8", micro=8, optimizer=True),
         Case("v2_trainable_owner_full_m8", vpp=2, micro=8, backward="owner", twice=True, sync_steps=False),
-        Case("v2_frozen_min_m6", vpp=2, preprocess="frozen", overflow="min", micro=6),
+        Case("v2_frozen_min_m6", vpp=2, preprocess="frozen", run_ahead="min", micro=6),
         Case("v1_none_owned_tokens", preprocess="none", input="owned", tokens=True),
         Case(
-            "v2_trainable_central_min_owned_pynative", vpp=2, overflow="min", input="owned", mode="pynative"
+            "v2_trainable_central_min_owned_pynative", vpp=2, run_ahead="min", input="owned", mode="pynative"
         ),
         Case(
             "i1f1b_v2_graph_async_m8",
@@ -113,13 +115,13 @@ SUITES: dict[str, list[Case]] = {
             same_as="graph_v1_trainable_central",
         ),
         Case(
-            "graph_v2_trainable_owner_min", vpp=2, backward="owner", overflow="min", micro=5, recompute=True
+            "graph_v2_trainable_owner_min", vpp=2, backward="owner", run_ahead="min", micro=5, recompute=True
         ),
         Case(
             "pynative_v2_trainable_owner_min",
             vpp=2,
             backward="owner",
-            overflow="min",
+            run_ahead="min",
             micro=5,
             mode="pynative",
             recompute=True,
@@ -151,7 +153,7 @@ SUITES: dict[str, list[Case]] = {
             "tape_v2_owner_min_m5",
             vpp=2,
             backward="owner",
-            overflow="min",
+            run_ahead="min",
             micro=5,
             keep_tape=True,
             sync_steps=False,
@@ -164,10 +166,10 @@ SUITES: dict[str, list[Case]] = {
 SUITES["zb_p2"] = [
     Case("zb_v1_trainable_central_full", body="zb", twice=True, optimizer=True),
     Case("zb_v1_trainable_owner_full", body="zb", backward="owner", twice=True, sync_steps=False),
-    Case("zb_v1_frozen_min_m3", body="zb", preprocess="frozen", overflow="min", micro=3),
+    Case("zb_v1_frozen_min_m3", body="zb", preprocess="frozen", run_ahead="min", micro=3),
     Case("zb_v1_none_scaled", body="zb", preprocess="none", scale_grads=True),
     Case("zb_v2_trainable_central_full_m5", body="zb", vpp=2, micro=5, optimizer=True),
-    Case("zb_v2_trainable_owner_min_m5", body="zb", vpp=2, backward="owner", overflow="min", micro=5),
+    Case("zb_v2_trainable_owner_min_m5", body="zb", vpp=2, backward="owner", run_ahead="min", micro=5),
     Case(
         "zb_v1_trainable_central_full_pynative",
         body="zb",
@@ -179,7 +181,7 @@ SUITES["zb_p2"] = [
         body="zb",
         vpp=2,
         backward="owner",
-        overflow="min",
+        run_ahead="min",
         micro=5,
         mode="pynative",
         same_as="zb_v2_trainable_owner_min_m5",
@@ -191,7 +193,7 @@ SUITES["zb_p2"] = [
 SUITES["zb_p4"] = [
     Case("zb_v1_trainable_central_full_m8", body="zb", micro=8, optimizer=True),
     Case("zb_v2_trainable_owner_full_m8", body="zb", vpp=2, micro=8, backward="owner", twice=True),
-    Case("zb_v2_frozen_min_m6", body="zb", vpp=2, preprocess="frozen", overflow="min", micro=6),
+    Case("zb_v2_frozen_min_m6", body="zb", vpp=2, preprocess="frozen", run_ahead="min", micro=6),
     Case("zb_v2_trainable_central_full_pynative", body="zb", vpp=2, mode="pynative"),
     Case("zb_v1_trainable_owner_full_m3_pynative", body="zb", micro=3, backward="owner", mode="pynative"),
     Case("zb_baseline_v2_trainable_m8", body="zb", vpp=2, micro=8, schedule="baseline"),
@@ -283,7 +285,7 @@ def owned_view(case: Case, pp: int, rank: int, x, size: int):
         vpp=case.vpp,
         micro=case.micro,
         preprocess=case.preprocess,
-        overflow=case.overflow,
+        run_ahead=case.run_ahead,
         backward=case.backward,
         input="owned",
     )
@@ -320,7 +322,7 @@ def make_schedule(case: Case, stages: list, pre) -> object:
         case.micro,
         pre,
         0 if pre is None else 1,
-        run_ahead=case.overflow,
+        run_ahead=case.run_ahead,
         backward=case.backward,
         input=case.input,
         keep_preprocess_tape=case.keep_tape,

@@ -31,13 +31,13 @@ class Case:
     vpp: int = 1
     mode: str = "graph"
     baseline: bool = False
-    overflow: str = "full"
+    run_ahead: str = "full"
 
 
 CASES = [
     Case("mpipe_v1_trainable_graph", "trainable", (4, 1, 4, 1)),
     Case("mpipe_v2_frozen_pynative", "frozen", (1, 1, 6, 2, 5, 1), vpp=2, mode="pynative"),
-    Case("mpipe_v1_frozen_min_graph", "frozen", (1, 1, 3, 3, 1, 2), overflow="min"),
+    Case("mpipe_v1_frozen_min_graph", "frozen", (1, 1, 3, 3, 1, 2), run_ahead="min"),
     Case("baseline_v1_trainable_graph", "trainable", (3, 1, 1, 1), baseline=True),
 ]
 
@@ -61,7 +61,7 @@ def run_case(case: Case, pp: int, rank: int, checker: Checker) -> None:
             mode=case.mode,
             loss_fn=loss_fn,
             timeout_s=120,
-            overflow=case.overflow,
+            run_ahead=case.run_ahead,
             tower_order="balanced",
         )
     x, labels = batch(2 * micro)
