@@ -7,7 +7,8 @@ or, worse, a hang at run time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import InitVar, dataclass
 
 from graph_exec import checks
 from graph_exec.errors import GraphExecError
@@ -88,8 +89,13 @@ class PlanConfig:
     body: str = "interleaved"
     transpose: bool = True
     forward_only: bool = False
+    #: The old name of ``run_ahead``, still taken from users' code with a ``DeprecationWarning``
+    #: (not a field: the config holds ``run_ahead`` only).
+    overflow: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, overflow: str | None) -> None:
+        if overflow is not None:
+            self._take_old_name(overflow)
         checks.positive_int("pp", self.pp, PlanConfigError)
         checks.positive_int("vpp", self.vpp, PlanConfigError)
         if self.micro is None:
@@ -122,6 +128,15 @@ class PlanConfig:
             )
         if self.pp == 1:
             self._check_single_rank()
+
+    def _take_old_name(self, overflow: str) -> None:
+        """``PlanConfig(overflow=...)``: the value moves to ``run_ahead``; both, differing: an error."""
+        if self.run_ahead not in ("full", overflow):
+            raise PlanConfigError(
+                f"run_ahead={self.run_ahead!r} and its old name overflow={overflow!r} disagree: pass run_ahead only"
+            )
+        warnings.warn("PlanConfig(overflow=...) is now run_ahead=...", DeprecationWarning, stacklevel=4)
+        object.__setattr__(self, "run_ahead", overflow)
 
     def _check_layers(self) -> None:
         layers = self.num_preprocess_layers

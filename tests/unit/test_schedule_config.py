@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import pytest
 
 from graph_exec.errors import GraphExecError
@@ -107,3 +109,14 @@ def test_single_rank_runs_the_preprocess_inline_without_broadcast() -> None:
     frozen = build_plan(PlanConfig(pp=1, micro=2, preprocess="frozen"))
     assert [s.kind for s in frozen.orders[0]].count(StepKind.TFWD) == 2
     assert StepKind.BCAST not in {s.kind for s in frozen.orders[0]}
+
+
+def test_the_old_name_overflow_is_taken_for_run_ahead_with_a_warning():
+    """``PlanConfig(overflow=...)`` in users' code keeps working; inside, only ``run_ahead``."""
+    with pytest.warns(DeprecationWarning, match=r"overflow=.*run_ahead="):
+        old = PlanConfig(pp=2, micro=4, preprocess="frozen", overflow="min")
+    assert old == PlanConfig(pp=2, micro=4, preprocess="frozen", run_ahead="min")
+    assert replace(old, forward_only=True).run_ahead == "min"
+    assert "overflow" not in {f.name for f in fields(PlanConfig)}
+    with pytest.raises(PlanConfigError, match="disagree"):
+        PlanConfig(pp=2, preprocess="frozen", run_ahead="min", overflow="full")
