@@ -1,9 +1,12 @@
 """The executor's gradient accumulators: built once per executor, added into per backward, and
 worked on as a whole at the end of a step.
 
-Weight gradients come back from the tape as tensors and are added by ``GradBuffers.add`` (the
-fastest exact candidate measured, ``docs/performance.md``, "Gradient accumulation
-candidates"); a float16 or bfloat16 gradient is cast to its float32 accumulator first. The
+Weight gradients come back from the tape as tensors and are added by ``GradBuffers.add``, in
+both modes: on CPU by address in C++ (``graph_exec._hostmath``, float32 and float64
+accumulators; a gradient that is not contiguous goes through numpy), elsewhere eager
+``ops.assign_add``, one per parameter: the fastest exact candidate measured
+(``docs/performance.md``, "Gradient accumulation candidates"). A float16 or bfloat16 gradient
+is cast to its float32 accumulator first (exact). The
 arithmetic on every accumulator at once is :mod:`~graph_exec.executors.whole_grads`'s, chosen
 once here; an executor with no trainable parameter does none of it.
 """

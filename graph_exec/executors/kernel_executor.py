@@ -14,16 +14,20 @@ in graph mode (:meth:`~graph_exec.executors.tape.Tape.recompute`). The preproces
 always that recompute (its forward ran elsewhere, or long before), unless the caller used the
 taped preprocess hooks.
 
-Weight gradients come back from the tape as tensors and are added into the accumulators by
-``GradBuffers.add``, in both modes: on CPU by address in C++ (``graph_exec._hostmath``, float32
-and float64 accumulators; a gradient that is not contiguous goes through numpy), elsewhere eager
-``ops.assign_add``, one per parameter: the fastest exact candidate of the ones measured. The last
-stage runs its loss and gradient in one call, one compiled graph in graph mode
+Weight gradients come back from the tape as tensors and are added into the accumulators
+(:mod:`~graph_exec.executors.accumulators`, which also owns the arithmetic on all of them at
+once). The last stage runs its loss and gradient in one call, one compiled graph in graph mode
 (:meth:`~graph_exec.executors.tape.Tape.value_and_gradient`), which returns the weight gradients
-for the same host adds; nothing is recorded. Both choices were measured against their
+for the same adds; nothing is recorded. Both choices were measured against their
 alternatives; the tables, their commands and machines are in ``docs/performance.md``
-("Executors": "Gradient accumulation candidates" and "The last stage in one graph"). The
-arithmetic on all accumulators at once (end of step) is :mod:`~graph_exec.executors.whole_grads`.
+("Executors": "Gradient accumulation candidates" and "The last stage in one graph").
+
+The other concerns live beside this module: the preprocess hooks
+(:mod:`~graph_exec.executors.preprocess_hooks`), what a forward keeps
+(:mod:`~graph_exec.executors.kept`), the checks on arguments and losses
+(:mod:`~graph_exec.executors.hook_checks`), the zb split
+(:mod:`~graph_exec.executors.split_backward`) and the kernel cache
+(:mod:`~graph_exec.executors.kernel_cache`).
 """
 
 from __future__ import annotations
@@ -469,15 +473,20 @@ class KernelExecutor(PreprocessHooks, Executor):
         key = ("loss_split_tape", call.stage, call.specs, call.label_specs, bool(call.grad_inputs))
         return self._split_tape(key, cell, traced, call.grad_inputs, lambda: self._make_loss(cell, call))
 
+    def _loss_and_gradients(
+        self, kind: str, run: Callable[..., Any], tape: Tape | SplitTape, call: _LossCall
+    ) -> tuple[Any, tuple[tuple, tuple]]:
+        """``run`` on ``tape`` (the loss and its gradients in one call, one compiled graph in
+        graph mode), cached under ``kind`` and the step's signature; the loss scale is an input."""
+        return self._call(
+            (kind, call.stage, call.specs, call.label_specs), lambda: run, tape, call.args, self._loss_scale
+        )
+
     def _split_loss_step(self, split: SplitTape, call: _LossCall) -> tuple[Any, MaybeTensors]:
         """The zb path: the loss and input gradients now, the linear layers' weight gradients
         left to ``W`` (held as :class:`LinearWork`), so the last stage's ``W`` can fill a bubble."""
-        output, (input_grads, grads) = self._call(
-            ("loss_split_step", call.stage, call.specs, call.label_specs),
-            lambda: _run_split_loss_step,
-            split,
-            call.args,
-            self._loss_scale,
+        output, (input_grads, grads) = self._loss_and_gradients(
+            "loss_split_step", _run_split_loss_step, split, call
         )
         count = split.saved_count
         head, saved = tuple(output[:-count]), tuple(output[-count:])
@@ -506,12 +515,8 @@ class KernelExecutor(PreprocessHooks, Executor):
             ),
         )
         try:
-            loss, (input_grads, weight_grads) = self._call(
-                ("loss_step", call.stage, call.specs, call.label_specs),
-                lambda: _run_loss_step,
-                tape,
-                call.args,
-                self._loss_scale,
+            loss, (input_grads, weight_grads) = self._loss_and_gradients(
+                "loss_step", _run_loss_step, tape, call
             )
         except ValueError as exc:
             error = loss_kind_error(call.where, exc)
