@@ -23,7 +23,8 @@ alternatives; the tables, their commands and machines are in ``docs/performance.
 ("Executors": "Gradient accumulation candidates" and "The last stage in one graph").
 
 The other concerns live beside this module: the preprocess hooks
-(:mod:`~graph_exec.executors.preprocess_hooks`), what a forward keeps
+(:mod:`~graph_exec.executors.preprocess_hooks`), the last stage's loss step in named paths
+(:mod:`~graph_exec.executors.last_stage`), what a forward keeps
 (:mod:`~graph_exec.executors.kept`), the checks on arguments and losses
 (:mod:`~graph_exec.executors.hook_checks`), the zb split
 (:mod:`~graph_exec.executors.split_backward`) and the kernel cache
@@ -35,24 +36,23 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from mindspore import Tensor, nn, ops
 
 from graph_exec import checks
 from graph_exec.device import policy
-from graph_exec.kernels import is_float, make_stage_forward, make_stage_loss
-from graph_exec.kernels.linear_split import probed
+from graph_exec.kernels import is_float, make_stage_forward
 from graph_exec.msenv import prepare_mindspore
 
 from .accumulators import GradAccumulators
 from .base import Executor, HeldState, MaybeTensors, Tensors
-from .errors import ExecutorConfigError, HookArgumentError, HookOrderError, UnknownStageError
-from .hook_checks import check_cotangents, check_loss, check_loss_count, loss_kind_error
+from .errors import ExecutorConfigError, HookOrderError, UnknownStageError
+from .hook_checks import check_cotangents
 from .jit_options import check_jit_options
 from .kept import KeptForward, release, upstream_grads
 from .kernel_cache import DEFAULT_KERNEL_CACHE_SIZE, KernelCache
+from .last_stage import LastStageHooks
 from .preprocess_hooks import PreprocessHooks
 from .signature import TensorSpec, shape_free, tensor_specs
 from .split_backward import LinearWork, SplitTape, SplitTapes, make_split_tape, weight_gradients
@@ -68,53 +68,7 @@ def _run_recompute(tape: Tape, args: Tensors, sens: Any) -> tuple[tuple[Any, ...
     return tape.recompute(args, sens)
 
 
-def _run_loss_step(tape: Tape, args: Tensors, scale: Tensor) -> tuple[Any, tuple[tuple, tuple]]:
-    return tape.value_and_gradient(args, scale)
-
-
-def _run_split_loss_step(split: SplitTape, args: Tensors, scale: Tensor) -> tuple[Any, tuple[tuple, tuple]]:
-    with probed(split.split):
-        return split.tape.value_and_gradient(args, scale)
-
-
-@dataclass(frozen=True)
-class _LossCall:
-    """One :meth:`KernelExecutor.last_stage_step`'s arguments as each of its paths needs them."""
-
-    stage: int
-    micro: int
-    where: str  # "stage s, micro m", for messages
-    inputs: Tensors
-    args: Tensors  # the inputs, then the labels
-    specs: tuple[TensorSpec, ...]
-    label_specs: tuple[TensorSpec, ...]
-    grad_inputs: tuple[int, ...]  # positions of the inputs whose gradient is returned
-
-    @classmethod
-    def of(
-        cls,
-        stage: int,
-        micro: int,
-        inputs: Tensors,
-        labels: Tensors,
-        grad_inputs: Callable[[int, Tensors], tuple[int, ...]],
-    ) -> _LossCall:
-        """Checked (the specs refuse what is not a tensor) before ``grad_inputs`` reads dtypes."""
-        where = f"stage {stage}, micro {micro}"
-        specs = tensor_specs(inputs, f"{where} inputs")
-        label_specs = tensor_specs(labels, f"{where} labels")
-        wanted = grad_inputs(stage, inputs)
-        return cls(stage, micro, where, inputs, (*inputs, *labels), specs, label_specs, wanted)
-
-    def input_grads(self, computed: Sequence[Any]) -> MaybeTensors:
-        """One entry per input: the computed gradient at ``grad_inputs``, ``None`` elsewhere."""
-        result: list[Tensor | None] = [None] * len(self.inputs)
-        for position in self.grad_inputs:
-            result[position] = computed[position]
-        return tuple(result)
-
-
-class KernelExecutor(PreprocessHooks, Executor):
+class KernelExecutor(PreprocessHooks, LastStageHooks, Executor):
     """Implements every hook over the shared kernels; subclasses choose how kernels run."""
 
     def __init__(
@@ -423,118 +377,6 @@ class KernelExecutor(PreprocessHooks, Executor):
         self._backward_done.add(key)
         return tuple(result), weight_grads
 
-    def last_stage_step(
-        self, stage: int, micro: int, inputs: Tensors, labels: Tensors, hold_weight_grads: bool = False
-    ) -> tuple[Any, MaybeTensors]:
-        """The loss and the input gradients, by the cheapest of three paths: no gradient at all,
-        the split backward (weights held as ``W``'s work), or the whole loss step."""
-        cell = self._stage(stage)
-        self._check_last_stage_step(stage, micro, hold_weight_grads)
-        call = _LossCall.of(stage, micro, inputs, labels, self._grad_inputs)
-        if not call.grad_inputs and not len(self._stage_grads[stage]):
-            return self._loss_only(cell, call, hold_weight_grads)
-        if hold_weight_grads and not self.dynamic_shapes:
-            split = self._loss_split_tape(cell, call)
-            if split is not None:
-                return self._split_loss_step(split, call)
-        return self._whole_loss_step(cell, call, hold_weight_grads)
-
-    def _check_last_stage_step(self, stage: int, micro: int, hold_weight_grads: bool) -> None:
-        """Refuse a step whose weight gradients would overwrite held ones, or on another stage."""
-        if hold_weight_grads and (stage, micro) in self._held:
-            raise HookOrderError(
-                f"last_stage_step(stage {stage}, micro {micro}): the weight gradients of an earlier "
-                "step of this micro-batch are still held (stage_backward_weight has not run)"
-            )
-        if stage != self._last_stage:
-            raise HookArgumentError(
-                f"last_stage_step(stage {stage}, micro {micro}): the last stage is {self._last_stage}"
-            )
-
-    def _make_loss(self, cell: nn.Cell, call: _LossCall) -> Callable[..., Any]:
-        return make_stage_loss(cell, len(call.inputs), self._loss_fn)
-
-    def _loss_only(self, cell: nn.Cell, call: _LossCall, hold_weight_grads: bool) -> tuple[Any, MaybeTensors]:
-        """Nothing to differentiate (a frozen last stage whose inputs take no gradient): the
-        plain loss kernel, no tape; a held step holds no gradients, so ``W`` adds nothing."""
-        loss = self._call(
-            ("stage_loss", call.stage, call.specs, call.label_specs),
-            lambda: self._prepare(self._make_loss(cell, call)),
-            *call.args,
-        )
-        check_loss(call.where, loss, self._token_loss)
-        if hold_weight_grads:
-            self._held[(call.stage, call.micro)] = ()
-        return loss, call.input_grads(())
-
-    def _loss_split_tape(self, cell: nn.Cell, call: _LossCall) -> SplitTape | None:
-        """The probed loss tape of ``call``'s signature, ``None`` when no layer can be split."""
-        traced = call.args if self._loss_fn is None else call.inputs  # what the cell itself is called with
-        key = ("loss_split_tape", call.stage, call.specs, call.label_specs, bool(call.grad_inputs))
-        return self._split_tape(key, cell, traced, call.grad_inputs, lambda: self._make_loss(cell, call))
-
-    def _loss_and_gradients(
-        self, kind: str, run: Callable[..., Any], tape: Tape | SplitTape, call: _LossCall
-    ) -> tuple[Any, tuple[tuple, tuple]]:
-        """``run`` on ``tape`` (the loss and its gradients in one call, one compiled graph in
-        graph mode), cached under ``kind`` and the step's signature; the loss scale is an input."""
-        return self._call(
-            (kind, call.stage, call.specs, call.label_specs), lambda: run, tape, call.args, self._loss_scale
-        )
-
-    def _split_loss_step(self, split: SplitTape, call: _LossCall) -> tuple[Any, MaybeTensors]:
-        """The zb path: the loss and input gradients now, the linear layers' weight gradients
-        left to ``W`` (held as :class:`LinearWork`), so the last stage's ``W`` can fill a bubble."""
-        output, (input_grads, grads) = self._loss_and_gradients(
-            "loss_split_step", _run_split_loss_step, split, call
-        )
-        count = split.saved_count
-        head, saved = tuple(output[:-count]), tuple(output[-count:])
-        check_loss_count(call.where, len(head), self._token_loss)
-        loss = head if self._token_loss else head[0]
-        check_loss(call.where, loss, self._token_loss)
-        self._held[(call.stage, call.micro)] = LinearWork.of(split, saved, grads)
-        return loss, call.input_grads(input_grads)
-
-    def _whole_loss_step(
-        self, cell: nn.Cell, call: _LossCall, hold_weight_grads: bool
-    ) -> tuple[Any, MaybeTensors]:
-        """The loss and every gradient in one call (one compiled graph in graph mode); the
-        weight gradients added now, or held whole for ``W`` (recompute, dynamic shapes, or
-        nothing to split)."""
-        grads = self._stage_grads[call.stage]
-        tape = self._kernel(
-            ("loss_tape", call.stage, call.specs, call.label_specs, bool(call.grad_inputs)),
-            lambda: Tape(
-                self._make_loss(cell, call),
-                grads.params,
-                bool(call.grad_inputs),
-                self._prepare,
-                differentiated_output=0 if self._token_loss else None,
-                dynamic_shapes=self.dynamic_shapes,
-            ),
-        )
-        try:
-            loss, (input_grads, weight_grads) = self._loss_and_gradients(
-                "loss_step", _run_loss_step, tape, call
-            )
-        except ValueError as exc:
-            error = loss_kind_error(call.where, exc)
-            if error is not None:
-                raise error from None
-            raise
-        check_loss(call.where, loss, self._token_loss)
-        if hold_weight_grads:
-            self._held[(call.stage, call.micro)] = weight_grads
-        else:
-            self._accumulators.accumulate(grads, weight_grads)
-        return loss, call.input_grads(input_grads)
-
-    def set_loss_scale(self, scale: Any) -> None:
-        """The upstream gradient of the last stage's loss from the next :meth:`last_stage_step`
-        on (a float, or a scalar tensor): a graph input, so changing it compiles nothing."""
-        self._loss_scale = scale_tensor(scale)
-
     # ------------------------------------------------------------------ forward only
 
     def stage_forward_only(self, stage: int, inputs: Tensors) -> Tensors:
@@ -544,26 +386,6 @@ class KernelExecutor(PreprocessHooks, Executor):
             ("stage_forward", stage, specs), lambda: self._prepare(make_stage_forward(cell)), *inputs
         )
         return tuple(outputs)
-
-    def last_stage_forward(self, stage: int, inputs: Tensors, labels: Tensors | None) -> Any:
-        cell = self._stage(stage)
-        if stage != self._last_stage:
-            raise HookArgumentError(
-                f"last_stage_forward(stage {stage}): the last stage is {self._last_stage}"
-            )
-        if labels is None:
-            return self.stage_forward_only(stage, inputs)
-        where = f"stage {stage}, forward only"
-        specs = tensor_specs(inputs, f"{where} inputs")
-        label_specs = tensor_specs(labels, f"{where} labels")
-        loss = self._call(
-            ("stage_loss", stage, specs, label_specs),
-            lambda: self._prepare(make_stage_loss(cell, len(inputs), self._loss_fn)),
-            *inputs,
-            *labels,
-        )
-        check_loss(where, loss, self._token_loss)
-        return loss
 
     # ------------------------------------------------------------------ gradients as a whole
 
