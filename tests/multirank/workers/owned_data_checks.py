@@ -133,7 +133,7 @@ def check_micro_batches_refused(case: Case, pp: int, rank: int, checker: Checker
     rows = len(x) // MICRO
     pieces = [((x[k * rows : (k + 1) * rows],), labels[k * rows : (k + 1) * rows]) for k in range(MICRO)]
     try:
-        sched.run(micro_batches=pieces)
+        sched.run(micro_batches=pieces, tower_costs=[1.0] * MICRO)  # balanced placement needs costs
     except ValueError as exc:
         refused = "with micro_batches= is not supported yet with input='owned'" in str(exc)
         checker.check(f"{case.name}.micro_batches_refused", refused, str(exc))
