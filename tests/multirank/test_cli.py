@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -95,7 +96,8 @@ def test_run_streams_progress_then_summarises_and_traces(tmp_path: Path) -> None
     assert running_at_first_step, "the first progress line arrived only after the command ended"
     steps = [line for line in lines if line.startswith("step ")]
     assert [s.split()[1] for s in steps] == ["1/3", "2/3", "3/3"], text
-    assert all(" loss " in s and s.endswith(" ms") for s in steps)
+    assert all(re.search(r" loss [\d.]+  last stage's run\(\) +[\d.]+ ms", s) for s in steps), text
+    assert re.search(r" compiled \d+ graph\(s\) in [\d.]+ s$", steps[0]), text  # the first step compiles
     assert "backward=owner" in lines[0]
     for expected in (
         "loss: ",
