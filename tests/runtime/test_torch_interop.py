@@ -68,7 +68,13 @@ def trained_export(name: str, folder: Path) -> Path:
     parts = gm.load_split(source, 2, **options)
     stages = [ge.PipelineStage(cell, k, 2) for k, cell in enumerate(parts.stages)]
     sched = ge.ScheduleMPipeTranspose(
-        stages, 2, parts.preprocess, parts.num_transpose_layers, mode="pynative", loss_fn=gm.causal_lm_loss
+        stages,
+        2,
+        parts.preprocess,
+        parts.num_transpose_layers,
+        mode="pynative",
+        loss_fn=gm.causal_lm_loss,
+        tied_parameters=parts.tied_weights,  # trained as one weight: an export refuses copies that differ
     )
     inputs, labels = qwen2vl.batch(parts.model, 1, 4) if name == "qwen2vl" else llama.batch(1, 4)
     sched.run(*inputs, labels=labels)
