@@ -27,6 +27,7 @@ import pytest
 from graph_exec.device import FAST_PATHS_ENV, DevicePolicy, fast_paths_requested
 from graph_exec.launch import LaunchResult, launch
 from graph_exec.transport.cpu_workarounds import BACKEND_TIMEOUT_ENV
+from tests.conftest import GROUPS_ENV
 from tests.multirank.launch_groups import GROUPS, Member, find, section
 from tests.multirank.workers.grouped import ALL_MEMBERS_DONE
 
@@ -36,15 +37,13 @@ ROOT = Path(__file__).resolve().parents[2]
 _CHECK = re.compile(r"^CHECK (\S+) (OK|FAIL)\b(.*)$")
 
 
-#: ``GRAPH_EXEC_TEST_GROUPS=0``: every suite launches alone (to tell a suite's failure from an
-#: earlier member's leftovers, or to time the launches apart).
-GROUPS_ENV = "GRAPH_EXEC_TEST_GROUPS"
 #: The members of each launch group (tests/multirank/launch_groups.py) whose tests were collected,
 #: for groups with at least two: those run in one launch; and each group's launch, once run.
 _SELECTED: dict[str, list[Member]] = {}
 _GROUP_RESULTS: dict[str, LaunchResult] = {}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist appends "@group" to the node ids it groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/multirank is a multi-rank test (a directory named `dist` would be
     skipped by pytest's default norecursedirs). Grouped tests get their group's time limit: the
