@@ -12,9 +12,10 @@ of ``b`` rows of ``s`` tokens, in the compute dtype's ``e`` bytes::
     tape(layer) = e · b · s · (A · h + C · i + D · heads · s)
 
 ``h`` the hidden size, ``i`` the MLP width, ``heads`` the attention heads (eager attention keeps
-its ``heads × s × s`` scores and probabilities). :data:`TAPE_COEFFICIENTS` were fitted on
-measured tapes of small Qwen2 layers (``python -m graph_exec.benchmarks.memory_table --tape-fit``;
-docs/memory.md has the derivation and the check at two widths and two lengths).
+its ``heads × s × s`` probabilities; a fused "flash" kernel does not: D = 0 there). :data:`TAPE_COEFFICIENTS` were fitted on
+measured tapes of small Qwen2 layers in float32 (``python -m graph_exec.harness.tape_fit``;
+docs/memory.md has the fit and ``tests/runtime/test_tape_formula.py`` the check at two widths
+and two lengths); other dtypes scale by ``e``, taken to be the dtype the tape holds.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ FAMILIES = ("llama", "qwen2", "qwen2_vl")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 #: ``(A, C, D)`` of the tape formula (see the module docstring), in elements per token.
-TAPE_COEFFICIENTS = (10.0, 4.0, 2.0)
+TAPE_COEFFICIENTS = (12.6, 3.9, 1.1)
 
 
 class ConfigError(ValueError):
@@ -210,9 +211,11 @@ def preprocess_params(shape: ModelShape) -> int:
     return counts.vision if shape.vision else counts.embedding
 
 
-def layer_tape_bytes(shape: ModelShape, rows: int, seq: int, dtype_bytes: int) -> int:
-    """What one decoder layer's tape keeps for a micro-batch (the module docstring's formula)."""
+def layer_tape_bytes(shape: ModelShape, rows: int, seq: int, dtype_bytes: int, flash: bool = False) -> int:
+    """What one decoder layer's tape keeps for a micro-batch (the module docstring's formula;
+    ``flash``: a fused attention kernel, which keeps no ``heads × s × s`` probabilities, D = 0)."""
     a, c, d = TAPE_COEFFICIENTS
+    d = 0.0 if flash else d
     per_token = a * shape.hidden + c * shape.intermediate + d * shape.heads * seq
     return round(dtype_bytes * rows * seq * per_token)
 
@@ -220,15 +223,19 @@ def layer_tape_bytes(shape: ModelShape, rows: int, seq: int, dtype_bytes: int) -
 @dataclass(frozen=True)
 class Workload:
     """What one row of a micro-batch is: ``seq`` tokens, ``image_tokens`` of them from the
-    vision tower (Qwen2-VL), parameters and activations in ``dtype``."""
+    vision tower (Qwen2-VL), parameters and activations in ``dtype``; ``attention``: ``"eager"``
+    (what the split runs on CPU, keeping the attention probabilities) or ``"flash"``."""
 
     seq: int = 4096
     image_tokens: int = 1024
     dtype: str = "bfloat16"
+    attention: str = "eager"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        if self.attention not in ("eager", "flash"):
+            raise ConfigError(f"attention {self.attention!r} is not one of eager, flash")
         if self.seq < 1 or not 0 <= self.image_tokens <= self.seq:
             raise ConfigError(
                 f"seq must be >= 1 and image_tokens in 0 … seq, got seq={self.seq}, image_tokens={self.image_tokens}"
@@ -243,7 +250,7 @@ def config_costs(shape: ModelShape, work: Workload) -> ModelCosts:
     every parameter that is not float32, are the optimizer state."""
     e = DTYPE_BYTES[work.dtype]
     counts = param_counts(shape)
-    positions = 8 * work.seq * (3 if shape.vision else 1)  # int64 position ids travel beside
+    positions = 4 * work.seq * (3 if shape.vision else 1)  # int32 position ids travel beside
     hidden = e * work.seq * shape.hidden
     master = 0 if e == 4 else 4
     common = dict(
@@ -251,7 +258,7 @@ def config_costs(shape: ModelShape, work: Workload) -> ModelCosts:
         micro_batch_size=1,
         layer_forward=0.0,
         layer_backward=0.0,
-        layer_activation_bytes=layer_tape_bytes(shape, 1, work.seq, e),
+        layer_activation_bytes=layer_tape_bytes(shape, 1, work.seq, e, work.attention == "flash"),
         layer_param_bytes=e * (counts.layer + counts.layer_buffers),
         hidden_bytes=hidden + positions,
         last_stage_param_bytes=e * counts.final,

@@ -48,7 +48,8 @@ __all__ = [  # ModelCosts and CostFileError live in graph_exec.cost_file; users 
 
 
 #: Where a rank's peak goes: its state, then what the schedule holds at the peak step.
-PARTS = ("parameters", "gradients", "optimizer", *KINDS)
+#: ``recomputed tape``: with ``recompute``, the one tape a backward rebuilds and reads at once.
+PARTS = ("parameters", "gradients", "optimizer", *KINDS, "recomputed tape")
 
 
 class NoPlanFitsError(ValueError):
@@ -195,7 +196,11 @@ def predict(
         preprocess_tape=round(costs.preprocess_tape_bytes * rows),
     )
     parts = tuple(
-        {**_state_bytes(costs, pp, candidate, layers, r, dp if zero else 1), **_peak_parts(plan, r, sizes)}
+        {
+            **_state_bytes(costs, pp, candidate, layers, r, dp if zero else 1),
+            **_peak_parts(plan, r, sizes),
+            "recomputed tape": _recomputed_tape(costs, pp, candidate, layers, r, rows),
+        }
         for r in range(pp)
     )
     peaks = tuple(sum(p.values()) for p in parts)
@@ -333,6 +338,17 @@ def _state_bytes(
         "gradients": round(trained * costs.gradient_bytes_per_param_byte),
         "optimizer": -(-round(trained * costs.optimizer_bytes_per_param_byte) // shards),
     }
+
+
+def _recomputed_tape(
+    costs: ModelCosts, pp: int, candidate: Candidate, layers: Sequence[int], rank: int, rows: float
+) -> int:
+    """With ``recompute``, a backward reruns its stage's forward under the tape and reads it:
+    the largest of ``rank``'s stage tapes is held during that step, beside what the plan holds
+    (counted on top of the peak: an upper bound where the peak is not at a backward)."""
+    if not candidate.recompute:
+        return 0
+    return round(max(n for s, n in enumerate(layers) if s % pp == rank) * costs.layer_activation_bytes * rows)
 
 
 def _peak_parts(plan: Plan, rank: int, sizes: ItemSizes) -> dict[str, int]:

@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--image-tokens", type=int, default=1024)
     parser.add_argument("--dtype", default="bfloat16", choices=tuple(DTYPE_BYTES))
+    parser.add_argument("--attention", default="eager", choices=("eager", "flash"))
     args = parser.parse_args(argv)
-    work = Workload(args.seq_len, args.image_tokens, args.dtype)
+    work = Workload(args.seq_len, args.image_tokens, args.dtype, args.attention)
     pps, dps = [int(x) for x in args.pp.split(",")], [int(x) for x in args.dp.split(",")]
     print("\n".join(rows(pps, dps, work)))
     return 0

@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="Qwen2-VL: tokens per row from the vision tower (part of --seq-len)",
     )
+    group.add_argument(
+        "--attention",
+        choices=("eager", "flash"),
+        default="eager",
+        help="eager keeps every layer's heads x S x S attention probabilities for the backward; flash does not",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         config = read_config(args.config)
         shape = model_shape(config)
         dtype = args.dtype or _config_dtype(config)
-        work = Workload(args.seq_len, args.image_tokens if shape.vision else 0, dtype)
+        work = Workload(args.seq_len, args.image_tokens if shape.vision else 0, dtype, args.attention)
         costs = config_costs(shape, work)
         batch = args.batch or 2 * args.ranks
         results = tune(
@@ -90,7 +96,7 @@ def describe(shape: ModelShape, work: Workload, pp: int, dp: int, zero: bool, ba
     vision = f", vision tower {counts.vision:,}" if shape.vision else ""
     return (
         f"{shape.family}: {counts.total:,} parameters ({shape.layers} layers of {counts.layer:,}"
-        f"{vision}); {work.dtype}, {work.seq} tokens per row"
+        f"{vision}); {work.dtype}, {work.attention} attention, {work.seq} tokens per row"
         + (f" ({work.image_tokens} from images)" if shape.vision else "")
         + f"; P={pp}, D={dp}, ZeRO-1 {'on' if zero else 'off'}, {batch} rows per step per replica"
     )

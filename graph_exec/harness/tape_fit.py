@@ -24,8 +24,9 @@ from graph_exec.config_sizes import ModelShape, layer_tape_bytes
 RESULT = "@@tape "
 #: Forwards held at once per measurement.
 KEPT = 4
-#: ``(hidden, seq)`` points of the fit; intermediate = 2 × hidden, heads = hidden / 32, rows 2.
-GRID = ((128, 128), (256, 128), (128, 256), (256, 256), (384, 192), (192, 384))
+#: ``(hidden, intermediate, seq)`` points of the fit (heads = hidden / 32, rows 2): widths,
+#: MLP ratios and lengths varied apart, so that A, C and D are each determined.
+GRID = ((128, 256, 128), (256, 512, 128), (128, 256, 256), (128, 768, 128), (256, 1024, 256))
 
 
 @dataclass(frozen=True)
@@ -125,14 +126,20 @@ def fit(points: list[TapePoint]) -> tuple[float, float, float]:
     return tuple(float(x) for x in solution)
 
 
-def measure_apart(hidden: int, seq: int, rows: int = 2) -> TapePoint:
+def measure_apart(hidden: int, seq: int, rows: int = 2, intermediate: int = 0) -> TapePoint:
     """:func:`measure` in a process of its own: memory a finished measurement freed stays in
     the allocator's pool and would be reused by the next one's tapes, hiding them."""
     import json
     import subprocess
 
     done = subprocess.run(
-        [sys.executable, "-m", "graph_exec.harness.tape_fit", "--point", str(hidden), str(seq), str(rows)],
+        [
+            sys.executable,
+            "-m",
+            "graph_exec.harness.tape_fit",
+            "--point",
+            *map(str, (hidden, seq, rows, intermediate)),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -149,9 +156,10 @@ def main(argv: list[str]) -> int:
 
     if argv[:1] == ["--point"]:
         prepare_mindspore("CPU")
-        print(RESULT + json.dumps(asdict(measure(*(int(x) for x in argv[1:4])))), flush=True)
+        hidden, seq, rows, intermediate = (int(x) for x in argv[1:5])
+        print(RESULT + json.dumps(asdict(measure(hidden, seq, rows, intermediate=intermediate))), flush=True)
         return 0
-    points = [measure_apart(h, s) for h, s in GRID]
+    points = [measure_apart(h, s, intermediate=i) for h, i, s in GRID]
     a, c, d = fit(points)
     print(f"fitted (A, C, D) = ({a:.2f}, {c:.2f}, {d:.2f})")
     for p in points:
