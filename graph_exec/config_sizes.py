@@ -238,7 +238,7 @@ class Workload:
             raise ConfigError(f"attention {self.attention!r} is not one of eager, flash")
         if self.seq < 1 or not 0 <= self.image_tokens <= self.seq:
             raise ConfigError(
-                f"seq must be >= 1 and image_tokens in 0 … seq, got seq={self.seq}, image_tokens={self.image_tokens}"
+                f"image_tokens must be in 0 … seq (image tokens are part of the sequence), got image_tokens={self.image_tokens}, seq={self.seq}"
             )
 
 
@@ -262,6 +262,7 @@ def config_costs(shape: ModelShape, work: Workload) -> ModelCosts:
         layer_param_bytes=e * (counts.layer + counts.layer_buffers),
         hidden_bytes=hidden + positions,
         last_stage_param_bytes=e * counts.final,
+        last_stage_activation_bytes=(e + 4) * work.seq * shape.vocab,  # logits, float32 loss gradient
         optimizer_bytes_per_param_byte=(8 + master) / e,
         gradient_bytes_per_param_byte=4 / e,
     )

@@ -53,6 +53,9 @@ class ModelCosts:
     chunk_backward: float = 0.0
     first_stage_param_bytes: int = 0
     last_stage_param_bytes: int = 0
+    #: What the last stage's fused step holds besides its layers' tapes (the head's logits and
+    #: the loss's gradient of them: ``seq × vocab`` each), during that step.
+    last_stage_activation_bytes: int = 0
     #: Share of every compute entry that does not grow with the rows (dispatch, kernel launch):
     #: a micro-batch of ``k`` times the rows costs ``fixed_share + (1 - fixed_share) * k`` times
     #: (where ``scale_points`` do not say better).

@@ -188,7 +188,10 @@ def predict(
     sizes = ItemSizes(
         # recompute keeps a stage's input alone; otherwise every layer's tape
         activations={
-            s: round((costs.hidden_bytes if candidate.recompute else n * costs.layer_activation_bytes) * rows)
+            s: round(
+                (costs.hidden_bytes if candidate.recompute else n * costs.layer_activation_bytes) * rows
+                + (costs.last_stage_activation_bytes * rows if s == len(layers) - 1 else 0)
+            )
             for s, n in enumerate(layers)
         },
         stage_inputs={s: round(costs.hidden_bytes * rows) for s in range(len(layers))},

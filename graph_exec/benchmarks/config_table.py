@@ -37,8 +37,9 @@ def _kind(p: Predicted) -> str:
 
 
 def rows(pps: list[int], dps: list[int], work: Workload) -> list[str]:
+    """One markdown row per model, P, D and ZeRO: each schedule's smallest peak and its plan."""
     lines = [
-        "| model | P | D | ZeRO | schedule | smallest peak, GiB (rank) | its plan | rank 0: parameters + optimizer, by hand |",
+        "| model | P | D | ZeRO | baseline | MPipe full | MPipe min | rank 0 parameters + optimizer, by hand |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in MODELS:
@@ -50,15 +51,16 @@ def rows(pps: list[int], dps: list[int], work: Workload) -> list[str]:
                     best: dict[str, Predicted] = {}
                     for p in tune(costs, pp, 2 * pp, None, splits=("even",), dp=dp, zero=zero):
                         best.setdefault(_kind(p), p)  # results come smallest peak first
-                    for kind, p in best.items():
-                        rank = max(range(pp), key=p.peak_bytes.__getitem__)
-                        lines.append(
-                            f"| {name} | {pp} | {dp} | {'on' if zero else 'off'} | {kind} | "
-                            f"{p.max_peak / GIB:.1f} ({rank}) | V={p.candidate.vpp} M={p.candidate.micro} "
-                            f"recompute={'on' if p.candidate.recompute else 'off'} | "
-                            f"{_by_hand(shape, work, p, pp, dp if zero else 1)} |"
-                        )
+                    cells = [_cell(best[kind]) for kind in ("baseline", "mpipe full", "mpipe min")]
+                    hand = _by_hand(shape, work, best["baseline"], pp, dp if zero else 1)
+                    zero_text = "on" if zero else "off"
+                    lines.append(f"| {name} | {pp} | {dp} | {zero_text} | {' | '.join(cells)} | {hand} |")
     return lines
+
+
+def _cell(p: Predicted) -> str:
+    c = p.candidate
+    return f"{p.max_peak / GIB:.1f} (V={c.vpp} M={c.micro}{' rc' if c.recompute else ''})"
 
 
 def _by_hand(shape, work: Workload, p: Predicted, pp: int, shards: int) -> str:

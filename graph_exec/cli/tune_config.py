@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from graph_exec.cli.argtypes import non_negative_int, positive_int
 from graph_exec.config_sizes import (
     DTYPE_BYTES,
     ConfigError,
@@ -38,11 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="parameters' dtype (default: the config's torch_dtype, else float32); not float32: "
         "a float32 master copy joins Adam's state",
     )
-    group.add_argument("--seq-len", metavar="S", type=int, default=4096, help="tokens per row")
+    group.add_argument("--seq-len", metavar="S", type=positive_int, default=4096, help="tokens per row")
     group.add_argument(
         "--image-tokens",
         metavar="N",
-        type=int,
+        type=non_negative_int,
         default=1024,
         help="Qwen2-VL: tokens per row from the vision tower (part of --seq-len)",
     )

@@ -126,26 +126,26 @@ def fit(points: list[TapePoint]) -> tuple[float, float, float]:
     return tuple(float(x) for x in solution)
 
 
-def measure_apart(hidden: int, seq: int, rows: int = 2, intermediate: int = 0) -> TapePoint:
-    """:func:`measure` in a process of its own: memory a finished measurement freed stays in
-    the allocator's pool and would be reused by the next one's tapes, hiding them."""
+def measure_apart(points: list[tuple[int, int, int]], rows: int = 2) -> list[TapePoint]:
+    """:func:`measure` of each ``(hidden, intermediate, seq)`` in a process of its own, all at
+    once (RSS is per process): memory a finished measurement freed stays in the allocator's
+    pool and would be reused by the next one's tapes, hiding them."""
     import json
     import subprocess
 
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "graph_exec.harness.tape_fit",
-            "--point",
-            *map(str, (hidden, seq, rows, intermediate)),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT))
-    return TapePoint(**json.loads(line[len(RESULT) :]))
+    module = [sys.executable, "-m", "graph_exec.harness.tape_fit", "--point"]
+    runs = [
+        subprocess.Popen([*module, *map(str, (h, s, rows, i))], stdout=subprocess.PIPE, text=True)
+        for h, i, s in points
+    ]
+    out = []
+    for run in runs:
+        stdout, _ = run.communicate()
+        if run.returncode:
+            raise RuntimeError(f"a tape measurement failed (exit {run.returncode}): {run.args}")
+        line = next(x for x in stdout.splitlines() if x.startswith(RESULT))
+        out.append(TapePoint(**json.loads(line[len(RESULT) :])))
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
         hidden, seq, rows, intermediate = (int(x) for x in argv[1:5])
         print(RESULT + json.dumps(asdict(measure(hidden, seq, rows, intermediate=intermediate))), flush=True)
         return 0
-    points = [measure_apart(h, s, intermediate=i) for h, i, s in GRID]
+    points = measure_apart(list(GRID))
     a, c, d = fit(points)
     print(f"fitted (A, C, D) = ({a:.2f}, {c:.2f}, {d:.2f})")
     for p in points:
