@@ -115,19 +115,21 @@ def candidates(
     splits: Sequence[str] = ("even", "rebalanced"),
 ) -> list[Candidate]:
     """Every combination that applies: MPipe options only with a preprocess, ``backward`` only
-    with a trainable one, the rebalanced split only where the preprocess runs on rank 0, a ``V``
-    only where ``P·V`` stages have a layer each, an ``M`` only where it divides the batch."""
+    with a trainable one and a peer rank to own it (P > 1), the rebalanced split only where the
+    preprocess runs on rank 0 and the layers have a time to balance, a ``V`` only where ``P·V`` stages have a layer each, an ``M``
+    only where it divides the batch."""
     micros = [m for m in (micros or range(pp, batch + 1)) if batch % m == 0 and m >= 1]
     vpps = [v for v in vpps if pp * v <= costs.layers]
     has_pre, trainable = costs.preprocess != "none", costs.preprocess == "trainable"
+    timed = costs.layer_forward + costs.layer_backward > 0  # sizes alone: nothing to balance by
     out = []
     for vpp, micro, recompute in itertools.product(vpps, micros, (False, True)):
         out.append(Candidate("baseline", "even", vpp, micro, recompute=recompute))
-        if has_pre and "rebalanced" in splits:
+        if has_pre and "rebalanced" in splits and timed:
             out.append(Candidate("baseline", "rebalanced", vpp, micro, recompute=recompute))
         if has_pre:
             for run_ahead, backward in itertools.product(
-                ("full", "min"), ("central", "owner") if trainable else ("central",)
+                ("full", "min"), ("central", "owner") if trainable and pp > 1 else ("central",)
             ):
                 out.append(Candidate("mpipe", "even", vpp, micro, run_ahead, backward, recompute))
     return out

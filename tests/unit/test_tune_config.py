@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from graph_exec.cli import main
-from graph_exec.config_sizes import ConfigError, Workload, config_costs, model_shape, read_config
+from graph_exec.config_sizes import (
+    ConfigError,
+    Workload,
+    config_costs,
+    model_shape,
+    param_counts,
+    read_config,
+)
 from graph_exec.tune import Candidate, predict, tune
 
 CONFIGS = Path(__file__).parents[1] / "data" / "configs"
@@ -104,3 +111,21 @@ def test_zero_with_one_replica_is_refused(capsys) -> None:
     costs = config_costs(_shape("qwen2-vl-2b"), Workload(seq=256, image_tokens=0))
     with pytest.raises(ValueError, match="dp=1"):
         tune(costs, 2, 4, dp=1, zero=True)
+
+
+def test_a_language_model_counts_as_published_and_plans_at_one_rank() -> None:
+    """Llama-2-7B's sizes give its published 6,738,415,616 parameters; a language model's
+    trainable embedding is MPipe's preprocess, and at P = 1 no rank can own its backward, so no
+    ``backward="owner"`` candidate is made (it used to be, and the plan refused it)."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "vocab_size": 32000,
+    }
+    shape = model_shape(config)
+    assert param_counts(shape).total == 6_738_415_616
+    results = tune(config_costs(shape, Workload(seq=512, image_tokens=0)), 1, 2)
+    assert results and all(p.candidate.backward == "central" for p in results)
