@@ -116,8 +116,8 @@ def candidates(
 ) -> list[Candidate]:
     """Every combination that applies: MPipe options only with a preprocess, ``backward`` only
     with a trainable one and a peer rank to own it (P > 1), the rebalanced split only where the
-    preprocess runs on rank 0 and the layers have a time to balance, a ``V`` only where ``P·V`` stages have a layer each, an ``M``
-    only where it divides the batch."""
+    preprocess runs on rank 0 and the layers have a time to balance by, a ``V`` only where
+    ``P·V`` stages have a layer each, an ``M`` only where it divides the batch."""
     micros = [m for m in (micros or range(pp, batch + 1)) if batch % m == 0 and m >= 1]
     vpps = [v for v in vpps if pp * v <= costs.layers]
     has_pre, trainable = costs.preprocess != "none", costs.preprocess == "trainable"

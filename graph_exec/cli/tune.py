@@ -4,7 +4,9 @@
 :class:`graph_exec.tune.ModelCosts`'s fields, measured once on one micro-batch; every candidate
 is simulated and its per-rank peak predicted (:mod:`graph_exec.tune`). ``tune EXAMPLE``
 calibrates a built-in example first and writes its cost file (:mod:`graph_exec.cli.tune_example`);
-``--verify`` then runs the best three and prints predicted against measured.
+``--verify`` then runs the best three and prints predicted against measured. ``--config
+DIR/config.json`` prices a real-size Llama, Qwen2 or Qwen2-VL from its config alone, memory
+only (:mod:`graph_exec.cli.tune_config`, docs/memory.md).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--batch",
         metavar="B",
         type=positive_int,
-        help="global batch, rows per step (required with --costs; EXAMPLE: 4 x P)",
+        help="global batch, rows per step (per replica; required with --costs; EXAMPLE: 4 x P; --config: 2 x P)",
     )
     parser.add_argument(
         "--memory-budget", metavar="SIZE", type=memory_size, help="bytes per rank (default: any)"
