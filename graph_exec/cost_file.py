@@ -53,6 +53,9 @@ class ModelCosts:
     chunk_backward: float = 0.0
     first_stage_param_bytes: int = 0
     last_stage_param_bytes: int = 0
+    #: What the last stage's fused step holds besides its layers' tapes (the head's logits and
+    #: the loss's gradient of them: ``seq × vocab`` each), during that step.
+    last_stage_activation_bytes: int = 0
     #: Share of every compute entry that does not grow with the rows (dispatch, kernel launch):
     #: a micro-batch of ``k`` times the rows costs ``fixed_share + (1 - fixed_share) * k`` times
     #: (where ``scale_points`` do not say better).
@@ -64,8 +67,12 @@ class ModelCosts:
     scale_points: tuple[tuple[float, float], ...] = ()
     #: The runtime's own time per compute step (the schedule's Python between kernels).
     op_overhead: float = 0.0
-    #: Optimizer state per trained parameter byte (Adam: its two moments, 2.0).
+    #: Optimizer state per trained parameter byte (Adam: its two moments, 2.0; with bfloat16
+    #: parameters Adam's float32 moments and the float32 master copy: (8 + 4) / 2 = 6.0).
     optimizer_bytes_per_param_byte: float = 2.0
+    #: Gradient accumulator bytes per trained parameter byte (the schedules accumulate in
+    #: float32: 1.0 for float32 parameters, 2.0 for bfloat16 or float16 ones).
+    gradient_bytes_per_param_byte: float = 1.0
     latency: float = 0.0  #: per transfer
     bandwidth: float = math.inf  #: bytes per time unit
 

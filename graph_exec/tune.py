@@ -27,11 +27,12 @@ from dataclasses import dataclass
 
 from graph_exec.balance import even_layers, rebalanced_layers
 from graph_exec.cost_file import CostFileError, ModelCosts
-from graph_exec.schedule import PlanConfig, build_plan
-from graph_exec.schedule.memory import ItemSizes, peak_bytes
+from graph_exec.schedule import Plan, PlanConfig, build_plan
+from graph_exec.schedule.memory import KINDS, ItemSizes, held_items
 from graph_exec.simulate import OpCosts, simulate
 
 __all__ = [  # ModelCosts and CostFileError live in graph_exec.cost_file; users import them from here too
+    "PARTS",
     "SPLITTABLE",
     "Candidate",
     "CostFileError",
@@ -44,6 +45,11 @@ __all__ = [  # ModelCosts and CostFileError live in graph_exec.cost_file; users 
     "table",
     "tune",
 ]
+
+
+#: Where a rank's peak goes: its state, then what the schedule holds at the peak step.
+#: ``recomputed tape``: with ``recompute``, the one tape a backward rebuilds and reads at once.
+PARTS = ("parameters", "gradients", "optimizer", *KINDS, "recomputed tape")
 
 
 class NoPlanFitsError(ValueError):
@@ -82,6 +88,8 @@ class Predicted:
     #: The per-step costs simulated (each compute step with the runtime's ``op_overhead``).
     op_costs: OpCosts | None = None
     op_overhead: float = 0.0
+    #: Per pipeline rank, where its peak goes (:data:`PARTS`: bytes of each at the peak step).
+    parts: tuple[dict[str, int], ...] = ()
 
     def compute_time(self, costs: OpCosts | None = None, overhead: float | None = None) -> float:
         """One micro-batch's compute of the stages before the last, and the preprocess forward,
@@ -107,26 +115,32 @@ def candidates(
     splits: Sequence[str] = ("even", "rebalanced"),
 ) -> list[Candidate]:
     """Every combination that applies: MPipe options only with a preprocess, ``backward`` only
-    with a trainable one, the rebalanced split only where the preprocess runs on rank 0, a ``V``
-    only where ``P·V`` stages have a layer each, an ``M`` only where it divides the batch."""
+    with a trainable one and a peer rank to own it (P > 1), the rebalanced split only where the
+    preprocess runs on rank 0 and the layers have a time to balance by, a ``V`` only where
+    ``P·V`` stages have a layer each, an ``M`` only where it divides the batch."""
     micros = [m for m in (micros or range(pp, batch + 1)) if batch % m == 0 and m >= 1]
     vpps = [v for v in vpps if pp * v <= costs.layers]
     has_pre, trainable = costs.preprocess != "none", costs.preprocess == "trainable"
+    timed = costs.layer_forward + costs.layer_backward > 0  # sizes alone: nothing to balance by
     out = []
     for vpp, micro, recompute in itertools.product(vpps, micros, (False, True)):
         out.append(Candidate("baseline", "even", vpp, micro, recompute=recompute))
-        if has_pre and "rebalanced" in splits:
+        if has_pre and "rebalanced" in splits and timed:
             out.append(Candidate("baseline", "rebalanced", vpp, micro, recompute=recompute))
         if has_pre:
             for run_ahead, backward in itertools.product(
-                ("full", "min"), ("central", "owner") if trainable else ("central",)
+                ("full", "min"), ("central", "owner") if trainable and pp > 1 else ("central",)
             ):
                 out.append(Candidate("mpipe", "even", vpp, micro, run_ahead, backward, recompute))
     return out
 
 
-def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Predicted:
-    """The candidate's step time and per-rank peak memory under ``costs``."""
+def predict(
+    costs: ModelCosts, pp: int, batch: int, candidate: Candidate, *, dp: int = 1, zero: bool = False
+) -> Predicted:
+    """The candidate's step time and per-rank peak memory under ``costs``; ``zero``: each of
+    the ``dp`` data-parallel replicas keeps the optimizer state of ``1/dp`` of the parameters
+    (ZeRO-1: parameters and gradients stay whole)."""
     rows = batch / candidate.micro / costs.micro_batch_size  # scale of a micro-batch's costs
     layers = _layers(costs, pp, candidate, rows)
     config = PlanConfig(
@@ -176,17 +190,26 @@ def predict(costs: ModelCosts, pp: int, batch: int, candidate: Candidate) -> Pre
     sizes = ItemSizes(
         # recompute keeps a stage's input alone; otherwise every layer's tape
         activations={
-            s: round((costs.hidden_bytes if candidate.recompute else n * costs.layer_activation_bytes) * rows)
+            s: round(
+                (costs.hidden_bytes if candidate.recompute else n * costs.layer_activation_bytes) * rows
+                + (costs.last_stage_activation_bytes * rows if s == len(layers) - 1 else 0)
+            )
             for s, n in enumerate(layers)
         },
         stage_inputs={s: round(costs.hidden_bytes * rows) for s in range(len(layers))},
         preprocess_output=round(costs.preprocess_output_bytes * rows),
         preprocess_tape=round(costs.preprocess_tape_bytes * rows),
     )
-    peaks = tuple(
-        _state_bytes(costs, pp, candidate, layers, r) + peak_bytes(plan, r, sizes) for r in range(pp)
+    parts = tuple(
+        {
+            **_state_bytes(costs, pp, candidate, layers, r, dp if zero else 1),
+            **_peak_parts(plan, r, sizes),
+            "recomputed tape": _recomputed_tape(costs, pp, candidate, layers, r, rows),
+        }
+        for r in range(pp)
     )
-    return Predicted(candidate, step_time, peaks, layers, op_costs, extra)
+    peaks = tuple(sum(p.values()) for p in parts)
+    return Predicted(candidate, step_time, peaks, layers, op_costs, extra, parts)
 
 
 def tune(
@@ -199,6 +222,8 @@ def tune(
     splits: Sequence[str] = ("even", "rebalanced"),
     *,
     size: str = "tiny",
+    dp: int = 1,
+    zero: bool = False,
 ) -> list[Predicted]:
     """Every candidate that fits ``memory_budget`` bytes per rank (``None``: any), fastest
     first (ties: the smaller peak). Raises :class:`NoPlanFitsError` naming the smallest peak.
@@ -206,7 +231,13 @@ def tune(
     ``costs``: a :class:`ModelCosts`, or the name of a built-in example (``size``: its preset),
     calibrated first in this process (:func:`graph_exec.harness.model_costs.example_costs`:
     needs MindSpore; transfers are then taken as free, which ``graph-exec tune EXAMPLE``
-    measures instead)."""
+    measures instead). ``dp`` and ``zero``: see :func:`predict` (ZeRO needs ``dp >= 2``)."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"dp must be an integer >= 1, got {dp!r}")
+    if zero and dp < 2:
+        raise ValueError(
+            f"ZeRO-1 shards the optimizer state over the data-parallel replicas: it needs dp >= 2, got dp={dp}"
+        )
     if isinstance(costs, str):
         costs, splits = _example_costs(costs, size, pp, batch, splits)
     if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
@@ -215,7 +246,10 @@ def tune(
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     if memory_budget is not None and not memory_budget > 0:
         raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget!r}")
-    every = [predict(costs, pp, batch, c) for c in candidates(costs, pp, batch, vpps, micros, splits)]
+    every = [
+        predict(costs, pp, batch, c, dp=dp, zero=zero)
+        for c in candidates(costs, pp, batch, vpps, micros, splits)
+    ]
     # a rebalanced split that moved nothing is the even baseline again: one of them is enough
     evens = {
         (p.candidate.vpp, p.candidate.micro, p.candidate.recompute, p.layers)
@@ -291,8 +325,11 @@ def _preprocess_recompute(costs: ModelCosts) -> float:
     return costs.preprocess_recompute
 
 
-def _state_bytes(costs: ModelCosts, pp: int, candidate: Candidate, layers: Sequence[int], rank: int) -> int:
-    """Parameters, gradient accumulators and optimizer state of ``rank``."""
+def _state_bytes(
+    costs: ModelCosts, pp: int, candidate: Candidate, layers: Sequence[int], rank: int, shards: int = 1
+) -> dict[str, int]:
+    """Parameters, gradient accumulators and optimizer state of ``rank`` (the optimizer state
+    over ``shards`` replicas: ZeRO-1 balances it by bytes, so each keeps ``1/shards``)."""
     own = sum(n for s, n in enumerate(layers) if s % pp == rank) * costs.layer_param_bytes
     own += costs.first_stage_param_bytes if rank == 0 else 0
     own += costs.last_stage_param_bytes if (len(layers) - 1) % pp == rank else 0
@@ -301,7 +338,35 @@ def _state_bytes(costs: ModelCosts, pp: int, candidate: Candidate, layers: Seque
     held = own + (costs.preprocess_param_bytes if runs_preprocess else 0)
     if costs.preprocess == "trainable" and (rank == 0 or candidate.backward == "owner"):
         trained += costs.preprocess_param_bytes
-    return round(held + trained * (1 + costs.optimizer_bytes_per_param_byte))
+    return {
+        "parameters": round(held),
+        "gradients": round(trained * costs.gradient_bytes_per_param_byte),
+        "optimizer": -(-round(trained * costs.optimizer_bytes_per_param_byte) // shards),
+    }
+
+
+def _recomputed_tape(
+    costs: ModelCosts, pp: int, candidate: Candidate, layers: Sequence[int], rank: int, rows: float
+) -> int:
+    """With ``recompute``, a backward reruns its stage's forward under the tape and reads it:
+    the largest of ``rank``'s stage tapes is held during that step, beside what the plan holds
+    (counted on top of the peak: an upper bound where the peak is not at a backward)."""
+    if not candidate.recompute:
+        return 0
+    return round(max(n for s, n in enumerate(layers) if s % pp == rank) * costs.layer_activation_bytes * rows)
+
+
+def _peak_parts(plan: Plan, rank: int, sizes: ItemSizes) -> dict[str, int]:
+    """What ``rank`` holds of each kind at the step where the total peaks (the first such)."""
+    length = len(plan.order_codes[rank]) + 1
+    deltas = {kind: [0] * (length + 1) for kind in KINDS}
+    for item in held_items(plan, rank):
+        deltas[item.kind][item.start] += sizes.of(item)
+        deltas[item.kind][item.end + 1] -= sizes.of(item)
+    running = {kind: list(itertools.accumulate(delta)) for kind, delta in deltas.items()}
+    totals = [sum(running[kind][i] for kind in KINDS) for i in range(length)]
+    peak = max(range(length), key=totals.__getitem__)
+    return {kind: running[kind][peak] for kind in KINDS}
 
 
 def table(results: Iterable[Predicted], top: int = 10) -> str:

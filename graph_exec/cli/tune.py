@@ -4,7 +4,9 @@
 :class:`graph_exec.tune.ModelCosts`'s fields, measured once on one micro-batch; every candidate
 is simulated and its per-rank peak predicted (:mod:`graph_exec.tune`). ``tune EXAMPLE``
 calibrates a built-in example first and writes its cost file (:mod:`graph_exec.cli.tune_example`);
-``--verify`` then runs the best three and prints predicted against measured.
+``--verify`` then runs the best three and prints predicted against measured. ``--config
+DIR/config.json`` prices a real-size Llama, Qwen2 or Qwen2-VL from its config alone, memory
+only (:mod:`graph_exec.cli.tune_config`, docs/memory.md).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--batch",
         metavar="B",
         type=positive_int,
-        help="global batch, rows per step (required with --costs; EXAMPLE: 4 x P)",
+        help="global batch, rows per step (per replica; required with --costs; EXAMPLE: 4 x P; --config: 2 x P)",
     )
     parser.add_argument(
         "--memory-budget", metavar="SIZE", type=memory_size, help="bytes per rank (default: any)"
@@ -76,8 +78,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="micro-batch counts to try (default: every divisor of B >= P)",
     )
     parser.add_argument("--top", metavar="N", type=positive_int, default=10, help="candidates to print")
-    from graph_exec.cli import tune_example
+    parser.add_argument(
+        "--dp", metavar="D", type=positive_int, default=1, help="data-parallel replicas of the pipeline"
+    )
+    parser.add_argument(
+        "--zero",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="1: ZeRO-1, each replica keeps the optimizer state of 1/D of the parameters (needs D >= 2)",
+    )
+    from graph_exec.cli import tune_config, tune_example
 
+    tune_config.add_arguments(parser)
     tune_example.add_arguments(parser)
     parser.set_defaults(func=lambda args: _run(args, parser))
 
@@ -89,9 +102,22 @@ def _example_names() -> tuple[str, ...]:
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if (args.example is None) == (args.costs is None):
-        parser.error("pass either EXAMPLE (calibrated by measurement) or --costs FILE, not both or neither")
+    sources = [args.example, args.costs, args.config]
+    if sum(source is not None for source in sources) != 1:
+        parser.error(
+            "pass one of EXAMPLE (calibrated by measurement), --costs FILE or --config PATH (a real model's config)"
+        )
+    if args.zero and args.dp < 2:
+        parser.error(
+            f"--zero 1 shards the optimizer state over the data-parallel replicas: it needs --dp >= 2, got --dp {args.dp}"
+        )
+    if args.config is not None:
+        from graph_exec.cli import tune_config
+
+        return tune_config.run(args)
     if args.example is not None:
+        if args.dp != 1 or args.zero:
+            parser.error("--dp and --zero apply to --costs and --config; EXAMPLE measures one pipeline")
         from graph_exec.cli import tune_example
 
         return tune_example.run(args, parser)
@@ -99,7 +125,16 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--costs needs --batch B (the global batch, rows per step)")
     try:
         costs = ModelCosts.load(args.costs)
-        results = tune(costs, args.ranks, args.batch, args.memory_budget, args.vpp, args.micro)
+        results = tune(
+            costs,
+            args.ranks,
+            args.batch,
+            args.memory_budget,
+            args.vpp,
+            args.micro,
+            dp=args.dp,
+            zero=bool(args.zero),
+        )
     except (CostFileError, NoPlanFitsError, ValueError) as exc:
         print(f"graph-exec tune: error: {exc}", file=sys.stderr)
         return 2

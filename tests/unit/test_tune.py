@@ -41,10 +41,13 @@ def test_a_plain_pipeline_is_predicted_as_counted_by_hand() -> None:
 
 
 def test_recompute_holds_inputs_and_costs_a_forward() -> None:
+    """Recompute keeps 3 stage inputs (1 MiB) instead of 3 tapes of 4 layers (16 MiB), and
+    during a backward the one tape it rebuilds (4 layers, 16 MiB)."""
     costs = replace(COSTS, preprocess="none", preprocess_forward=0.0, preprocess_param_bytes=0)
     taped = predict(costs, 2, 4, Candidate("baseline", "even", 1, 4))
     again = predict(costs, 2, 4, Candidate("baseline", "even", 1, 4, recompute=True))
-    assert again.peak_bytes[0] == taped.peak_bytes[0] - 3 * 16 * MIB + 3 * 1 * MIB
+    assert again.peak_bytes[0] == taped.peak_bytes[0] - 3 * 16 * MIB + 3 * 1 * MIB + 16 * MIB
+    assert again.parts[0]["recomputed tape"] == 16 * MIB
     assert again.step_time > taped.step_time
 
 

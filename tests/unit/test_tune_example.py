@@ -33,7 +33,7 @@ FROZEN = replace(PLAIN, preprocess="frozen", preprocess_forward=6.0, layers=8)
     [
         (["tune", "nosuch"], "unknown example 'nosuch'; choose one of: vl_tower, embed_lm, qwen2vl, llama"),
         (["tune", "vl_tower", "--tower-ratio", "2"], "--tower-ratio scales the vision tower of 'qwen2vl'"),
-        (["tune"], "pass either EXAMPLE"),
+        (["tune"], "pass one of EXAMPLE"),
         (["tune", "vl_tower", "--latency", "0.001"], "--latency and --bandwidth go together"),
         (["tune", "vl_tower", "--ranks", "1"], "--ranks must be at least 2, got 1"),
     ],
