@@ -267,7 +267,7 @@ def _check_claimed(
     if saved_index is None:
         return
     claimed = {name for o in outcomes for name in o.get("claimed", ())}
-    left = [n for n in tensor_index.unclaimed(saved_index, claimed) if not n.startswith(state.SCALER_PREFIX)]
+    left = tensor_index.unclaimed(saved_index, claimed)
     if left:
         raise CheckpointMismatchError(
             f"checkpoint {layout.step_dir(folder, step)} holds model parameters that no rank of this job "
@@ -388,15 +388,14 @@ def _check_rank_file(
     extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
     if saved_index is None:
         return (chosen, *_own_file(manifest, where, model, extra, rank, optimizer))
-    entries = {e["rank"]: e for e in manifest["ranks"]}
-    own = entries[rank]["file"] if not found else None  # same plan: only this rank's own file
+    own = next((e["file"] for e in manifest["ranks"] if e["rank"] == rank), None)  # read first
     wanted = {**tensor_index.want(model, "model"), **tensor_index.want(extra, "optimizer")}
     plan, problems = tensor_index.resolve(saved_index, wanted, own)
     if problems:
         raise CheckpointMismatchError(
             f"checkpoint {where} does not fit rank {rank}'s model: " + "; ".join(problems)
         )
-    if own is not None and state.RNG_STATE in saved_index:
+    if not found and state.RNG_STATE in saved_index:  # same plan: this process's own generator
         plan.setdefault(own, []).append(state.RNG_STATE)
     stored: dict[str, Any] = {}
     for name, chosen_names in sorted(plan.items()):
@@ -405,12 +404,18 @@ def _check_rank_file(
 
 
 def _check_job(manifest: dict[str, Any], where: Path, optimizer: Any, global_batch: int | None) -> None:
-    """What no plan can change: the optimizer's class and the global batch size."""
+    """What no plan can change: the optimizer (its class; its state, if asked for) and the global
+    batch size."""
     saved_class = manifest.get("optimizer_class")
     if optimizer is not None and saved_class is not None and saved_class != type(optimizer).__name__:
         raise CheckpointMismatchError(
-            f"checkpoint {where} holds the state of a {saved_class} optimizer, this job's is a "
+            f"checkpoint {where} holds the state of optimizer class {saved_class}, this job's is "
             f"{type(optimizer).__name__}: optimizer state does not carry over to another optimizer class"
+        )
+    if optimizer is not None and all(e.get("optimizer") is None for e in manifest["ranks"]):
+        raise CheckpointMismatchError(
+            f"checkpoint {where} holds no optimizer state (it was saved without optimizer=): load it "
+            "without optimizer= to take the weights only"
         )
     saved_batch = manifest.get("global_batch")
     if global_batch is not None and saved_batch is not None and saved_batch != global_batch:
@@ -457,13 +462,10 @@ def _own_file(
         {k: v for k, v in stored.items() if k not in saved_optimizer and k != state.RNG_STATE},
         "model parameters",
     )
-    if optimizer is not None:
-        if entry.get("optimizer") is None:
-            problems.append("the checkpoint holds no optimizer state (it was saved without optimizer=)")
-        else:
-            problems += state.mismatches(
-                extra, {k: v for k, v in stored.items() if k in saved_optimizer}, "optimizer state"
-            )
+    if optimizer is not None:  # the checkpoint holds optimizer state (checked by _check_job)
+        problems += state.mismatches(
+            extra, {k: v for k, v in stored.items() if k in saved_optimizer}, "optimizer state"
+        )
     if problems:
         raise CheckpointMismatchError(
             f"{where / entry['file']} (rank {rank}) does not fit this rank's model: " + "; ".join(problems)
