@@ -432,17 +432,19 @@ def _read_checked(
     """The ``chosen`` tensors (``None``: all) of one rank file, after checking it against its recorded checksum."""
     entry = next(e for e in manifest["ranks"] if e["file"] == file)
     path = where / file
+    whose = f"{path} (rank {entry['rank']}'s file of step {manifest['step']})" + (
+        "" if entry["rank"] == rank else f", read by rank {rank},"
+    )
     if layout.sha256_of(path) != entry["sha256"]:
         raise CheckpointCorruptError(
-            f"{path} (rank {entry['rank']}'s file of step {manifest['step']}, read by rank {rank}) does "
-            "not match the checksum recorded when the checkpoint completed: the file was truncated or "
-            "changed since. Restore it, or load an earlier complete step explicitly (step=...; "
-            f"complete steps: {layout.complete_steps(folder)})"
+            f"{whose} does not match the checksum recorded when the checkpoint completed: the file was "
+            "truncated or changed since. Restore it, or load an earlier complete step explicitly "
+            f"(step=...; complete steps: {layout.complete_steps(folder)})"
         )
     try:
         return state.read(str(path), chosen)
     except (ValueError, RuntimeError) as exc:
-        raise CheckpointCorruptError(f"{path} (read by rank {rank}) cannot be read: {exc}") from exc
+        raise CheckpointCorruptError(f"{whose} cannot be read: {exc}") from exc
 
 
 def _own_file(
