@@ -431,6 +431,8 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: J
         parser.error(str(refused))
 
 
+#: The examples whose ``build`` takes ``layers=`` (blocks per stage: ``--layers``).
+LAYERS_EXAMPLES = ("embed_lm", "llama", "qwen2vl")
 #: The examples whose batches take a sequence length (and whose loss has a masked form).
 LENGTH_EXAMPLES = ("embed_lm",)
 
@@ -495,6 +497,10 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     )
     shapes = shape_options(args, parser)
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=args.steps, warmup=0)
+    if args.layers is not None and args.example not in LAYERS_EXAMPLES:
+        parser.error(
+            f"--layers needs an example with a per-stage split ({', '.join(LAYERS_EXAMPLES)}), not {args.example}"
+        )
     if args.layers is not None and len(args.layers) != job.pp * job.vpp:
         parser.error(
             f"--layers {','.join(map(str, args.layers))} gives {len(args.layers)} stages, this job has "

@@ -139,3 +139,20 @@ def test_what_cannot_carry_over_exits_2_before_launching(tmp_path, capsys, extra
         main(run_argv(tmp_path, "--resume", "--ranks", "4", *extra))
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err, err
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["run", "embed_lm", "--ranks", "2", "--layers", "2,2"],
+            "--layers 2,2 gives 2 stages, this job has P x V = 2 x 2",
+        ),
+        (["run", "vl_tower", "--layers", "1,1,1,1"], "--layers needs an example with a per-stage split"),
+    ],
+)
+def test_a_split_that_cannot_apply_exits_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
