@@ -2,9 +2,12 @@
 
 Everything a resume needs to know is on disk already: which steps are complete, whether their
 rank files still match the checksums recorded when they completed, and how the job that wrote
-them was set up (``complete.json``). So a resume that cannot work — another ``--micro`` or
-``--vpp``, a corrupt step asked for by name, nothing usable left — exits with code 2 here,
-instead of failing on every rank after the launch. Pure Python: no MindSpore, no msrun.
+them was set up (``complete.json``). So a resume that cannot work — another ``--batch`` or
+``--frozen``, a corrupt step asked for by name, nothing usable left — exits with code 2 here,
+instead of failing on every rank after the launch. Another plan (``--ranks``, ``--dp``,
+``--vpp``, ``--layers``, ``--baseline``, ...: :data:`PLAN`) is said and goes on when the
+checkpoint has an index of tensor names: the ranks load it by name. Pure Python: no MindSpore,
+no msrun.
 
 A corrupt latest step is skipped for the previous complete one (``keep=2`` keeps it), as
 :func:`graph_exec.load_checkpoint` does; steps newer than the one resumed from are set aside
