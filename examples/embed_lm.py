@@ -11,6 +11,8 @@ Synthetic task: each sequence counts upward with a stride of 1, 2 or 3 from a ra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from mindspore import Tensor, nn
 
@@ -56,15 +58,19 @@ def build(
     seed: int = 0,
     size: str = "small",
     max_seq: int = SEQ,
+    layers: Sequence[int] | None = None,
 ) -> ExampleModel:
     """The model split into ``num_stages`` body chunks after the embedding-and-block preprocess;
     ``max_seq``: the longest sequence it takes (positions and causal mask), batches are ``SEQ``
-    long unless a length is asked for (``ExampleModel.batch(step, rows, length)``)."""
+    long unless a length is asked for (``ExampleModel.batch(step, rows, length)``); ``layers``:
+    blocks per chunk (a rebalanced split; default as even as possible), summing to the model's
+    block count."""
     import mindspore as ms
 
-    width, layers = {"tiny": (32, 2), "small": (64, 4)}[size]
+    width, depth = {"tiny": (32, 2), "small": (64, 4)}[size]
     ms.set_seed(seed)
-    config = LMConfig(vocab=128, width=width, heads=4, layers=max(layers, num_stages), seq=max(max_seq, SEQ))
+    blocks = max(depth, num_stages) if layers is None else sum(layers)
+    config = LMConfig(vocab=128, width=width, heads=4, layers=blocks, seq=max(max_seq, SEQ))
     pre = EmbeddingAndBlock(config)
     pre.update_parameters_name("pre.")
     if not trainable_preprocess:
@@ -73,7 +79,7 @@ def build(
     return ExampleModel(
         preprocess=pre,
         num_transpose_layers=2,
-        stages=build_lm_stages(config, num_stages, embedding=False, prefix="lm"),
+        stages=build_lm_stages(config, num_stages, embedding=False, prefix="lm", layers=layers),
         loss_fn=lm_cross_entropy,
         masked_loss_fn=masked_lm_cross_entropy,
         make_batch=lambda step, batch_size, length=SEQ: make_batch(step, batch_size, config.vocab, length),

@@ -2,14 +2,15 @@
 
 Everything here is a plain ``mindspore.nn.Cell`` with static shapes, so the same blocks run
 eagerly (pynative executor) and inside ``mindspore.jit`` (graph executor). The model is split
-into pipeline chunks by :func:`build_lm_stages`, which gives every chunk a distinct parameter
-prefix: MindSpore requires unique parameter names within a graph and the executors key
-gradients by name.
+into pipeline chunks by :func:`build_lm_stages`, which names every block by its place in the
+whole model: MindSpore requires unique parameter names within a graph, the executors key
+gradients by name, and a checkpoint loads by name under another split.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,16 +167,29 @@ def build_lm_stages(
     embedding: bool = True,
     head: bool = True,
     prefix: str = "lm",
+    layers: Sequence[int] | None = None,
 ) -> list[LMChunk]:
-    """Build the LM as ``num_stages`` chunks with parameter names ``{prefix}.stage{k}.…``.
+    """Build the LM as ``num_stages`` chunks, ``layers[k]`` blocks in chunk ``k`` (default: as
+    even as possible), with parameter names that do not depend on the split:
+    ``{prefix}.blocks.{i}.…`` for block ``i`` of the whole model, ``{prefix}.embedding.…``,
+    ``{prefix}.head.…`` (a checkpoint then loads by name under any split).
 
     ``embedding`` puts the token embedding in chunk 0 (leave it out when a preprocess block
     produces the hidden states); ``head`` puts the final norm and LM head in the last chunk.
     """
-    counts = split_layers(config.layers, num_stages)
-    stages = []
+    counts = split_layers(config.layers, num_stages) if layers is None else list(layers)
+    if len(counts) != num_stages or sum(counts) != config.layers or min(counts) < 0:
+        raise ValueError(
+            f"layers must be {num_stages} block counts >= 0 summing to {config.layers}, got {layers!r}"
+        )
+    stages, first = [], 0
     for k, count in enumerate(counts):
         chunk = LMChunk(config, count, embedding=embedding and k == 0, head=head and k == num_stages - 1)
-        chunk.update_parameters_name(f"{prefix}.stage{k}.")
+        for offset, block in enumerate(chunk.blocks):
+            block.update_parameters_name(f"{prefix}.blocks.{first + offset}.")
+        for part in ("embedding", "head"):
+            if getattr(chunk, part) is not None:
+                getattr(chunk, part).update_parameters_name(f"{prefix}.{part}.")
         stages.append(chunk)
+        first += count
     return stages

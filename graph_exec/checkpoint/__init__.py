@@ -13,6 +13,7 @@ from graph_exec.checkpoint.errors import (
     CheckpointExistsError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    ReshardWarning,
 )
 from graph_exec.checkpoint.facts import schedule_options
 from graph_exec.checkpoint.layout import latest_checkpoint
@@ -23,6 +24,7 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "ReshardWarning",
     "SavedCheckpoint",
     "latest_checkpoint",
     "load_checkpoint",

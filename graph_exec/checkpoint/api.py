@@ -19,6 +19,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
+from graph_exec.checkpoint import index as tensor_index
 from graph_exec.checkpoint import layout, state
 from graph_exec.checkpoint.errors import (
     CheckpointCorruptError,
@@ -26,6 +27,7 @@ from graph_exec.checkpoint.errors import (
     CheckpointExistsError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    ReshardWarning,
 )
 from graph_exec.checkpoint.facts import differences, job_facts, local_stages
 
@@ -62,6 +64,8 @@ def save_checkpoint(
     keep: int | None = 2,
     timeout_s: float | None = None,
     data: Any = None,
+    global_batch: int | None = None,
+    job: dict[str, Any] | None = None,
 ) -> SavedCheckpoint:
     """Write what this rank owns to ``directory/step_<step>/rank_<rank>.ckpt``; call on every rank.
 
@@ -80,6 +84,12 @@ def save_checkpoint(
     previous complete checkpoint stays the latest one. ``data``: a
     :class:`graph_exec.data.DataLoader` whose position (``state_dict()``) is recorded with this
     rank's entry, so that ``load_checkpoint(..., data=loader)`` continues with the next batch.
+    ``global_batch``: the job's global batch size, recorded so that a load with another one is
+    refused (the data position is a count of global batches). The manifest also holds the
+    checkpoint's index (:mod:`graph_exec.checkpoint.index`: every tensor's name, shape, dtype
+    and rank files), from which a job set up differently loads by name. ``job``: plain data the
+    caller knows about its job (``graph-exec run``: the split), recorded for a launcher to say
+    what changed on a resume.
     """
     began = time.perf_counter()
     folder = _directory(directory)
@@ -92,8 +102,14 @@ def save_checkpoint(
     try:
         model = state.model_parameters(schedule)
         extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
-        outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra, **state.rng_state()})
+        rng = state.rng_state()
+        outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra, **rng})
         outcome["optimizer"] = sorted(extra) if optimizer is not None else None
+        outcome["listing"] = {
+            **tensor_index.listing(model, "model"),
+            **tensor_index.listing(extra, "optimizer"),
+            **{name: {"shape": [], "dtype": "rng", "kind": "rng"} for name in rng},
+        }
         outcome["facts"] = job_facts(schedule, world)  # per rank: ranks may legitimately differ
         outcome["data"] = None if data is None else data.state_dict()
         error = None
@@ -113,7 +129,13 @@ def save_checkpoint(
                 "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 **job_facts(schedule, world),  # rank 0's, for readers; each rank's are in "ranks"
                 "stage_ranks": _stage_ranks(outcomes),
-                "ranks": [{k: v for k, v in o.items() if k not in ("ok", "step")} for o in outcomes],
+                "optimizer_class": None if optimizer is None else type(optimizer).__name__,
+                "global_batch": global_batch,
+                "job": job,
+                "index": tensor_index.build(outcomes),
+                "ranks": [
+                    {k: v for k, v in o.items() if k not in ("ok", "step", "listing")} for o in outcomes
+                ],
             }
             layout.write_json_atomically(path / layout.MANIFEST, manifest)
             removed = layout.prune(folder, step, keep, _warn)
@@ -142,6 +164,7 @@ def load_checkpoint(
     *,
     timeout_s: float | None = None,
     data: Any = None,
+    global_batch: int | None = None,
 ) -> int:
     """Load this rank's file of a complete checkpoint into the schedule's parameters (and the
     optimizer's state, if given); call on every rank. Returns the step loaded.
@@ -159,6 +182,16 @@ def load_checkpoint(
     first ``run()``; values are copied in place, so compiled graphs stay valid.
     ``data``: the job's :class:`graph_exec.data.DataLoader`, moved to the position saved with
     ``save_checkpoint(..., data=)`` (checked with the rest before anything is loaded).
+
+    **Another plan.** A checkpoint written under another D, P, V, split, schedule or number of
+    transposed layers loads too (with a warning listing what changed): each rank reads, by name
+    through the checkpoint's index, only the tensors it holds now — parameters, optimizer state,
+    the loss scaler — from the files that hold them (a replicated tensor from one copy). Refused
+    on every rank before any rank communicates, naming it: a name or shape this rank holds that
+    the checkpoint does not (another model), optimizer state missing for a parameter, another
+    optimizer class, another ``global_batch``. A checkpoint parameter that no rank holds
+    (another model) is refused on every rank after the ranks' one exchange, before anything is
+    loaded. The generator state is restored only under the same plan (docs/restarts.md).
     """
     folder = _directory(directory)
     if step is not None:
@@ -184,9 +217,11 @@ def load_checkpoint(
         stored: dict[str, Any] = {}
         chosen = -1 if candidate is None else candidate
         try:
-            chosen, targets, stored = _check_rank_file(schedule, folder, candidate, optimizer, rank, world)
+            chosen, targets, stored = _check_rank_file(
+                schedule, folder, candidate, optimizer, rank, world, global_batch
+            )
             position = None if data is None else _data_position(folder, chosen, rank, data)
-            outcome, error = {"ok": True, "rank": rank, "step": chosen}, None
+            outcome, error = {"ok": True, "rank": rank, "step": chosen, "claimed": sorted(targets)}, None
         except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
             outcome, error = _failure(rank, chosen, exc), exc
         outcomes = _exchange(outcome, world, timeout, what)
@@ -196,6 +231,7 @@ def load_checkpoint(
             _fall_back(folder, chosen, earlier, failed, rank)
             continue
         _raise_failures(outcomes, error, rank, what, "nothing was loaded on any rank")
+        _check_claimed(folder, chosen, outcomes, schedule, world, rank)
         state.assign(targets, stored)
         state.restore_rng_state(stored)
         if data is not None:
@@ -221,9 +257,37 @@ def _fall_back(folder: Path, corrupt: int, earlier: int, failed: Sequence[dict[s
     )
 
 
+def _check_claimed(
+    folder: Path, step: int, outcomes: Sequence[dict[str, Any]], schedule: Any, world: int, rank: int
+) -> None:
+    """Every rank, after the exchange: each model parameter of the checkpoint is held by some
+    rank (else it was written for another model), and rank 0 says what changed in the plan."""
+    manifest = _choose(folder, step)[1]
+    saved_index = manifest.get("index")
+    if saved_index is None:
+        return
+    claimed = {name for o in outcomes for name in o.get("claimed", ())}
+    left = tensor_index.unclaimed(saved_index, claimed)
+    if left:
+        raise CheckpointMismatchError(
+            f"checkpoint {layout.step_dir(folder, step)} holds model parameters that no rank of this job "
+            f"has (written for another model?): {tensor_index.names(left)}; nothing was loaded on any rank"
+        )
+    found = differences(manifest, job_facts(schedule, world), rank, local_stages(schedule))
+    if rank == 0 and found:
+        warnings.warn(
+            f"checkpoint step {step} in {folder} was written under another plan; loading it by name: "
+            + "; ".join(found),
+            ReshardWarning,
+            stacklevel=3,
+        )
+
+
 def _data_position(folder: Path, step: int, rank: int, data: Any) -> dict[str, Any]:
-    """The loader position saved with ``rank``'s entry of ``step``, checked against ``data``."""
-    entry = next(e for e in _choose(folder, step)[1]["ranks"] if e["rank"] == rank)
+    """The loader position saved with ``rank``'s entry of ``step`` (any rank's under another
+    plan: a position counts global batches, the same on every rank), checked against ``data``."""
+    entries = _choose(folder, step)[1]["ranks"]
+    entry = next((e for e in entries if e["rank"] == rank), entries[0])
     saved = entry.get("data")
     if saved is None:
         raise CheckpointMismatchError(
@@ -294,52 +358,121 @@ def _check_visible(path: Path, outcomes: Sequence[dict[str, Any]]) -> None:
 
 
 def _check_rank_file(
-    schedule: Any, folder: Path, step: int | None, optimizer: Any, rank: int, world: int
+    schedule: Any,
+    folder: Path,
+    step: int | None,
+    optimizer: Any,
+    rank: int,
+    world: int,
+    global_batch: int | None = None,
 ) -> tuple[int, dict[str, Any], dict[str, Any]]:
-    """Everything a load checks on this rank; returns (step, live targets, stored values)."""
+    """Everything a load checks on this rank; returns (step, live targets, stored values).
+
+    A checkpoint written under this job's plan is read from this rank's own file, generator
+    state included (bit-exact). One written under another plan is read by name through its
+    index (:mod:`graph_exec.checkpoint.index`), from the files that hold this rank's tensors
+    now; an old checkpoint without an index must match the plan.
+    """
     chosen, manifest = _choose(folder, step)
     where = layout.step_dir(folder, chosen)
+    _check_job(manifest, where, optimizer, global_batch)
     found = differences(manifest, job_facts(schedule, world), rank, local_stages(schedule))
-    if found:
+    saved_index = manifest.get("index")
+    if found and saved_index is None:
         raise CheckpointMismatchError(
-            f"checkpoint {where} was written by a job set up differently: " + "; ".join(found)
+            f"checkpoint {where} was written by a job set up differently: "
+            + "; ".join(found)
+            + " (it has no index of tensor names, written since resharding exists: load it under its own plan)"
         )
-    entry = next(e for e in manifest["ranks"] if e["rank"] == rank)
-    path = where / entry["file"]
+    model = state.model_parameters(schedule)
+    extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
+    if saved_index is None:
+        return (chosen, *_own_file(manifest, where, model, extra, rank, optimizer))
+    own = next((e["file"] for e in manifest["ranks"] if e["rank"] == rank), None)  # read first
+    wanted = {**tensor_index.want(model, "model"), **tensor_index.want(extra, "optimizer")}
+    plan, problems = tensor_index.resolve(saved_index, wanted, own)
+    if problems:
+        raise CheckpointMismatchError(
+            f"checkpoint {where} does not fit rank {rank}'s model: " + "; ".join(problems)
+        )
+    if not found and state.RNG_STATE in saved_index:  # same plan: this process's own generator
+        plan.setdefault(own, []).append(state.RNG_STATE)
+    stored: dict[str, Any] = {}
+    for name, chosen_names in sorted(plan.items()):
+        stored.update(_read_checked(where, name, manifest, set(chosen_names), rank, folder))
+    return chosen, {**model, **extra}, stored
+
+
+def _check_job(manifest: dict[str, Any], where: Path, optimizer: Any, global_batch: int | None) -> None:
+    """What no plan can change: the optimizer (its class; its state, if asked for) and the global
+    batch size."""
+    saved_class = manifest.get("optimizer_class")
+    if optimizer is not None and saved_class is not None and saved_class != type(optimizer).__name__:
+        raise CheckpointMismatchError(
+            f"checkpoint {where} holds the state of optimizer class {saved_class}, this job's is "
+            f"{type(optimizer).__name__}: optimizer state does not carry over to another optimizer class"
+        )
+    if optimizer is not None and all(e.get("optimizer") is None for e in manifest["ranks"]):
+        raise CheckpointMismatchError(
+            f"checkpoint {where} holds no optimizer state (it was saved without optimizer=): load it "
+            "without optimizer= to take the weights only"
+        )
+    saved_batch = manifest.get("global_batch")
+    if global_batch is not None and saved_batch is not None and saved_batch != global_batch:
+        raise CheckpointMismatchError(
+            f"checkpoint {where} was written with global batch size {saved_batch}, this job's is "
+            f"{global_batch}: its data position (the next global batch) means other samples under "
+            "another global batch size; resume with the same global batch"
+        )
+
+
+def _read_checked(
+    where: Path, file: str, manifest: dict[str, Any], chosen: set[str] | None, rank: int, folder: Path
+) -> dict[str, Any]:
+    """The ``chosen`` tensors (``None``: all) of one rank file, after checking it against its recorded checksum."""
+    entry = next(e for e in manifest["ranks"] if e["file"] == file)
+    path = where / file
+    whose = f"{path} (rank {entry['rank']}'s file of step {manifest['step']})" + (
+        "" if entry["rank"] == rank else f", read by rank {rank},"
+    )
     if layout.sha256_of(path) != entry["sha256"]:
         raise CheckpointCorruptError(
-            f"{path} (rank {rank}'s file of step {chosen}) does not match the checksum recorded when the "
-            "checkpoint completed: the file was truncated or changed since. Restore it, or load an "
-            f"earlier complete step explicitly (step=...; complete steps: {layout.complete_steps(folder)})"
+            f"{whose} does not match the checksum recorded when the checkpoint completed: the file was "
+            "truncated or changed since. Restore it, or load an earlier complete step explicitly "
+            f"(step=...; complete steps: {layout.complete_steps(folder)})"
         )
     try:
-        stored = state.read(str(path))
+        return state.read(str(path), chosen)
     except (ValueError, RuntimeError) as exc:
-        raise CheckpointCorruptError(
-            f"{path} (rank {rank}'s file of step {chosen}) cannot be read: {exc}"
-        ) from exc
-    model = state.model_parameters(schedule)
+        raise CheckpointCorruptError(f"{whose} cannot be read: {exc}") from exc
+
+
+def _own_file(
+    manifest: dict[str, Any],
+    where: Path,
+    model: dict[str, Any],
+    extra: dict[str, Any],
+    rank: int,
+    optimizer: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint without an index, under its own plan: this rank's own file holds everything."""
+    entry = next(e for e in manifest["ranks"] if e["rank"] == rank)
+    stored = _read_checked(where, entry["file"], manifest, None, rank, where.parent)
     saved_optimizer = set(entry.get("optimizer") or [])
     problems = state.mismatches(
         model,
         {k: v for k, v in stored.items() if k not in saved_optimizer and k != state.RNG_STATE},
         "model parameters",
     )
-    targets = dict(model)
-    if optimizer is not None:
-        extra = state.optimizer_state(optimizer, model)
-        if entry.get("optimizer") is None:
-            problems.append("the checkpoint holds no optimizer state (it was saved without optimizer=)")
-        else:
-            problems += state.mismatches(
-                extra, {k: v for k, v in stored.items() if k in saved_optimizer}, "optimizer state"
-            )
-        targets.update(extra)
+    if optimizer is not None:  # the checkpoint holds optimizer state (checked by _check_job)
+        problems += state.mismatches(
+            extra, {k: v for k, v in stored.items() if k in saved_optimizer}, "optimizer state"
+        )
     if problems:
         raise CheckpointMismatchError(
-            f"{path} (rank {rank}) does not fit this rank's model: " + "; ".join(problems)
+            f"{where / entry['file']} (rank {rank}) does not fit this rank's model: " + "; ".join(problems)
         )
-    return chosen, targets, stored
+    return {**model, **extra}, stored
 
 
 def _choose(folder: Path, step: int | None) -> tuple[int, dict[str, Any]]:

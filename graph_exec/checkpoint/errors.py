@@ -27,3 +27,7 @@ class CheckpointCorruptError(CheckpointError):
 
 class CheckpointMismatchError(CheckpointError, ValueError):
     """The checkpoint was written by a job set up differently (world size, stages, options...)."""
+
+
+class ReshardWarning(UserWarning):
+    """A checkpoint was loaded under another plan than the one that wrote it (says what changed)."""

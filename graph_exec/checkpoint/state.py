@@ -110,11 +110,13 @@ def write(tensors: Mapping[str, Any], path: str) -> None:
     ms.save_checkpoint([{"name": name, "data": value} for name, value in tensors.items()], path)
 
 
-def read(path: str) -> dict[str, Any]:
-    """The tensors of a MindSpore checkpoint file, by name."""
+def read(path: str, names: set[str] | None = None) -> dict[str, Any]:
+    """The tensors of a MindSpore checkpoint file (``names``: only those), by name."""
     import mindspore as ms
 
-    return dict(ms.load_checkpoint(path))
+    if names is None:
+        return dict(ms.load_checkpoint(path))
+    return dict(ms.load_checkpoint(path, choice_func=lambda name: name in names))
 
 
 def mismatches(expected: Mapping[str, Any], stored: Mapping[str, Any], what: str) -> list[str]:

@@ -60,6 +60,11 @@ bucket_sizes = number(
     "strictly increasing positive ints, comma-separated (e.g. 64,128,192,256)",
 )
 
+#: ``--layers N1,N2,...``: blocks per stage (a rebalanced split).
+layer_counts = number(
+    _ints, lambda v: all(n >= 0 for n in v), "block counts >= 0 per stage, comma-separated (e.g. 2,1,1,0)"
+)
+
 
 def _sizes(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(tuple(int(n) for n in part.split("x")) for part in text.split(","))  # type: ignore[misc]

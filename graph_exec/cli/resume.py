@@ -2,9 +2,12 @@
 
 Everything a resume needs to know is on disk already: which steps are complete, whether their
 rank files still match the checksums recorded when they completed, and how the job that wrote
-them was set up (``complete.json``). So a resume that cannot work — another ``--micro`` or
-``--vpp``, a corrupt step asked for by name, nothing usable left — exits with code 2 here,
-instead of failing on every rank after the launch. Pure Python: no MindSpore, no msrun.
+them was set up (``complete.json``). So a resume that cannot work — another ``--batch`` or
+``--frozen``, a corrupt step asked for by name, nothing usable left — exits with code 2 here,
+instead of failing on every rank after the launch. Another plan (``--ranks``, ``--dp``,
+``--vpp``, ``--layers``, ``--baseline``, ...: :data:`PLAN`) is said and goes on when the
+checkpoint has an index of tensor names: the ranks load it by name. Pure Python: no MindSpore,
+no msrun.
 
 A corrupt latest step is skipped for the previous complete one (``keep=2`` keeps it), as
 :func:`graph_exec.load_checkpoint` does; steps newer than the one resumed from are set aside
@@ -37,10 +40,18 @@ class ResumePoint:
     set_aside: tuple[tuple[int, str], ...] = ()
     skipped: tuple[layout.Skipped, ...] = ()
     folder: Path = Path()
+    changed: tuple[str, ...] = ()  #: how the plan differs from the checkpoint's (loaded by name)
 
     def notes(self, *, corrupt_only: bool = False) -> list[str]:
-        """One line per skipped step (``corrupt_only``: leave out the debris of failed saves)."""
-        return [s.describe(self.folder) for s in self.skipped if s.corrupt or not corrupt_only]
+        """One line per skipped step (``corrupt_only``: leave out the debris of failed saves), and
+        one saying what changed in the plan, if anything did."""
+        lines = [s.describe(self.folder) for s in self.skipped if s.corrupt or not corrupt_only]
+        if self.changed:
+            lines.append(
+                f"checkpoint step {self.step} was written under another plan, resuming by name: "
+                + "; ".join(self.changed)
+            )
+        return lines
 
 
 def expected_facts(job: JobSpec) -> dict[str, Any]:
@@ -58,6 +69,8 @@ def expected_facts(job: JobSpec) -> dict[str, Any]:
         "vpp": job.vpp,
         "preprocess": spec.preprocess,
         "options": options,
+        "global_batch": job.batch,
+        "job": {"layers": list(spec.layers) if spec.layers else None},
     }
 
 
@@ -102,17 +115,60 @@ def choose(
         step, manifest = latest, layout.read_manifest(folder, latest) or {}
         aside = tuple((s.step, "corrupt") for s in skipped if s.corrupt)
     found = [] if expected is None else differences_from_expected(manifest, expected)
+    found += [] if expected is None else _job_differences(manifest, expected)
     if data is not None:
         written = "shuffled" if any(e.get("data") for e in manifest.get("ranks", ())) else "steps"
         if written != data:
             found.append(f"data: checkpoint {written!r}, this job {data!r}")
+    changed: list[str] = []
+    if "index" in manifest:  # loaded by name: the plan may change
+        changed = [_with_flag(d) for d in found if d.split(": ", 1)[0] in PLAN]
+        found = [d for d in found if d.split(": ", 1)[0] not in PLAN]
     if found:
         raise ResumeRefused(
             f"checkpoint step {step} in {folder} was written by a job set up differently: "
             + "; ".join(_with_flag(difference) for difference in found)
             + ". Resume with the flags it was written with, or use another --checkpoint-dir"
         )
-    return ResumePoint(step, aside, tuple(skipped), folder)
+    return ResumePoint(step, aside, tuple(skipped), folder, tuple(changed))
+
+
+#: What a checkpoint with an index resumes across (by name): how the job is laid out, not what it
+#: computes. The global batch, the preprocess's training, the shapes and the data stay.
+PLAN = frozenset(
+    {
+        "world size",
+        "device mesh",
+        "schedule class",
+        "stage count",
+        "V (stages per rank)",
+        "split",
+        "option micro_batch_num",
+        "option run_ahead",
+        "option backward",
+    }
+)
+
+
+def _job_differences(manifest: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """The global batch and the split, where the checkpoint records them."""
+    found = []
+    saved_batch = manifest.get("global_batch")
+    if saved_batch is not None and "global_batch" in expected and saved_batch != expected["global_batch"]:
+        found.append(
+            f"global batch: checkpoint {saved_batch}, this job {expected['global_batch']} (the data "
+            f"position counts global batches: it does not carry over to another size; pass --batch "
+            f"{saved_batch}, whose default depends on --ranks and --dp)"
+        )
+    saved = (manifest.get("job") or {}).get("layers", "<not recorded>")
+    now = expected.get("job", {}).get("layers")
+    if saved != "<not recorded>" and saved != now:
+        found.append(f"split: checkpoint {_split_text(saved)}, this job {_split_text(now)}")
+    return found
+
+
+def _split_text(layers: list[int] | None) -> str:
+    return "even" if layers is None else ",".join(map(str, layers))
 
 
 #: The flags behind each fact :func:`expected_facts` compares.
@@ -128,6 +184,8 @@ _FLAGS = {
     "option run_ahead": "--run-ahead",
     "option backward": "--backward",
     "data": "--data",
+    "global batch": "--batch",
+    "split": "--layers",
 }
 
 

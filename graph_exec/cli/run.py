@@ -21,6 +21,7 @@ from graph_exec.cli.argtypes import (
     bucket_sizes,
     count_range,
     image_sizes,
+    layer_counts,
     length_range,
     non_negative_int,
     positive_int,
@@ -165,6 +166,13 @@ def _add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
         "--trainable", dest="trainable", action="store_true", help="train the preprocess (embed_lm's default)"
     )
     parser.set_defaults(trainable=None)
+    group.add_argument(
+        "--layers",
+        metavar="N1,N2,...",
+        type=layer_counts,
+        help="blocks per stage, one count per stage (P x V), summing to the model's blocks: a "
+        "rebalanced split (default: as even as possible)",
+    )
     group.add_argument(
         "--baseline",
         action="store_true",
@@ -423,6 +431,8 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: J
         parser.error(str(refused))
 
 
+#: The examples whose ``build`` takes ``layers=`` (blocks per stage: ``--layers``).
+LAYERS_EXAMPLES = ("embed_lm", "llama", "qwen2vl")
 #: The examples whose batches take a sequence length (and whose loss has a masked form).
 LENGTH_EXAMPLES = ("embed_lm",)
 
@@ -483,9 +493,19 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         backward=args.backward or "central",
         keep_preprocess_tape=args.keep_preprocess_tape,
         body=args.body,
+        layers=args.layers,
     )
     shapes = shape_options(args, parser)
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=args.steps, warmup=0)
+    if args.layers is not None and args.example not in LAYERS_EXAMPLES:
+        parser.error(
+            f"--layers needs an example with a per-stage split ({', '.join(LAYERS_EXAMPLES)}), not {args.example}"
+        )
+    if args.layers is not None and len(args.layers) != job.pp * job.vpp:
+        parser.error(
+            f"--layers {','.join(map(str, args.layers))} gives {len(args.layers)} stages, this job has "
+            f"P x V = {job.pp} x {job.vpp} = {job.pp * job.vpp}: give one block count per stage"
+        )
     pretrained = pretrained_options(args, parser)
     images = {**image_options(args, parser), **dataset_options(args, parser)}
     if images:

@@ -192,7 +192,13 @@ class Trainer:
     def save(self, steps_done: int) -> SavedCheckpoint:
         """Checkpoint the schedule and the optimizer after ``steps_done`` steps (every rank)."""
         return ge.save_checkpoint(
-            self.schedule, self._checkpoint_dir(), steps_done, optimizer=self.optimizer, data=self.loader
+            self.schedule,
+            self._checkpoint_dir(),
+            steps_done,
+            optimizer=self.optimizer,
+            data=self.loader,
+            global_batch=self.job.batch,
+            job={"layers": list(self.spec.layers) if self.spec.layers else None},
         )
 
     def resume(self, steps_done: int) -> None:
@@ -204,7 +210,12 @@ class Trainer:
         print(PROGRESS + json.dumps({"run": self.spec.name, "resuming": steps_done}), flush=True)
         began = time.perf_counter()
         ge.load_checkpoint(
-            self.schedule, self._checkpoint_dir(), optimizer=self.optimizer, step=steps_done, data=self.loader
+            self.schedule,
+            self._checkpoint_dir(),
+            optimizer=self.optimizer,
+            step=steps_done,
+            data=self.loader,
+            global_batch=self.job.batch,
         )
         line = {"run": self.spec.name, "resumed": steps_done, "seconds": time.perf_counter() - began}
         print(PROGRESS + json.dumps(line), flush=True)

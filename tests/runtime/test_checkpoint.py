@@ -26,6 +26,7 @@ from graph_exec.checkpoint import (
     CheckpointExistsError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    ReshardWarning,
     layout,
 )
 from graph_exec.checkpoint.state import RNG_STATE, SCALER_PREFIX
@@ -333,52 +334,39 @@ def test_a_corrupt_only_step_is_an_error(tmp_path):
     assert (tmp_path / "step_1").is_dir()  # nothing to fall back to: left where it is
 
 
-def test_other_setup_lists_every_difference_before_loading(tmp_path):
+def test_another_model_is_refused_naming_it_before_loading(tmp_path):
     Job("trainable", stages=3).save(tmp_path, 1)
-    other = Job("frozen", stages=2, run_ahead="min")
+    other = Job("trainable", stages=4)  # s2 is a Hidden block now (the Head's place before)
     before = other.values()
     with pytest.raises(CheckpointMismatchError) as info:
         other.load(tmp_path)
     text = str(info.value)
-    for phrase in (
-        "stage count: checkpoint 3, this job 2",
-        "V (stages per rank): checkpoint 3, this job 2",
-        "preprocess: checkpoint 'trainable', this job 'frozen'",
-        "option run_ahead: checkpoint 'full', this job 'min'",
-        "stages of rank 0: checkpoint [0, 1, 2], this job [0, 1]",
-    ):
-        assert phrase in text, text
+    assert "does not fit rank 0's model" in text and "written for another model?): s2.a.bias" in text, text
     assert_same_values(other.values(), before, atol=0)
-    baseline = Job("none", stages=3, baseline=True)
-    with pytest.raises(
-        CheckpointMismatchError,
-        match="schedule class: checkpoint 'ScheduleMPipeTranspose', this job 'ScheduleInterleaved1F1B'",
-    ):
-        baseline.load(tmp_path)
 
 
-def test_new_schedule_options_are_recorded_and_compared(tmp_path):
+def test_schedule_options_are_recorded_and_a_change_is_said_then_loaded_by_name(tmp_path):
     job = Job("none")
     job.sched.stage_split = "even"  # what a schedule option added later looks like
     job.save(tmp_path, 1)
     assert json.loads((tmp_path / "step_1" / "complete.json").read_text())["options"]["stage_split"] == "even"
     job.sched.stage_split = None
-    with pytest.raises(CheckpointMismatchError, match="option stage_split: checkpoint 'even', this job None"):
-        job.load(tmp_path)
+    with pytest.warns(ReshardWarning, match="option stage_split: checkpoint 'even', this job None"):
+        assert job.load(tmp_path) == 1
     job.sched.stage_split = "even"
     saved = job.sched.options
     execution_only = (
         {"mode": "pynative", "recompute": True, "jit_options": {"jit_level": "O1"}},
         {"keep_preprocess_tape": True},
     )
-    for changes in execution_only:  # recorded, not compared
+    for changes in execution_only:  # recorded, not compared: no warning
         job.sched.options = replace(saved, **changes)
-        assert job.load(tmp_path) == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ReshardWarning)
+            assert job.load(tmp_path) == 1
     job.sched.options = replace(saved, shapes="dynamic")
-    with pytest.raises(
-        CheckpointMismatchError, match="option shapes: checkpoint 'static', this job 'dynamic'"
-    ):
-        job.load(tmp_path)
+    with pytest.warns(ReshardWarning, match="option shapes: checkpoint 'static', this job 'dynamic'"):
+        assert job.load(tmp_path) == 1
 
 
 def test_optimizer_state_must_be_in_the_checkpoint_when_asked_for(tmp_path):
@@ -424,6 +412,7 @@ def test_a_resuming_worker_says_which_step_it_loads_before_loading(monkeypatch, 
     monkeypatch.setattr(ge, "load_checkpoint", corrupt)
     worker = SimpleNamespace(
         spec=SimpleNamespace(name="run"),
+        job=SimpleNamespace(batch=8),
         schedule=None,
         optimizer=None,
         loader=None,

@@ -10,8 +10,9 @@ lives here, not in the library). That ends the launch.
 
 ``checkpoint_checks.py resume DIR`` (second launch, a new job): run C again for every case
 from the files of the first launch; the killed save's directory loads step 3; then a
-corrupted and a missing rank file, checkpoints from other set-ups (V, preprocess, world
-size: ``DIR/world1`` is written by the test in one process) and a save that fails on one rank.
+corrupted and a missing rank file, checkpoints of another model, optimizer class or without
+the optimizer state of the preprocess (refused), one of another plan (``DIR/world1``, written by
+the test in one process: loaded by name) and a save that fails on one rank.
 
 Prints ``CHECK <name> OK`` (or ``FAIL <detail>``) per check; failures are counted, not
 raised, so the ranks stay in step; ``ALL DONE failures=N`` at the end.
@@ -272,30 +273,53 @@ def resume_phase(root: Path) -> None:
         "rank_1.ckpt, which do not exist",
     )
 
-    # Checkpoints from other set-ups: every difference listed, nothing loaded, on every rank.
+    # Checkpoints of another model or optimizer: refused on every rank, naming it, nothing loaded.
     expect(
-        "other_vpp",
+        "other_model",
         CheckpointMismatchError,
         lambda job: ge.load_checkpoint(Job(base, vpp=1).sched, root / base.name),
-        "stage count: checkpoint 4, this job 2",
-        "V (stages per rank): checkpoint 2, this job 1",
+        "does not fit rank 1's model",
     )
     expect(
-        "other_preprocess",
+        "missing_optimizer_state",
         CheckpointMismatchError,
-        lambda job: ge.load_checkpoint(Job(base, preprocess="frozen").sched, root / base.name),
-        "preprocess: checkpoint 'trainable', this job 'frozen'",
+        lambda job: job.load(root / "frozen_graph"),
+        "optimizer state missing from the checkpoint: moment1.pre.",
     )
     expect(
-        "other_world_size",
+        "other_optimizer",
         CheckpointMismatchError,
-        lambda job: job.load(root / "world1"),
-        "world size: checkpoint 1, this job 2",
-        "device mesh",
-        "stages of rank 0: checkpoint [0, 1, 2, 3], this job [0, 2]"
-        if rank == 0
-        else "rank 1: the checkpoint has no file",
+        lambda job: ge.load_checkpoint(
+            job.sched, root / base.name, optimizer=nn.Momentum(job.sched.trainable_params(), 0.1, 0.9)
+        ),
+        "holds the state of optimizer class Adam, this job's is Momentum",
     )
+
+    # A checkpoint of another plan (one process, all 4 stages): each rank loads its names from it.
+    def other_world_size() -> None:
+        job = Job(base, seed=11)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            step = job.load(root / "world1")
+        saved = {
+            k: v.asnumpy()
+            for k, v in ms.load_checkpoint(str(root / "world1" / "step_3" / "rank_0.ckpt")).items()
+        }
+        mine = job.values()
+        moments = {p.name: p.asnumpy() for p in job.opt.get_parameters() if p.name.startswith("moment1.")}
+        check("other_world_size.loads_by_name", step == 3 and not same(mine, {k: saved[k] for k in mine}, 0))
+        check(
+            "other_world_size.optimizer_state",
+            bool(moments) and not same(moments, {k: saved[k] for k in moments}, 0),
+        )
+        said = " | ".join(str(w.message) for w in seen)
+        check(
+            "other_world_size.says_what_changed",
+            rank != 0 or "world size: checkpoint 1, this job 2" in said,
+            said,
+        )
+
+    guarded("other_world_size", other_world_size)
     expect(
         "save_twice",
         CheckpointExistsError,

@@ -1,0 +1,82 @@
+"""Resume under another plan in one process: a checkpoint of ``embed_lm`` written by the MPipe
+schedule on the even split loads by name into the fair baseline on a rebalanced split (other
+chunks, other parameter-to-chunk map, the preprocess folded into stage 0), and training goes on
+as if uninterrupted: losses of steps 4-6 and every parameter after step 6 within 1e-5 relative
+(the same operations; the chunk boundaries move, so the sums may round differently)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mindspore import nn
+
+import graph_exec as ge
+from graph_exec.checkpoint import CheckpointMismatchError, ReshardWarning
+from graph_exec.examples import embed_lm
+
+MICRO, BATCH, LR, RTOL = 2, 4, 1e-2, 1e-5
+
+
+class Job:
+    """embed_lm (tiny, 4 chunks) on one process, its schedule and Adam."""
+
+    def __init__(self, *, baseline: bool = False, layers=None, seed: int = 0, size: str = "tiny") -> None:
+        self.model = embed_lm.build(4, seed=seed, size=size, layers=layers)
+        chunks = [ge.PipelineStage(c, k, 4) for k, c in enumerate(self.model.stages)]
+        kind = ge.ScheduleInterleaved1F1B if baseline else ge.ScheduleMPipeTranspose
+        self.sched = kind(
+            chunks,
+            MICRO,
+            self.model.preprocess,
+            self.model.num_transpose_layers,
+            loss_fn=self.model.loss_fn,
+            mode="pynative",
+        )
+        self.opt = nn.Adam(self.sched.trainable_params(), learning_rate=LR)
+
+    def train(self, first: int, count: int) -> list[float]:
+        losses = []
+        for step in range(first, first + count):
+            inputs, labels = self.model.batch(step, BATCH)
+            out = self.sched.run(*inputs, labels=labels)
+            losses.append(float(np.mean([v.asnumpy() for v in out])))
+            self.sched.step(self.opt)
+        return losses
+
+    def values(self) -> dict[str, np.ndarray]:
+        named = {p.name: p for c in [*self.model.stages, self.model.preprocess] for p in c.get_parameters()}
+        named.update({p.name: p for p in self.opt.get_parameters() if p.name.startswith("moment")})
+        return {name: p.asnumpy().copy() for name, p in named.items()}
+
+
+def test_a_checkpoint_loads_by_name_into_another_split_and_schedule(tmp_path):
+    whole = Job()
+    losses = whole.train(0, 6)
+    first = Job()
+    first.train(0, 3)
+    ge.save_checkpoint(first.sched, tmp_path, 3, optimizer=first.opt, global_batch=BATCH)
+    other = Job(baseline=True, layers=(2, 1, 1, 0), seed=7)  # other weights: only the load makes it right
+    with pytest.warns(ReshardWarning, match="schedule class: checkpoint 'ScheduleMPipeTranspose'"):
+        assert ge.load_checkpoint(other.sched, tmp_path, optimizer=other.opt, global_batch=BATCH) == 3
+    np.testing.assert_allclose(other.train(3, 3), losses[3:], rtol=RTOL)
+    expected, found = whole.values(), other.values()
+    assert sorted(found) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(found[name], value, rtol=RTOL, atol=1e-7, err_msg=name)
+
+
+def test_what_cannot_carry_over_is_refused_naming_it_and_nothing_changes(tmp_path):
+    job = Job()
+    ge.save_checkpoint(job.sched, tmp_path, 1, optimizer=job.opt, global_batch=BATCH)
+    bigger = Job(size="small", seed=3)  # another model: width 64
+    before = bigger.values()
+    with pytest.raises(
+        CheckpointMismatchError, match=r"pre.block.attn.proj.weight: checkpoint has \(32, 32\)"
+    ):
+        ge.load_checkpoint(bigger.sched, tmp_path, optimizer=bigger.opt)
+    with pytest.raises(CheckpointMismatchError, match="global batch size 4, this job's is 8"):
+        ge.load_checkpoint(job.sched, tmp_path, optimizer=job.opt, global_batch=8)
+    sgd = nn.SGD(job.sched.trainable_params(), learning_rate=LR)
+    with pytest.raises(CheckpointMismatchError, match="optimizer class Adam, this job's is SGD"):
+        ge.load_checkpoint(job.sched, tmp_path, optimizer=sgd)
+    assert all(np.array_equal(v, before[k]) for k, v in bigger.values().items())
