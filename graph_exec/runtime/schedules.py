@@ -472,10 +472,12 @@ class PipelineSchedule:
     def optimizer_params(self) -> list[Any]:
         """The parameters to build this rank's optimizer over: :meth:`trainable_params`, or with
         ``optimizer_sharding=True`` this replica's share of them
-        (:mod:`graph_exec.runtime.optimizer_sharding`). Available before the first ``run()``."""
+        (:mod:`graph_exec.runtime.optimizer_sharding`). Available before the first ``run()``;
+        raises ``ValueError`` where a replica would own nothing (fewer parameters than replicas)."""
         params = self.trainable_params()
         if not self.optimizer_sharding:
             return params
+        check_enough_to_share(params, self.options.mesh.dp_size)
         return owned_params(params, self.options.mesh.dp_rank, self.options.mesh.dp_size)
 
     def zero_grad(self) -> None:
