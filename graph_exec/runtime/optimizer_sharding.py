@@ -12,7 +12,11 @@ so it allocates state for them alone; ``sched.step(optimizer)`` hands it their g
 then :meth:`OptimizerSharding.gather` gives every replica the updated values: one broadcast per
 owner of its parameters, in flat buckets (:class:`~graph_exec.transport.buckets.PackedTensors`),
 so after ``step()`` every parameter is whole on every replica again (export and the next step's
-forward need nothing else).
+forward need nothing else). Measured against the alternative without a new collective (one SUM
+all-reduce of every parameter, ``-0.0`` where a rank is not the owner: exact too), llama small
+at dp = 2 on this machine (``python -m graph_exec.benchmarks.zero_cost``): the broadcasts took
+77-153 ms a step for 4.6 MiB, the sum 186-193 ms (its per-parameter fill costs more than the
+second call saves).
 
 The result is bit-identical to the unsharded run: an optimizer update of one parameter reads
 only that parameter, its gradient (equal on every replica), its own state and the step count,
