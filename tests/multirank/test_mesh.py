@@ -43,7 +43,8 @@ def test_optimizer_sharding_matches_the_unsharded_run(run_workers):
     """ZeRO-1 on dp 2 x pp 2, graph and pynative, Adam with clipping and a dynamic loss scaler:
     the losses, norms and every parameter after 3 steps bit-identical to the unsharded run, the
     optimizer state per rank half of it (within one parameter's), a resume from a sharded
-    checkpoint exact (graph mode) (tests/multirank/workers/mesh_checks.py, suite ``zero``)."""
+    checkpoint exact (graph mode); an optimizer over another replica's parameters or with state not
+    per parameter refused on every rank (pynative) (tests/multirank/workers/mesh_checks.py, suite ``zero``)."""
     result = run_workers("mesh_checks.py", 4, "zero", timeout_s=600)
     for rank in range(4):
         assert "ALL DONE failures=0" in result.worker_logs[rank], result.describe()
@@ -52,6 +53,8 @@ def test_optimizer_sharding_matches_the_unsharded_run(run_workers):
             expected = {f"zero_{mode}.{check}" for check in (*ZERO_CHECKS, "stats")}
             assert expected <= seen, result.describe()
         assert "zero_graph.resume_exact" in seen, result.describe()
+        refusals = ("refuses_not_owned", "refuses_global_state", "refusals_update_nothing")
+        assert {f"zero_pynative.{check}" for check in refusals} <= seen, result.describe()
 
 
 def test_two_loopback_hosts_give_the_numbers_of_one_launch(tmp_path):

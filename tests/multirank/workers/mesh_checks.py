@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from mindspore import amp, nn
+from mindspore import Parameter, Tensor, amp, nn
 
 import graph_exec as ge
-from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError
+from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError, RemoteRankError
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport import all_gather_objects
 from tests.models.common import announce_policy, loss_fn
@@ -158,6 +158,7 @@ def zero_case(mesh: ge.DeviceMesh, mode: str, checker: Checker, root: Path | Non
         f"{owned} vs {memory[sharded]['optimizer_parameters']}",
     )
     if root is None:
+        refusals(sharded, checker, name)
         return
     resumed = ZeroRun(mesh, mode, True)
     loaded = ge.load_checkpoint(resumed.sched, root / name, optimizer=resumed.opt)
@@ -168,6 +169,39 @@ def zero_case(mesh: ge.DeviceMesh, mode: str, checker: Checker, root: Path | Non
         f"{name}.resume_exact",
         loaded == ZERO_SAVE_AFTER and not differ and resumed.losses == sharded.losses[ZERO_SAVE_AFTER:],
         f"step {loaded}, differ: {differ}",
+    )
+
+
+class GlobalNormAdam(nn.Adam):
+    """An Adam that also keeps one tensor over all its parameters: not shardable by parameter."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self.norm_history = Parameter(Tensor(np.zeros(4, np.float32)), name="norm_history")
+
+
+def refusals(run: ZeroRun, checker: Checker, name: str) -> None:
+    """``step()`` refuses, on every rank and before any update, an optimizer over parameters
+    another replica owns and one whose state is not per parameter; the schedule stays usable."""
+    before = run.values()
+    for label, optimizer, pattern in (
+        ("not_owned", nn.Adam(run.sched.trainable_params()), "which another replica owns"),
+        ("global_state", GlobalNormAdam(run.sched.optimizer_params()), "its state 'norm_history'"),
+    ):
+        run.sched.run(run.x[run.mine], labels=run.labels[run.mine])
+        expect_error(
+            checker,
+            f"{name}.refuses_{label}",
+            (ValueError, RemoteRankError),
+            lambda o=optimizer: run.sched.step(o),
+            pattern,
+        )
+        run.sched.zero_grad()
+    after = run.values()
+    # what this rank trains (its preprocess replica, trained on pipeline rank 0, is refreshed by run())
+    trained = [p.name for p in run.sched.trainable_params()]
+    checker.check(
+        f"{name}.refusals_update_nothing", all(np.array_equal(before[k], after[k]) for k in trained)
     )
 
 
