@@ -68,3 +68,13 @@ def test_bad_part_counts_are_refused(parts) -> None:
 def test_repeated_names_are_refused() -> None:
     with pytest.raises(ValueError, match=r"names must be unique"):
         partition_by_bytes([("a", 1), ("a", 2)], 2)
+
+
+def test_the_partition_imports_no_mindspore() -> None:
+    """The memory model prices ZeRO from this module's arithmetic, without MindSpore."""
+    import subprocess
+    import sys
+
+    code = "import sys, graph_exec.runtime.optimizer_sharding; print('mindspore' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
