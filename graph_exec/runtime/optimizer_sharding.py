@@ -123,12 +123,10 @@ class OptimizerSharding:
         self, transport: Any, params: Sequence[Any], dp_rank: int, dp_size: int, bucket_bytes: int
     ) -> None:
         self.transport = transport
-        owners = partition_by_bytes([(p.name, int(p.nbytes)) for p in params], dp_size)
-        self.owned = owned_params(params, dp_rank, dp_size)
         self._by_owner = [
-            PackedTensors([p for p, o in zip(params, owners, strict=True) if o == k], bucket_bytes)
-            for k in range(dp_size)
+            PackedTensors(owned_params(params, k, dp_size), bucket_bytes) for k in range(dp_size)
         ]
+        self.owned = self._by_owner[dp_rank].tensors
         self.stats = ShardingStats(
             owned_parameters=len(self.owned),
             owned_parameter_bytes=sum(int(p.nbytes) for p in self.owned),

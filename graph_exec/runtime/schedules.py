@@ -762,10 +762,8 @@ class PipelineSchedule:
         slots = receive_slots(self.buffer_cache_bytes)
         runtime = self._runtime(plan, rank, executor, transport, slots)
         waits = WaitBounds(self.timeout_s, compile_s, (transport, dp_transport))
-        self._setup = _Setup(
-            plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm, waits
-        )
-        self._setup.sharding = sharding
+        parts = (plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm, waits)
+        self._setup = _Setup(*parts, sharding=sharding)
         return self._setup
 
     def _runtime(
