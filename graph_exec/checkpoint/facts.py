@@ -34,6 +34,9 @@ EXECUTION_ONLY = frozenset(
 )
 #: Options a checkpoint may record under an older name: old name -> name now.
 RENAMED = {"overflow": "run_ahead"}
+#: Options added after checkpoints were first written, with the value every job had before:
+#: a checkpoint that does not record one was written with that value.
+BEFORE_THE_OPTION = {"optimizer_sharding": False}
 #: Attributes that hold the model or the mesh, not options (recorded through the other facts).
 MODEL_ATTRIBUTES = frozenset({"stages", "preprocess_module", "loss_fn", "mesh"})
 
@@ -125,7 +128,8 @@ def differences(manifest: dict[str, Any], now: dict[str, Any], rank: int, stages
     for name in sorted(set(saved_options) | set(now["options"])):
         if name in EXECUTION_ONLY:
             continue
-        before, current = saved_options.get(name, "<not set>"), now["options"].get(name, "<not set>")
+        before = saved_options.get(name, BEFORE_THE_OPTION.get(name, "<not set>"))
+        current = now["options"].get(name, "<not set>")
         if before != current:
             found.append(f"option {name}: checkpoint {before!r}, this job {current!r}")
     if entry is None:
@@ -149,7 +153,7 @@ def differences_from_expected(manifest: dict[str, Any], expected: dict[str, Any]
     ]
     saved_options = manifest.get("options", {})
     for name, current in sorted(expected.get("options", {}).items()):
-        before = saved_options.get(name, "<not set>")
+        before = saved_options.get(name, BEFORE_THE_OPTION.get(name, "<not set>"))
         if before != current:
             found.append(f"option {name}: checkpoint {before!r}, this job {current!r}")
     return found

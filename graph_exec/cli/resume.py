@@ -58,7 +58,11 @@ def expected_facts(job: JobSpec) -> dict[str, Any]:
     """What the manifest of a checkpoint this job can resume from must say (as far as the
     command line knows it; the ranks' own check at the load compares everything)."""
     spec = job.runs[0]
-    options: dict[str, Any] = {"micro_batch_num": job.micro, "shapes": job.shapes}
+    options: dict[str, Any] = {
+        "micro_batch_num": job.micro,
+        "shapes": job.shapes,
+        "optimizer_sharding": spec.optimizer_sharding,
+    }
     if not spec.baseline:
         options.update(run_ahead=spec.run_ahead, backward=spec.backward)
     return {
@@ -183,6 +187,7 @@ _FLAGS = {
     "option shapes": "--shapes",
     "option run_ahead": "--run-ahead",
     "option backward": "--backward",
+    "option optimizer_sharding": "--zero",
     "data": "--data",
     "global batch": "--batch",
     "split": "--layers",

@@ -153,6 +153,14 @@ def _add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
         help="pipeline body (default interleaved; zb: zero bubble)",
     )
     group.add_argument(
+        "--zero",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="1: ZeRO-1, each of the --dp replicas keeps the Adam state of its share of the parameters "
+        "(needs --dp 2 or more; default 0: every replica keeps all of it)",
+    )
+    group.add_argument(
         "--keep-preprocess-tape",
         action="store_true",
         help="trainable preprocess: keep the tape of each TFWD whose backward runs on the same rank "
@@ -482,6 +490,11 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}")
     trainable = TRAINABLE_BY_DEFAULT[args.example] if args.trainable is None else args.trainable
+    if args.zero and args.dp < 2:
+        parser.error(
+            f"--zero 1 shards the optimizer state over the data-parallel replicas, but --dp is {args.dp}: "
+            "pass --dp 2 or more (with --ranks a multiple of it), or --zero 0"
+        )
     if args.keep_preprocess_tape and not trainable:
         parser.error("--keep-preprocess-tape needs a trainable preprocess (pass --trainable)")
     spec = RunSpec(
@@ -494,6 +507,7 @@ def job_and_start(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         keep_preprocess_tape=args.keep_preprocess_tape,
         body=args.body,
         layers=args.layers,
+        optimizer_sharding=bool(args.zero),
     )
     shapes = shape_options(args, parser)
     job = checked_job(args, parser, (spec,), micro=micro, batch=batch, steps=args.steps, warmup=0)

@@ -91,6 +91,7 @@ class Trainer:
             "recompute": spec.recompute,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
             "mesh": mesh,
+            "optimizer_sharding": spec.optimizer_sharding,
             # a tied embedding and head stay one weight (an export writes the embedding only)
             "tied_parameters": getattr(self.model.split, "tied_weights", None),
         }
@@ -111,7 +112,7 @@ class Trainer:
                 **common,
             )
         # Built now, not at the first update: a resumed job loads its state before any step.
-        self.optimizer = nn.Adam(self.schedule.trainable_params(), learning_rate=job.lr)
+        self.optimizer = nn.Adam(self.schedule.optimizer_params(), learning_rate=job.lr)
         self.records: list[StepRecord] = []
         # The last-stage ranks of all replicas form one data-parallel group: average the loss there.
         self._loss_group = (

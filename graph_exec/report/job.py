@@ -43,6 +43,8 @@ class RunSpec:
     layers: tuple[int, ...] | None = None
     #: MPipe's ``tower_order``; ``"balanced"`` places by the example's ``tower_costs`` of each batch.
     tower_order: str = "arrival"
+    #: ZeRO-1 (``--zero 1``): each replica keeps the Adam state of its share of the parameters.
+    optimizer_sharding: bool = False
 
     @property
     def preprocess(self) -> str:

@@ -131,6 +131,14 @@ class ScheduleOptions:
         default=DEFAULT_BUCKET_BYTES,
         metadata=_doc("size of the flat buckets in which gradients are averaged over ``mesh.dp``."),
     )
+    optimizer_sharding: bool = field(
+        default=False,
+        metadata=_doc(
+            """ZeRO-1: each of the ``mesh.dp`` replicas keeps the optimizer state of its share of
+            the parameters (build the optimizer over ``sched.optimizer_params()``; ``step()``
+            gives every replica the updated values; ``docs/zero.md``). Needs ``mesh.dp >= 2``."""
+        ),
+    )
     recompute: bool = field(
         default=False,
         metadata=_doc(
@@ -260,6 +268,7 @@ class ScheduleOptions:
             self._set("compile_timeout_s", compile_s)
         _check_mesh(self.mesh)
         checks.positive_int("dp_bucket_bytes", self.dp_bucket_bytes)
+        _check_optimizer_sharding(self.optimizer_sharding, self.mesh)
         checks.boolean("recompute", self.recompute)
         checks.boolean("keep_preprocess_tape", self.keep_preprocess_tape)
         if self.keep_preprocess_tape and self.recompute:
@@ -323,6 +332,19 @@ def _check_mesh(mesh: Any) -> None:
 
         if not isinstance(mesh, DeviceMesh):
             raise TypeError(f"mesh must be a graph_exec.DeviceMesh or None, got {type(mesh).__name__}")
+
+
+def _check_optimizer_sharding(sharding: Any, mesh: Any) -> None:
+    """``optimizer_sharding=True`` shards over the data-parallel replicas: it needs ``D >= 2``."""
+    checks.boolean("optimizer_sharding", sharding)
+    dp = 1 if mesh is None else mesh.dp_size
+    if sharding and dp < 2:
+        raise ValueError(
+            f"optimizer_sharding=True shards the optimizer state over the data-parallel replicas, but "
+            f"the mesh has dp={dp} ({'mesh=None: one pipeline' if mesh is None else 'mesh.dp_size'}): pass "
+            "mesh=DeviceMesh(dp=D) with D >= 2 (on the command line: --dp D with --zero 1), or "
+            "optimizer_sharding=False"
+        )
 
 
 def option_names(transposes: bool = True) -> tuple[str, ...]:

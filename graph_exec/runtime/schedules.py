@@ -44,6 +44,12 @@ from graph_exec.runtime.microbatch import (
     permuted,
     split_batch,
 )
+from graph_exec.runtime.optimizer_sharding import (
+    OptimizerSharding,
+    check_enough_to_share,
+    check_shardable,
+    owned_params,
+)
 from graph_exec.runtime.options import (
     ScheduleOptions,
     option_names,
@@ -105,6 +111,7 @@ class _Setup:
     grad_norm: GlobalGradNorm
     waits: WaitBounds
     evaluation: RankRuntime | None = None  #: made by the first evaluate()
+    sharding: OptimizerSharding | None = None  #: with optimizer_sharding=True
 
 
 class PipelineSchedule:
@@ -421,6 +428,8 @@ class PipelineSchedule:
                         for p in params
                     )
                 )
+                if setup.sharding is not None:  # every replica takes each owner's new values
+                    setup.sharding.gather()
         except BaseException as exc:
             self._failed = setup.step_end.gate.after_failure(exc)
             raise
@@ -460,6 +469,17 @@ class PipelineSchedule:
         unique = {id(p): p for cell in cells for p in cell.trainable_params()}
         return list(unique.values())
 
+    def optimizer_params(self) -> list[Any]:
+        """The parameters to build this rank's optimizer over: :meth:`trainable_params`, or with
+        ``optimizer_sharding=True`` this replica's share of them
+        (:mod:`graph_exec.runtime.optimizer_sharding`). Available before the first ``run()``;
+        raises ``ValueError`` where a replica would own nothing (fewer parameters than replicas)."""
+        params = self.trainable_params()
+        if not self.optimizer_sharding:
+            return params
+        check_enough_to_share(params, self.options.mesh.dp_size)
+        return owned_params(params, self.options.mesh.dp_rank, self.options.mesh.dp_size)
+
     def zero_grad(self) -> None:
         """Reset every gradient buffer of this rank to zero."""
         if self._setup is not None:
@@ -498,6 +518,8 @@ class PipelineSchedule:
             out["transport"] = setup.transport.stats
         if setup.data_parallel is not None:
             out["data_parallel"] = setup.data_parallel.stats
+        if setup.sharding is not None:
+            out["optimizer_sharding"] = setup.sharding.stats
         out["memory"] = self._memory_stats(setup)
         return out
 
@@ -512,6 +534,7 @@ class PipelineSchedule:
             "parameters": parameter_bytes(cells),
             "gradient_accumulators": tensors_bytes(setup.executor.grads().values()),
             "optimizer_state": None if self._optimizer_state is None else self._optimizer_state[1],
+            "optimizer_parameters": tensors_bytes(self.optimizer_params()),
             "zb_buffers": setup.executor.split_buffer_bytes,
             **setup.runtime.memory.peaks(),
             **memory_peaks(),
@@ -630,8 +653,17 @@ class PipelineSchedule:
         if missing:
             raise ValueError(
                 f"the optimizer updates {missing[:4]}, which this rank does not train: build it over "
-                "sched.trainable_params()"
+                "sched.optimizer_params()"
             )
+        if self.optimizer_sharding:
+            owned = {p.name for p in self.optimizer_params()}
+            others = [p.name for p in params if p.name not in owned]
+            if others:
+                raise ValueError(
+                    f"with optimizer_sharding=True the optimizer updates {others[:4]}, which another "
+                    "replica owns: build it over sched.optimizer_params()"
+                )
+            check_shardable(optimizer, params)
         return tuple(params)
 
     def _sync_steps(self) -> bool:
@@ -675,6 +707,8 @@ class PipelineSchedule:
         error: Exception | None = None
         try:
             plan, executor = self._build_local(pp, rank)
+            if self.optimizer_sharding:
+                check_enough_to_share(self.trainable_params(), mesh.dp_size)
         except (ValueError, TypeError) as exc:  # bad set-up: every rank must hear of it
             error = exc
         groups = [t for t in (transport, dp_transport) if t is not None]
@@ -693,6 +727,13 @@ class PipelineSchedule:
                 dp_transport, params, lambda: [executor.grads()[p.name] for p in params], self.dp_bucket_bytes
             )
             data_parallel.start_in_sync()
+        sharding = (
+            OptimizerSharding(
+                dp_transport, self.trainable_params(), mesh.dp_rank, mesh.dp_size, self.dp_bucket_bytes
+            )
+            if self.optimizer_sharding
+            else None
+        )
         trained = [p.name for p in self.trainable_params()]
         stage_names = {p.name for s in self.stages for p in s.submodule.trainable_params()}
         tied = None
@@ -721,9 +762,8 @@ class PipelineSchedule:
         slots = receive_slots(self.buffer_cache_bytes)
         runtime = self._runtime(plan, rank, executor, transport, slots)
         waits = WaitBounds(self.timeout_s, compile_s, (transport, dp_transport))
-        self._setup = _Setup(
-            plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm, waits
-        )
+        parts = (plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm, waits)
+        self._setup = _Setup(*parts, sharding=sharding)
         return self._setup
 
     def _runtime(

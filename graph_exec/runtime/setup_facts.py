@@ -68,4 +68,5 @@ def replica_facts(schedule: Any, config: PlanConfig) -> dict[str, str]:
         "stage parameters": describe_parameters(stage_params),
         "trainable parameters": describe_parameters(schedule.trainable_params()),
         "dp_bucket_bytes": str(schedule.dp_bucket_bytes),
+        "optimizer_sharding": str(schedule.optimizer_sharding),  # the owners' broadcasts after step()
     }

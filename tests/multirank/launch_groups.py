@@ -85,6 +85,7 @@ GROUPS: dict[str, list[Member]] = {
             "zb_dp2pp2",
             900,
         ),
+        _member("test_mesh.py::test_optimizer_sharding_matches_the_unsharded_run", _MESH, 4, "zero", 600),
         _member(
             "test_mesh.py::test_data_parallel_pipelines_match_the_global_batch_reference",
             _MESH,

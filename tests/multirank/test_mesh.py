@@ -36,6 +36,27 @@ def test_data_parallel_pipelines_match_the_global_batch_reference(run_workers):
         assert "dp4pp1_trainable.losses" in checks(result, rank)
 
 
+ZERO_CHECKS = ("losses_equal", "norms_equal", "clipped", "params_equal", "params_trained", "state_halved")
+
+
+def test_optimizer_sharding_matches_the_unsharded_run(run_workers):
+    """ZeRO-1 on dp 2 x pp 2, graph and pynative, Adam with clipping and a dynamic loss scaler:
+    the losses, norms and every parameter after 3 steps bit-identical to the unsharded run, the
+    optimizer state per rank half of it (within one parameter's), a resume from a sharded
+    checkpoint exact (graph mode); an optimizer over another replica's parameters or with state not
+    per parameter refused on every rank (pynative) (tests/multirank/workers/mesh_checks.py, suite ``zero``)."""
+    result = run_workers("mesh_checks.py", 4, "zero", timeout_s=600)
+    for rank in range(4):
+        assert "ALL DONE failures=0" in result.worker_logs[rank], result.describe()
+        seen = checks(result, rank)
+        for mode in ("graph", "pynative"):
+            expected = {f"zero_{mode}.{check}" for check in (*ZERO_CHECKS, "stats")}
+            assert expected <= seen, result.describe()
+        assert "zero_graph.resume_exact" in seen, result.describe()
+        refusals = ("refuses_not_owned", "refuses_global_state", "refusals_update_nothing")
+        assert {f"zero_pynative.{check}" for check in refusals} <= seen, result.describe()
+
+
 def test_two_loopback_hosts_give_the_numbers_of_one_launch(tmp_path):
     """Two launchers, one per "host" (node 0 and node 1, 2 workers each, on this machine),
     against one 4-worker launch of the same job: the same per-step losses (rtol 1e-6; the

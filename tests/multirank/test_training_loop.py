@@ -74,6 +74,8 @@ EXPECTED = {
             "clip_mesh_pynative.norm_2.0_same_bits_everywhere",
             "clip_mesh_pynative.clipped_grads",
             "tied_mesh_graph.step1.tied_weights_stay_one",
+            "tied_mesh_zero_pynative.step1.tied_weights_stay_one",
+            "tied_mesh_zero_pynative.step1.grads",
             "token_mesh_pynative.grads",
             "token_mesh_pynative.step1.norm_without_a_collective_of_its_own",
             "clip_scaled_mesh_graph.step2.clip_needs_no_collective_of_its_own",

@@ -70,6 +70,11 @@ def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
             "--keep-preprocess-tape needs a trainable preprocess",
         ),
         (["run", "embed_lm", "--frozen", "--trainable"], "not allowed with argument --frozen"),
+        (
+            ["run", "embed_lm", "--zero", "1"],
+            "--zero 1 shards the optimizer state over the data-parallel replicas, but --dp is 1",
+        ),
+        (["run", "embed_lm", "--zero", "2"], "argument --zero: invalid choice: 2 (choose from 0, 1)"),
         (["run", "embed_lm", "--timeout", "0"], "argument --timeout: invalid value '0'"),
         (
             ["run", "embed_lm", "--micro", "100000000", "--batch", "100000000"],
@@ -170,6 +175,18 @@ def test_run_body_reaches_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert default.body == "interleaved"
     code, err = _exit(["run", "embed_lm", "--body", "zz"], capsys)
     assert code == 2 and "invalid choice: 'zz'" in err
+
+
+def test_run_zero_reaches_the_schedule_option() -> None:
+    """``--zero 1`` (with ``--dp 2``) is the run's ``optimizer_sharding``; off by default."""
+    from graph_exec.cli.run import job_from_args
+
+    parser = main.__globals__["build_parser"]("run")
+    args = parser.parse_args(["run", "embed_lm", "--ranks", "4", "--dp", "2", "--zero", "1"])
+    (spec,) = job_from_args(args, parser).runs
+    assert spec.optimizer_sharding
+    (default,) = job_from_args(parser.parse_args(["run", "embed_lm"]), parser).runs
+    assert not default.optimizer_sharding
 
 
 def test_bench_adds_the_baselines_each_variant_needs() -> None:

@@ -14,16 +14,21 @@ so the ranks stay in step.
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
-from mindspore import nn
+import numpy as np
+from mindspore import Parameter, Tensor, amp, nn
 
 import graph_exec as ge
-from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError
+from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError, RemoteRankError
 from graph_exec.msenv import prepare_mindspore
+from graph_exec.transport import all_gather_objects
 from tests.models.common import announce_policy, loss_fn
 from tests.models.pipeline import batch, build, reference, sgd_step
 from tests.multirank.workers.pipeline_checks import Checker, grads_numpy
@@ -67,6 +72,158 @@ SUITES["zb_dp2pp2"] = [
     Case("zb_dp2pp2_trainable_owner", 2, 2, backward="owner", body="zb", optimizer=True, twice=True),
     Case("zb_dp2pp2_baseline", 2, 2, preprocess="none", baseline=True, body="zb"),
 ]
+
+
+#: ZeRO-1 (``zero`` suite): Adam steps compared, the clipping threshold (below the first norms,
+#: so every step clips) and where the sharded run is checkpointed and resumed.
+ZERO_STEPS, ZERO_MAX_NORM, ZERO_SAVE_AFTER = 3, 0.05, 2
+
+
+class ZeroRun:
+    """One dp 2 x pp 2 training job with Adam, clipping and a dynamic loss scaler, sharded or not."""
+
+    def __init__(self, mesh: ge.DeviceMesh, mode: str, sharded: bool) -> None:
+        self.mesh = mesh
+        self.model = build(4, "trainable")
+        stages = [ge.PipelineStage(self.model.stages[s], s, 4) for s in range(self.mesh.pp_rank, 4, 2)]
+        self.sched = ge.ScheduleMPipeTranspose(
+            stages,
+            4,
+            self.model.preprocess,
+            1,
+            loss_fn=loss_fn,
+            mesh=self.mesh,
+            mode=mode,
+            timeout_s=TIMEOUT_S,
+            loss_scaler=amp.DynamicLossScaler(2.0**10, 2, 1000),
+            optimizer_sharding=sharded,
+        )
+        self.opt = nn.Adam(self.sched.optimizer_params(), learning_rate=0.01)
+        self.x, self.labels = batch(16)
+        self.mine = slice(self.mesh.dp_rank * 8, (self.mesh.dp_rank + 1) * 8)
+        self.losses: list[list[float]] = []
+        self.norms: list[float] = []
+        self.start = self.values()
+
+    def train(self, steps: int) -> None:
+        for _ in range(steps):
+            losses = self.sched.run(self.x[self.mine], labels=self.labels[self.mine])
+            self.losses.append([] if losses is None else [float(v.asnumpy()) for v in losses])
+            self.norms.append(self.sched.step(self.opt, max_norm=ZERO_MAX_NORM)["grad_norm"])
+
+    def values(self) -> dict[str, np.ndarray]:
+        """Every parameter of this rank's cells (the preprocess replica included)."""
+        cells = [self.model.preprocess, *(self.model.stages[s] for s in range(self.mesh.pp_rank, 4, 2))]
+        return {p.name: p.asnumpy().copy() for cell in cells for p in cell.get_parameters()}
+
+
+def zero_case(mesh: ge.DeviceMesh, mode: str, checker: Checker, root: Path | None) -> None:
+    """Sharded against unsharded: the same losses and parameters after each Adam step (bit for
+    bit: the owner computes what every replica would), half the optimizer state (within one
+    parameter's), and with ``root`` a resume from a sharded checkpoint written there that gives
+    the same last step."""
+    name = f"zero_{mode}"
+    whole, sharded = ZeroRun(mesh, mode, False), ZeroRun(mesh, mode, True)
+    whole.train(ZERO_STEPS)
+    sharded.train(ZERO_SAVE_AFTER)
+    if root is not None:
+        ge.save_checkpoint(sharded.sched, root / name, ZERO_SAVE_AFTER, optimizer=sharded.opt)
+    sharded.train(ZERO_STEPS - ZERO_SAVE_AFTER)
+    checker.check(
+        f"{name}.losses_equal", sharded.losses == whole.losses, f"{sharded.losses} vs {whole.losses}"
+    )
+    checker.check(f"{name}.clipped", all(n > ZERO_MAX_NORM for n in whole.norms), f"norms {whole.norms}")
+    checker.check(f"{name}.norms_equal", sharded.norms == whole.norms, f"{sharded.norms} vs {whole.norms}")
+    expected, got = whole.values(), sharded.values()
+    differ = [k for k in expected if not np.array_equal(expected[k], got[k])]
+    checker.check(f"{name}.params_equal", not differ and set(got) == set(expected), f"differ: {differ}")
+    trained = {p.name for p in whole.sched.trainable_params()}
+    still = [k for k in trained if np.array_equal(expected[k], whole.start[k])]
+    checker.check(f"{name}.params_trained", not still, f"unchanged: {still}")
+    memory = {run: run.sched.stats()["memory"] for run in (whole, sharded)}
+    state = {run: memory[run]["optimizer_state"] for run in memory}
+    largest = max(int(p.nbytes) for p in whole.sched.trainable_params())
+    per_param = 2 * largest  # Adam's two moments of the largest parameter
+    checker.check(
+        f"{name}.state_halved",
+        abs(state[sharded] - state[whole] / 2) <= per_param,
+        f"sharded {state[sharded]} B vs unsharded {state[whole]} B (one parameter's state {per_param} B)",
+    )
+    owned = sharded.sched.stats()["optimizer_sharding"]
+    checker.check(
+        f"{name}.stats",
+        owned.owned_parameter_bytes == memory[sharded]["optimizer_parameters"]
+        and owned.parameters == len(whole.sched.trainable_params())
+        and owned.gathers == ZERO_STEPS,
+        f"{owned} vs {memory[sharded]['optimizer_parameters']}",
+    )
+    if root is None:
+        refusals(sharded, checker, name)
+        return
+    resumed = ZeroRun(mesh, mode, True)
+    loaded = ge.load_checkpoint(resumed.sched, root / name, optimizer=resumed.opt)
+    resumed.train(ZERO_STEPS - ZERO_SAVE_AFTER)
+    same = resumed.values()
+    differ = [k for k in got if not np.array_equal(got[k], same[k])]
+    checker.check(
+        f"{name}.resume_exact",
+        loaded == ZERO_SAVE_AFTER and not differ and resumed.losses == sharded.losses[ZERO_SAVE_AFTER:],
+        f"step {loaded}, differ: {differ}",
+    )
+
+
+class GlobalNormAdam(nn.Adam):
+    """An Adam that also keeps one tensor over all its parameters: not shardable by parameter."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self.norm_history = Parameter(Tensor(np.zeros(4, np.float32)), name="norm_history")
+
+
+def refusals(run: ZeroRun, checker: Checker, name: str) -> None:
+    """``step()`` refuses, on every rank and before any update, an optimizer over parameters
+    another replica owns and one whose state is not per parameter; the schedule stays usable."""
+    before = run.values()
+    for label, optimizer, pattern in (
+        ("not_owned", nn.Adam(run.sched.trainable_params()), "which another replica owns"),
+        ("global_state", GlobalNormAdam(run.sched.optimizer_params()), "its state 'norm_history'"),
+    ):
+        run.sched.run(run.x[run.mine], labels=run.labels[run.mine])
+        expect_error(
+            checker,
+            f"{name}.refuses_{label}",
+            (ValueError, RemoteRankError),
+            lambda o=optimizer: run.sched.step(o),
+            pattern,
+        )
+        run.sched.zero_grad()
+    after = run.values()
+    # what this rank trains (its preprocess replica, trained on pipeline rank 0, is refreshed by run())
+    trained = [p.name for p in run.sched.trainable_params()]
+    checker.check(
+        f"{name}.refusals_update_nothing", all(np.array_equal(before[k], after[k]) for k in trained)
+    )
+
+
+def zero_suite(checker: Checker, rank: int) -> int:
+    """Both modes (the checkpoint in graph mode: what it stores does not depend on the mode),
+    then the checkpoint removed (after every rank is done with it)."""
+    root = Path(all_gather_objects(tempfile.mkdtemp(prefix="zero_checks_"), TIMEOUT_S, "directory")[0])
+    mesh = ge.DeviceMesh(dp=2, pp=2)
+    try:
+        for mode in ("graph", "pynative"):
+            start = time.perf_counter()
+            zero_case(mesh, mode, checker, root if mode == "graph" else None)
+            print(f"zero_{mode} seconds: {time.perf_counter() - start:.1f}", flush=True)
+    except Exception:
+        traceback.print_exc()
+        checker.check("zero.ran", False, "raised (traceback above)")
+        return 1  # the message order is lost: the other ranks will report it too
+    all_gather_objects(None, TIMEOUT_S, "the end of the zero suite")
+    if rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"ALL DONE failures={checker.failures}", flush=True)
+    return int(checker.failures > 0)
 
 
 def run_case(case: Case, checker: Checker, results: dict[str, float]) -> None:
@@ -212,6 +369,8 @@ def main() -> int:
     checker.check("bad.mesh_before_init", "init()" in before_init, before_init)
     results: dict[str, float] = {}
     suite = sys.argv[1]
+    if suite == "zero":
+        return zero_suite(checker, rank)
     for case in SUITES[suite]:
         try:
             run_case(case, checker, results)

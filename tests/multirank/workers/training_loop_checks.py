@@ -233,7 +233,7 @@ def tied_case(name: str, vpp: int = 1, **options) -> Case:
         (model, pair), (ref, _) = build_tied(ctx.pp * vpp), build_tied(ctx.pp * vpp)
         micro, dp = 4, ctx.mesh.dp_size
         sched = make(model, ctx, micro, scale_grads=True, tied_parameters=[pair], **options)
-        optimizer = nn.SGD(sched.trainable_params(), learning_rate=0.5)
+        optimizer = nn.SGD(sched.optimizer_params(), learning_rate=0.5)
         for step in range(2):
             x, labels = tied_batch(2 * micro * dp, seed=20 + step)
             ref_losses, grads = reference(ref, x, labels, dp * micro, scale=1 / (dp * micro))
@@ -729,6 +729,8 @@ SUITES: dict[str, list[Case]] = {
         clip_case("clip_mesh_pynative", vpp=2, mode="pynative"),
         clip_case("clip_scaled_mesh_graph", loss_scaler=amp.DynamicLossScaler(2.0**10, 2, 1000)),
         tied_case("tied_mesh_graph"),
+        # ZeRO-1: each copy of the pair updated by its own replica's owner, still one weight
+        tied_case("tied_mesh_zero_pynative", vpp=2, mode="pynative", optimizer_sharding=True),
         token_case("token_mesh_pynative", mode="pynative"),
         evaluate_case("evaluate_mesh_pynative", vpp=2, mode="pynative"),
     ],
