@@ -157,8 +157,7 @@ def export_pretrained(
     stored = export_dtype(split.config, dtype)
     writes = replica == 0
     mine = written_here(split) if writes else []
-    together = split.pp > 1 or replica > 0
-    exchange = _Exchange(timeout_s) if together else None
+    exchange = _Exchange(timeout_s) if _Exchange.job_has_peers() else None
     sizes = [(name, tensor_bytes(p, stored)) for name, p in mine]
     digests = tied_digests(split) if writes else {}
     shared = (split.rank, writes, sizes, digests)
@@ -298,6 +297,15 @@ class _Exchange:
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
+
+    @staticmethod
+    def job_has_peers() -> bool:
+        """Whether other ranks take part: every rank of the job joins every exchange, also the
+        replicas of a one-rank pipeline (deciding from ``split.pp`` and ``replica`` left replica
+        0 of ``--dp 2`` alone while replica 1 waited for it)."""
+        from graph_exec.transport.gather import world_size
+
+        return world_size() > 1
 
     def gather(self, value: Any) -> list[Any]:
         from graph_exec.transport import all_gather_objects

@@ -44,8 +44,8 @@ def test_each_rank_loads_its_share_and_the_job_exports_one_directory(run_workers
 
 @pytest.mark.timeout(600)
 def test_cli_round_trip_and_trained_export(tmp_path):
-    """``graph-exec run llama --pretrained DIR --steps 0 --export OUT`` reproduces a BF16 DIR (the
-    Hub's layout) bit for bit, its non-weight files too; with ``--steps 2`` the export, BF16 too,
+    """``graph-exec run llama --pretrained DIR --dp 2 --steps 0 --export OUT`` reproduces a BF16 DIR
+    (the Hub's layout) bit for bit, its non-weight files too; with ``--steps 2`` the export, BF16 too,
     differs from DIR and mindone's ``from_pretrained`` reads it."""
     import subprocess
     import sys
@@ -65,8 +65,8 @@ def test_cli_round_trip_and_trained_export(tmp_path):
         assert {dtype for _, _, dtype in shards.tensors.values()} == {"BF16"}
         return {name: shards.read(name, "stored") for name in shards.tensors}
 
-    done = subprocess.run(
-        [*base, "--steps", "0", "--export", str(tmp_path / "same")],
+    done = subprocess.run(  # two replicas of a one-rank pipeline: both join the export
+        [*base, "--dp", "2", "--steps", "0", "--export", str(tmp_path / "same")],
         env=ENV,
         capture_output=True,
         text=True,
