@@ -13,6 +13,7 @@ from graph_exec.data.collate import collate_batch, conversation_collate, pad_tex
 from graph_exec.data.conversations import Conversation, ConversationError, read_conversations
 from graph_exec.data.errors import DataError, SampleError
 from graph_exec.data.loader import DataLoader
+from graph_exec.data.packing import Packing, SampleCost, pack, spread
 
 __all__ = [
     "ChatProcessor",
@@ -21,10 +22,14 @@ __all__ = [
     "ConversationError",
     "DataError",
     "DataLoader",
+    "Packing",
+    "SampleCost",
     "SampleError",
     "collate_batch",
     "conversation_collate",
+    "pack",
     "pad_text_samples",
     "read_conversations",
+    "spread",
     "stack_samples",
 ]
