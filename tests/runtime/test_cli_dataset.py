@@ -114,15 +114,34 @@ def test_the_example_trains_on_the_conversations(model_dir):
         np.testing.assert_array_equal(mine.asnumpy(), theirs)
 
 
+def micro_losses(model, batches) -> tuple[list[float], list[int]]:
+    """Each micro-batch's per-token loss and labelled tokens: the split's own cells run one after
+    the other (the forward the workers run, without the pipeline: tests/runtime/test_packing.py
+    checks the pipeline against the whole model)."""
+    import graph_exec.models as gm
+    from graph_exec.harness.training import _labelled
+
+    losses, counts = [], []
+    for inputs, labels in batches:
+        hidden = model.preprocess(*inputs)
+        for stage in model.stages:
+            hidden = stage(*hidden) if isinstance(hidden, tuple) else stage(hidden)
+        total, count = gm.causal_lm_token_loss(hidden, labels)
+        losses.append(float(total.asnumpy()) / float(count.asnumpy()))
+        counts.append(_labelled(labels))
+    return losses, counts
+
+
 def test_packing_and_no_packing_give_the_same_first_step_loss(model_dir, capsys):
-    """``--packing`` reaches the example; what the workers run with and without it, one step
-    at P = 2 in one process (the harness's token loss: ``causal_lm_token_loss``,
-    ``loss_reduction="token"``, micro-batch losses weighted by their labelled tokens): the
-    same step loss (atol 1e-5 / rtol 1e-4); the packed rows (200 tokens) hold less padding than
-    the batch padded to its longest sample, and the tower spread is printed."""
-    import graph_exec as ge
+    """``--packing`` reaches the example; the first step's loss of what the workers run with and
+    without it (M = 2, the harness's per-token mean of the global batch: micro-batch losses
+    weighted by their labelled tokens) is the same (atol 1e-5 / rtol 1e-4); the packed rows
+    (200 tokens) hold less padding than the batch padded to its longest sample, and the step
+    line prints the tower spread."""
+    import mindspore as ms
+
     from graph_exec.cli.run import progress_text
-    from graph_exec.harness.training import _labelled, _token_loss, token_mean
+    from graph_exec.harness.training import token_mean
 
     data = DATA / "conversations.jsonl"
     run = ["run", "qwen2vl", "--pretrained", str(model_dir), "--dataset", str(data)]
@@ -135,19 +154,13 @@ def test_packing_and_no_packing_give_the_same_first_step_loss(model_dir, capsys)
             2, pretrained=str(model_dir), dataset=str(data), max_length=200, packing=packing
         )
         assert model.token_loss
-        stages = [ge.PipelineStage(cell, k, 2) for k, cell in enumerate(model.stages)]
-        sched = ge.ScheduleMPipeTranspose(
-            stages, 2, model.preprocess, model.num_transpose_layers, **_token_loss()
-        )
         if packing:
             batches = model.micro_batches(0, 4, 2)
-            losses = sched.run(micro_batches=batches)
-            counts = [_labelled(labels) for _, labels in batches]
         else:
             inputs, labels = model.batch(0, 4)
-            losses = sched.run(*inputs, labels=labels)
-            counts = [_labelled(part) for part in np.split(labels.asnumpy(), 2)]
-        step_losses.append(token_mean([float(x.asnumpy()) for x in losses], counts))
+            cut = [np.split(x.asnumpy(), 2) for x in (*inputs, labels)]
+            batches = [(tuple(ms.Tensor(x[m]) for x in cut[:-1]), ms.Tensor(cut[-1][m])) for m in range(2)]
+        step_losses.append(token_mean(*micro_losses(model, batches)))
         real, padded = model.token_counts(0, 4)
         padding.append(1 - real / padded)
     np.testing.assert_allclose(step_losses[1], step_losses[0], atol=1e-5, rtol=1e-4)
