@@ -9,7 +9,13 @@ conversations"), and :func:`conversation_collate` batches it.
 
 from graph_exec.data.chat import ChatProcessor
 from graph_exec.data.chat_dataset import ConversationDataset
-from graph_exec.data.collate import collate_batch, conversation_collate, pad_text_samples, stack_samples
+from graph_exec.data.collate import (
+    collate_batch,
+    conversation_collate,
+    packing_collate,
+    pad_text_samples,
+    stack_samples,
+)
 from graph_exec.data.conversations import Conversation, ConversationError, read_conversations
 from graph_exec.data.errors import DataError, SampleError
 from graph_exec.data.loader import DataLoader
@@ -28,6 +34,7 @@ __all__ = [
     "collate_batch",
     "conversation_collate",
     "pack",
+    "packing_collate",
     "pad_text_samples",
     "read_conversations",
     "spread",

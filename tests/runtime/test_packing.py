@@ -142,6 +142,24 @@ def test_packed_llama_text_rows_match_the_whole_model_on_each_sample(mode):
     assert_matches(sched, losses, ref_losses, ref_grads)
 
 
+def test_the_packing_collate_packs_each_loader_batch():
+    """``packing_collate`` through the loader: each batch of samples packed as ``pack`` +
+    ``text_packed_micro_batches`` pack it (the same on every rank: sizes and seed only)."""
+    from graph_exec.data import DataLoader, packing_collate
+
+    samples = text_samples([11, 5, 9, 3, 7, 2, 14, 6])
+    loader = DataLoader(samples, 4, shuffle=False, collate=packing_collate(micro=2, max_length=16, rows=1))
+    seen = 0
+    for k, batches in enumerate(loader):
+        seen += 1
+        part = samples[4 * k : 4 * k + 4]
+        want = gm.text_packed_micro_batches(part, pack(gm.text_sample_costs(part), 16, 2, rows=1), 16)
+        for (inputs, labels), (want_inputs, want_labels) in zip(batches, want, strict=True):
+            for a, b in zip((*inputs, labels), (*want_inputs, want_labels), strict=True):
+                np.testing.assert_array_equal(np.asarray(a), b)
+    assert seen == 2
+
+
 def test_a_packing_reuses_the_compiled_shapes():
     """With ``rows`` fixed, two packings of different samples give micro-batches of the same
     shapes (rows × max_length), so graph mode compiles once; too few rows is refused."""
