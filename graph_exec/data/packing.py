@@ -154,17 +154,22 @@ def _balanced(
     order: Sequence[int], costs: Sequence[SampleCost], max_length: int, micro: int
 ) -> list[list[list[int]]]:
     """Samples dealt largest-tower-first to the lightest micro-batch (by patches, then by
-    tokens for text), each micro-batch filling its own rows best fit."""
+    tokens) among those that hold it within ``limit`` rows, each micro-batch filling its own
+    rows best fit. ``limit`` starts at the rows token-only packing needs per micro-batch and
+    grows only when no micro-batch holds the sample: the rows stay as few as by tokens alone
+    (every micro-batch is padded to the fullest one's row count)."""
+    limit = -(-len(_fill_rows(order, costs, max_length)) // micro)
     rows: list[list[list[int]]] = [[] for _ in range(micro)]
     used: list[list[int]] = [[] for _ in range(micro)]
     patches = [0] * micro
     tokens = [0] * micro
     for i in order:
         cost = costs[i]
-        if cost.patches:
-            m = min(range(micro), key=lambda m: (patches[m], tokens[m], m))
-        else:
-            m = min(range(micro), key=lambda m: (_rows_after(used[m], cost.tokens, max_length), tokens[m], m))
+        holds = [m for m in range(micro) if _rows_after(used[m], cost.tokens, max_length) <= limit]
+        if not holds:
+            limit += 1
+            holds = list(range(micro))
+        m = min(holds, key=lambda m: (patches[m], tokens[m], m) if cost.patches else (tokens[m], m))
         _place(i, cost.tokens, rows[m], used[m], max_length)
         patches[m] += cost.patches
         tokens[m] += cost.tokens
