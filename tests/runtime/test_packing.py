@@ -7,7 +7,7 @@ different sizes (40x24 and 16x16 px) and the multi-turn one; the other micro-bat
 equals the whole mindone model's own ``construct`` on that sample alone; the step's
 per-micro-batch losses (``loss_reduction="token"``) and every gradient equal the whole model's
 gradient of the global per-token mean (atol 1e-5, rtol 1e-4): graph and pynative, frozen and
-trainable tower. Llama text rows the same way. Unit checks of the packer's balance and
+trainable tower (pynative trainable, graph frozen). Llama text rows the same way. Unit checks of the packer's balance and
 determinism: tests/unit/test_packing.py.
 """
 
@@ -121,17 +121,16 @@ def text_reference(model, samples):
     return sums, {p.name: g for p, g in zip(params, total, strict=True)}
 
 
-@pytest.mark.parametrize("mode", ["pynative", "graph"])
-def test_packed_llama_text_rows_match_the_whole_model_on_each_sample(mode):
-    """Five samples of 3..11 tokens in rows of 16 (two rows per micro-batch, one left empty):
-    losses and every gradient as the whole Llama on each sample alone."""
+def test_packed_llama_text_rows_match_the_whole_model_on_each_sample():
+    """Five samples of 3..11 tokens in rows of 16: losses and every gradient as the whole Llama
+    on each sample alone (pynative; the masked chunks compile in the Qwen2-VL graph case)."""
     model, ref = mm.whole("llama", 2), mm.whole("llama", 2)
     parts = gm.split_model(model, 2, packed=True)
     samples = text_samples([11, 5, 9, 3, 7])
     packing = pack(gm.text_sample_costs(samples), 16, 2)
     assert max(len(row) for mb in packing.micro_batches for row in mb) >= 2
     batches = gm.text_packed_micro_batches(samples, packing, 16)
-    sched = schedule(parts, mode)
+    sched = schedule(parts, "pynative")
     losses = sched.run(micro_batches=batches)
     sums, ref_grads = text_reference(ref, samples)
     counts = [int((s["labels"] >= 0).sum()) for s in samples]
