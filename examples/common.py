@@ -91,6 +91,7 @@ class ConversationSource:
     def __init__(self, data: Any, summary: str) -> None:
         self.data, self.summary = data, summary
         self._counts: dict[tuple[int, int], tuple[int, int]] = {}  # the last step's only
+        self._spread: dict[tuple[int, int], float] = {}  # the last packed step's only
 
     def samples(self, step: int, batch_size: int) -> list[dict]:
         """Step ``step``'s samples; their token counts are kept for :meth:`token_counts`."""
@@ -125,7 +126,7 @@ class ConversationSource:
 
     def tower_spread(self, step: int, batch_size: int) -> float | None:
         """max/mean of the micro-batches' patches of packed step ``step`` (else ``None``)."""
-        return getattr(self, "_spread", {}).get((step, batch_size))
+        return self._spread.get((step, batch_size))
 
     def token_counts(self, step: int, batch_size: int) -> tuple[int, int] | None:
         """``(real, padded)`` tokens of step ``step``'s batch padded to its longest sample (what
