@@ -81,10 +81,13 @@ class Trainer:
         self._samples: list[int] | None = None  # the source indices of the last step's batch
         stages = [ge.PipelineStage(self.chunks[s], s, self.num_stages) for s in self.local]
         bucketed = job.shapes == "buckets"
+        # The per-token mean of real-data examples (the bucketed loss takes masks; a shuffled
+        # loader's labels are the data set's own): then each micro-batch's labelled tokens weigh it.
+        self._token_loss = self.model.token_loss and not bucketed and self.loader is None
         common: dict[str, Any] = {
             "mode": spec.mode,
             "loss_fn": self.model.masked_loss_fn if bucketed else self.model.loss_fn,
-            **(_token_loss() if self.model.token_loss else {}),
+            **(_token_loss_options() if self._token_loss else {}),
             "shapes": job.shapes,
             **({"shape_buckets": {1: job.shape_buckets}} if bucketed else {}),
             "timeout_s": job.timeout_s,
@@ -139,7 +142,7 @@ class Trainer:
         else:
             inputs, labels = self._replica_batch(index) if self.loader is None else self._loaded_batch(index)
             data = {"labels": labels, "tower_costs": self._tower_costs(inputs)}
-            if self.model.token_loss:
+            if self._token_loss:
                 self._label_counts = [_labelled(part) for part in np.split(labels.asnumpy(), self.job.micro)]
         barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
         start = time.perf_counter()
@@ -295,7 +298,7 @@ class Trainer:
         example's ``token_loss``: each micro-batch's per-token loss weighted by its labelled
         tokens, so the replica's per-token mean, however its samples fall into micro-batches)."""
         values = [float(x.asnumpy()) for x in losses]
-        mean = token_mean(values, self._label_counts) if self.model.token_loss else statistics.fmean(values)
+        mean = token_mean(values, self._label_counts) if self._token_loss else statistics.fmean(values)
         if self._loss_group is None:
             return mean
         total = ms.Tensor(np.array([mean], dtype=np.float32))
@@ -463,7 +466,7 @@ def train(job: JobSpec, run_dir: Path) -> None:
         trainer.finish(run_dir)
 
 
-def _token_loss() -> dict[str, Any]:
+def _token_loss_options() -> dict[str, Any]:
     """The schedule options of an example's ``token_loss``: the per-token mean of the global batch."""
     from graph_exec.models import causal_lm_token_loss
 

@@ -66,6 +66,11 @@ def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(qwen_dir, mod
     data = ConversationDataset(DATA / "conversations.jsonl", qwen_dir)
     samples = [data[k] for k in range(4)]
     costs = gm.vlm_sample_costs(parts, samples)
+    assert costs[1] == SampleCost(112, 76, 15 + 4 + 2 * 2)  # grids 6x10 and 4x4, merge 2, framed
+    with pytest.raises(ValueError, match=r"max_length 20 is below the 23 tokens of sample 1's images"):
+        pack(costs, 20, 2)
+    with pytest.raises(ValueError, match=r"sample 1 has 112 tokens, above max_length 100"):
+        pack(costs, 100, 2)
     packing = pack(costs, MAX_LENGTH, 2, balance="tokens")
     assert packing.micro_batches == (((1, 2, 0),), ((3,),))  # two images, multi-turn, text-only
     batches = gm.vlm_packed_micro_batches(
