@@ -98,7 +98,9 @@ def pack(
     nothing compiles per step), or the fewest this strategy needs (``None``).
 
     ``balance="tower"``: samples by patches (largest first), each to the micro-batch with the
-    least tower cost so far (text-only samples: the fewest tokens), best-fit into its rows.
+    least tower cost so far (text-only samples: the fewest tokens), best-fit into its rows; or,
+    where that needs more rows, the rows of token-only packing dealt heaviest first (whichever
+    has fewer rows per micro-batch, then the smaller tower spread).
     ``balance="tokens"``: rows filled best-fit by tokens alone (largest first), dealt to the
     micro-batches in consecutive groups (the baseline balanced rows are measured against).
     """
@@ -118,8 +120,13 @@ def pack(
         size = -(-len(filled) // micro)
         groups = [filled[m * size : (m + 1) * size] for m in range(micro)]
     else:
+        by_tokens = sorted(range(len(costs)), key=lambda i: (-costs[i].tokens, tie[i]))
         order = sorted(range(len(costs)), key=lambda i: (-costs[i].patches, -costs[i].tokens, tie[i]))
-        groups = _balanced(order, costs, max_length, micro)
+        candidates = (
+            _balanced(order, costs, max_length, micro),
+            _rows_balanced(by_tokens, costs, max_length, micro),
+        )
+        groups = min(candidates, key=lambda g: (max(len(rows) for rows in g), _tower_spread(g, costs)))
     need = max(1, max(len(g) for g in groups))
     if rows is not None and need > rows:
         raise ValueError(
@@ -174,6 +181,28 @@ def _balanced(
         patches[m] += cost.patches
         tokens[m] += cost.tokens
     return rows
+
+
+def _rows_balanced(
+    order: Sequence[int], costs: Sequence[SampleCost], max_length: int, micro: int
+) -> list[list[list[int]]]:
+    """The rows of token-only packing (as few as it gets), dealt heaviest tower first to the
+    lightest micro-batch that has fewer than its share of rows: balanced at row granularity,
+    no more rows than by tokens alone (the fallback when dealing samples needs more rows)."""
+    filled = _fill_rows(order, costs, max_length)
+    share = -(-len(filled) // micro)
+    weight = [sum(costs[i].patches for i in row) for row in filled]
+    groups: list[list[list[int]]] = [[] for _ in range(micro)]
+    patches = [0] * micro
+    for r in sorted(range(len(filled)), key=lambda r: (-weight[r], r)):
+        m = min((m for m in range(micro) if len(groups[m]) < share), key=lambda m: (patches[m], m))
+        groups[m].append(filled[r])
+        patches[m] += weight[r]
+    return groups
+
+
+def _tower_spread(groups: Sequence[Sequence[Sequence[int]]], costs: Sequence[SampleCost]) -> float:
+    return spread([float(sum(costs[i].patches for row in g for i in row)) for g in groups])
 
 
 def _rows_after(used: Sequence[int], tokens: int, max_length: int) -> int:
