@@ -8,7 +8,7 @@ equals the whole mindone model's own ``construct`` on that sample alone; the ste
 per-micro-batch losses (``loss_reduction="token"``) and every gradient equal the whole model's
 gradient of the global per-token mean (atol 1e-5, rtol 1e-4): graph and pynative, frozen and
 trainable tower (pynative trainable, graph frozen). Llama text rows the same way. Unit checks of the packer's balance and
-determinism: tests/unit/test_packing.py.
+determinism: tests/unit/test_packer.py.
 """
 
 from __future__ import annotations
