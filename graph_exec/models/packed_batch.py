@@ -86,9 +86,7 @@ def _vlm_micro(
     patch_pad_to: int | Sequence[int] | None,
     pad_token_id: int,
 ) -> VLMBatch:
-    ids, segments, labels, positions = _text_rows(
-        rows, [(c[0], c[1]) for c in checked], max_length, pad_token_id
-    )
+    ids, segments, labels, _ = _text_rows(rows, [(c[0], c[1]) for c in checked], max_length, pad_token_id)
     positions = np.full((len(rows), 3, max_length), FILL, np.int32)
     counts = []
     for b, row in enumerate(rows):
