@@ -18,7 +18,9 @@ per second at the median, the padding fraction of its token slots, and the micro
 costs (patches) max/mean. For the throughput target the ratio of packed to padded real tokens/s is
 printed beside the ideal ``(1 - padding packed) / (1 - padding padded)``.
 
-Run ``python -m graph_exec.benchmarks.packing_speed [--help]`` (pin it, e.g. ``taskset -c 0,1``).
+``--max-length`` must hold the longest sample (text up to 512 tokens plus two images: 588 tokens
+with the tiny preset's largest image). Run ``python -m graph_exec.benchmarks.packing_speed
+[--help]`` (pin it, e.g. ``taskset -c 0,1``).
 """
 
 from __future__ import annotations
