@@ -188,7 +188,8 @@ class Trainer:
         counts = self.model.token_counts(record.step, self.job.batch) if self.model.token_counts else None
         if counts is not None:  # the global batch's (real, padded) tokens
             line["tokens"] = {"real": counts[0], "padded": counts[1]}
-        tower = self.model.tower_spread(record.step, self.job.batch) if self.model.tower_spread else None
+        spread_of = getattr(self.model, "tower_spread", None)  # an ExampleModel's, or absent
+        tower = spread_of(record.step, self.job.batch) if spread_of else None
         if tower is not None:  # packed rows: the micro-batches' tower costs, max/mean
             line["tower_spread"] = tower
         if saved is not None:
