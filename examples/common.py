@@ -39,6 +39,13 @@ class ExampleModel:
     #: each padded only to its own sizes (``run(micro_batches=...)``: a micro-batch of small images
     #: runs the tower at its own patch count); ``None``: the batch is padded as a whole.
     micro_batches: Callable[[int, int, int], list[tuple[tuple[Tensor, ...], Tensor]]] | None = None
+    #: The step's loss is the mean over every labelled token of the global batch
+    #: (``causal_lm_token_loss``, ``loss_reduction="token"``), not the mean of the micro-batches'
+    #: means: real-data examples, so that packed and padded batches give the same loss.
+    token_loss: bool = False
+    #: ``tower_spread(step, batch_size)``: max/mean of that step's micro-batches' tower costs
+    #: (packed real data; the step line prints it), once its micro-batches were made.
+    tower_spread: Callable[[int, int], float | None] | None = None
 
     def batch(
         self, step: int, batch_size: int, length: int | None = None
@@ -84,6 +91,7 @@ class ConversationSource:
     def __init__(self, data: Any, summary: str) -> None:
         self.data, self.summary = data, summary
         self._counts: dict[tuple[int, int], tuple[int, int]] = {}  # the last step's only
+        self._spread: dict[tuple[int, int], float] = {}  # the last packed step's only
 
     def samples(self, step: int, batch_size: int) -> list[dict]:
         """Step ``step``'s samples; their token counts are kept for :meth:`token_counts`."""
@@ -91,6 +99,34 @@ class ConversationSource:
         lengths = [len(sample["input_ids"]) for sample in made]
         self._counts = {(step, batch_size): (sum(lengths), len(lengths) * max(lengths, default=0))}
         return made
+
+    def packed(
+        self,
+        step: int,
+        batch_size: int,
+        micro: int,
+        max_length: int,
+        costs_of: Callable[[list[dict]], list],
+        make: Callable[[list[dict], Any], list],
+    ) -> list:
+        """Step ``step``'s samples packed into ``micro`` micro-batches of rows of ``max_length``
+        tokens (:func:`graph_exec.data.pack`, balanced by tower cost, seeded by the step: the
+        same on every rank), made into micro-batches by ``make(samples, packing)``; the real
+        tokens and the row slots are kept for :meth:`token_counts`, the tower spread for
+        :meth:`tower_spread`."""
+        from graph_exec.data import pack, spread
+
+        made = self.samples(step, batch_size)
+        costs = costs_of(made)
+        packing = pack(costs, max_length, micro, seed=step)
+        slots = micro * packing.rows * max_length
+        self._counts = {(step, batch_size): (sum(c.tokens for c in costs), slots)}
+        self._spread = {(step, batch_size): spread(packing.tower_costs(costs))}
+        return make(made, packing)
+
+    def tower_spread(self, step: int, batch_size: int) -> float | None:
+        """max/mean of the micro-batches' patches of packed step ``step`` (else ``None``)."""
+        return self._spread.get((step, batch_size))
 
     def token_counts(self, step: int, batch_size: int) -> tuple[int, int] | None:
         """``(real, padded)`` tokens of step ``step``'s batch padded to its longest sample (what

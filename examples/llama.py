@@ -99,6 +99,7 @@ def build(
     image_root: str | None = None,
     max_length: int | None = None,
     skip_bad_samples: bool = False,
+    packing: bool = False,
 ) -> ExampleModel:
     """Llama of preset ``size`` cut into ``num_stages`` chunks after the embedding preprocess.
 
@@ -108,8 +109,13 @@ def build(
 
     ``dataset`` (with ``pretrained``): batches of the conversations in ``dataset`` instead,
     prepared by the directory's tokenizer and chat template
-    (:func:`~graph_exec.examples.common.conversation_samples`), padded to the batch's longest.
+    (:func:`~graph_exec.examples.common.conversation_samples`), padded to the batch's longest;
+    the step's loss is the mean over the global batch's labelled tokens. With ``packing`` (and
+    ``max_length``, the row budget): packed into rows instead
+    (:func:`graph_exec.models.text_packed_micro_batches`; the split takes segment ids), the same loss.
     """
+    if packing and (dataset is None or max_length is None):
+        raise ValueError("packing needs dataset= and max_length= (the tokens of a packed row)")
     import graph_exec.models as gm
 
     preset = SIZES[size]
@@ -122,13 +128,23 @@ def build(
                 f"the llama example takes a Llama or Qwen2 directory; {pretrained!r} holds {family}"
             )
         split = gm.load_split(
-            pretrained, num_stages, rank=rank, pp=pp, layers=layers, trainable_preprocess=trainable_preprocess
+            pretrained,
+            num_stages,
+            rank=rank,
+            pp=pp,
+            layers=layers,
+            trainable_preprocess=trainable_preprocess,
+            packed=packing,
         )
         width, vocab = split.config.hidden_size, split.config.vocab_size
     else:
         total = max(preset.layers, num_stages) if layers is None else sum(layers)
         split = gm.split_model(
-            model(size, total, seed), num_stages, layers=layers, trainable_preprocess=trainable_preprocess
+            model(size, total, seed),
+            num_stages,
+            layers=layers,
+            trainable_preprocess=trainable_preprocess,
+            packed=packing,
         )
         width, vocab = preset.hidden, preset.vocab
 
@@ -163,6 +179,20 @@ def build(
     )
     if conversations is not None:  # padded to the batch's longest: the step line shows the padding
         example.token_counts = conversations.token_counts
+        example.token_loss = True
+
+    def packed_batches(step: int, batch_size: int, micro: int) -> list:
+        import mindspore as ms
+
+        def make(made: list[dict], packing) -> list:
+            pad = conversations.data.processor.pad_token_id
+            batches = gm.text_packed_micro_batches(made, packing, max_length, pad_token_id=pad)
+            return [(tuple(ms.Tensor(a) for a in inputs), ms.Tensor(labels)) for inputs, labels in batches]
+
+        return conversations.packed(step, batch_size, micro, max_length, gm.text_sample_costs, make)
+
+    if packing:
+        example.micro_batches = packed_batches
     return example
 
 

@@ -269,6 +269,7 @@ def build(
     image_root: str | None = None,
     max_length: int | None = None,
     skip_bad_samples: bool = False,
+    packing: bool = False,
 ) -> ExampleModel:
     """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked.
 
@@ -293,7 +294,10 @@ def build(
     ``dataset`` (with ``pretrained``; ``graph-exec run qwen2vl --pretrained DIR --dataset FILE``):
     batches of the conversations in ``dataset`` instead, prepared by the directory's own processor
     and chat template (:func:`~graph_exec.examples.common.conversation_samples`); the directory's
-    special tokens are then checked against its tokenizer, not the preset's.
+    special tokens are then checked against its tokenizer, not the preset's. The step's loss is
+    then the mean over the global batch's labelled tokens; with ``packing`` (and ``max_length``,
+    the row budget) the samples are packed into rows (:func:`graph_exec.data.pack`, balanced by
+    tower cost; :func:`graph_exec.models.vlm_packed_micro_batches`), the same loss.
     """
     import mindspore as ms
 
@@ -359,6 +363,15 @@ def build(
         made = gm.vlm_micro_batches(whole, samples(step, batch_size), micro, pad_token_id=pad)
         return [tensors(batch) for batch in made]
 
+    def packed_batches(step: int, batch_size: int, micro: int):
+        def make(made: list[dict], packing) -> list:
+            batches = gm.vlm_packed_micro_batches(whole, made, packing, max_length, pad_token_id=pad)
+            return [tensors(b) for b in batches]
+
+        return conversations.packed(
+            step, batch_size, micro, max_length, lambda made: gm.vlm_sample_costs(whole, made), make
+        )
+
     def tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
         """Per micro-batch: its real patches (``VLMBatch.patches`` summed) in light micro-batches,
         times ``tower_unit``; read from the batch itself, so the same on every rank."""
@@ -390,6 +403,12 @@ def build(
             example.micro_batches = micro_batches
     if conversations is not None and not pad_per_micro:  # padded to the batch's longest sample
         example.token_counts = conversations.token_counts
+        example.token_loss = True
+    if packing:
+        if conversations is None or max_length is None:
+            raise ValueError("packing needs dataset= and max_length= (the tokens of a packed row)")
+        example.micro_batches = packed_batches
+        example.tower_spread = conversations.tower_spread
     return example
 
 

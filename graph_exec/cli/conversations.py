@@ -38,6 +38,14 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-length", metavar="N", type=positive_int, help="refuse (or skip) samples above N tokens"
     )
     group.add_argument(
+        "--packing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="pack several samples into each row of --max-length tokens, each attending only to itself, "
+        "rows balanced by tower cost (docs/models.md, Packing); the loss is the same (default: --no-packing, "
+        "each sample its own row)",
+    )
+    group.add_argument(
         "--skip-bad-samples",
         action="store_true",
         help="leave bad samples out (each named in the log, their count printed) instead of stopping",
@@ -56,6 +64,7 @@ def dataset_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
             ("--image-root", args.image_root),
             ("--max-length", args.max_length),
             ("--skip-bad-samples", args.skip_bad_samples),
+            ("--packing", args.packing),
         )
         if value
     ]
@@ -75,6 +84,10 @@ def dataset_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"--dataset {str(args.dataset)!r} is not a file")
     if args.image_root is not None and not args.image_root.is_dir():
         parser.error(f"--image-root {str(args.image_root)!r} is not a folder")
+    if args.packing and args.max_length is None:
+        parser.error("--packing needs --max-length N: the tokens of a packed row")
+    if args.packing and getattr(args, "dp", 1) != 1:
+        parser.error(f"--packing packs one pipeline's micro-batches: --dp must be 1, got {args.dp}")
     options = {
         "dataset": str(args.dataset.resolve()),
         "image_root": str(args.image_root.resolve()) if args.image_root else None,
@@ -82,7 +95,7 @@ def dataset_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         "skip_bad_samples": args.skip_bad_samples,
     }
     _check(options, str(args.pretrained.resolve()), parser)
-    return options
+    return options | ({"packing": True} if args.packing else {})
 
 
 def _check(options: dict, model_dir: str, parser: argparse.ArgumentParser) -> None:

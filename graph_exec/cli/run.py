@@ -593,6 +593,8 @@ def progress_text(line: dict, total: int, mesh: str | None = None) -> str:
     if tokens and tokens["padded"]:
         rate = tokens["real"] / line["seconds"] if line["seconds"] > 0 else float("inf")
         text += f"  {rate:,.0f} real tokens/s, padding {1 - tokens['real'] / tokens['padded']:.0%}"
+    if line.get("tower_spread") is not None:
+        text += f"  tower cost max/mean {line['tower_spread']:.2f}"
     compiled = line.get("compiled")
     if compiled:
         why = "" if compiled.get("first") else " for a new shape"

@@ -9,10 +9,17 @@ conversations"), and :func:`conversation_collate` batches it.
 
 from graph_exec.data.chat import ChatProcessor
 from graph_exec.data.chat_dataset import ConversationDataset
-from graph_exec.data.collate import collate_batch, conversation_collate, pad_text_samples, stack_samples
+from graph_exec.data.collate import (
+    collate_batch,
+    conversation_collate,
+    packing_collate,
+    pad_text_samples,
+    stack_samples,
+)
 from graph_exec.data.conversations import Conversation, ConversationError, read_conversations
 from graph_exec.data.errors import DataError, SampleError
 from graph_exec.data.loader import DataLoader
+from graph_exec.data.packing import Packing, SampleCost, pack, spread
 
 __all__ = [
     "ChatProcessor",
@@ -21,10 +28,15 @@ __all__ = [
     "ConversationError",
     "DataError",
     "DataLoader",
+    "Packing",
+    "SampleCost",
     "SampleError",
     "collate_batch",
     "conversation_collate",
+    "pack",
+    "packing_collate",
     "pad_text_samples",
     "read_conversations",
+    "spread",
     "stack_samples",
 ]

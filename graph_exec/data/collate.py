@@ -110,6 +110,41 @@ def conversation_collate(
     return lambda samples: vlm_micro_batches(model, samples, micro, **options)
 
 
+def packing_collate(
+    model: Any = None,
+    *,
+    micro: int,
+    max_length: int,
+    balance: str = "tower",
+    seed: int = 0,
+    rows: int | None = None,
+    patch_pad_to: int | Sequence[int] | None = None,
+    pad_token_id: int = 0,
+) -> Collate:
+    """The loader's ``collate`` for packed rows: the batch's samples (with ``DataLoader(mesh=...)``,
+    this replica's shard) packed by :func:`graph_exec.data.pack` into ``micro`` micro-batches of
+    rows of ``max_length`` tokens, for ``sched.run(micro_batches=b)`` with
+    ``loss_fn=causal_lm_token_loss, loss_reduction="token"``. With ``model`` (Qwen2-VL):
+    :func:`graph_exec.models.vlm_packed_micro_batches`; without: text rows for a Llama/Qwen2
+    split made with ``packed=True`` (:func:`graph_exec.models.text_packed_micro_batches`). The
+    packing depends only on the samples' sizes and ``seed``: every rank holding the same
+    samples packs them the same way."""
+    from graph_exec.data.packing import pack
+
+    def collate(samples: Sequence[Mapping[str, Any]]) -> list:
+        import graph_exec.models as gm
+
+        costs = gm.text_sample_costs(samples) if model is None else gm.vlm_sample_costs(model, samples)
+        packing = pack(costs, max_length, micro, balance=balance, seed=seed, rows=rows)
+        if model is None:
+            return gm.text_packed_micro_batches(samples, packing, max_length, pad_token_id=pad_token_id)
+        return gm.vlm_packed_micro_batches(
+            model, samples, packing, max_length, patch_pad_to=patch_pad_to, pad_token_id=pad_token_id
+        )
+
+    return collate
+
+
 def pad_text_samples(
     samples: Sequence[Mapping[str, Any]], pad_to: int | Sequence[int] | None = None, pad_token_id: int = 0
 ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:

@@ -81,9 +81,13 @@ class Trainer:
         self._samples: list[int] | None = None  # the source indices of the last step's batch
         stages = [ge.PipelineStage(self.chunks[s], s, self.num_stages) for s in self.local]
         bucketed = job.shapes == "buckets"
+        # The per-token mean of real-data examples (the bucketed loss takes masks; a shuffled
+        # loader's labels are the data set's own): then each micro-batch's labelled tokens weigh it.
+        self._token_loss = self.model.token_loss and not bucketed and self.loader is None
         common: dict[str, Any] = {
             "mode": spec.mode,
             "loss_fn": self.model.masked_loss_fn if bucketed else self.model.loss_fn,
+            **(_token_loss_options() if self._token_loss else {}),
             "shapes": job.shapes,
             **({"shape_buckets": {1: job.shape_buckets}} if bucketed else {}),
             "timeout_s": job.timeout_s,
@@ -135,9 +139,12 @@ class Trainer:
             batches = self._replica_micro_batches(index)
             data = {"micro_batches": batches, "tower_costs": self._tower_costs_of(batches)}
             inputs: tuple[Any, ...] = ()
+            self._label_counts = [_labelled(labels) for _, labels in batches]
         else:
             inputs, labels = self._replica_batch(index) if self.loader is None else self._loaded_batch(index)
             data = {"labels": labels, "tower_costs": self._tower_costs(inputs)}
+            if self._token_loss:
+                self._label_counts = [_labelled(part) for part in np.split(labels.asnumpy(), self.job.micro)]
         barrier(timeout_s=self.job.timeout_s)  # a rank that hangs before the step is named
         start = time.perf_counter()
         losses = self.schedule.run(*inputs, **data)
@@ -182,6 +189,10 @@ class Trainer:
         counts = self.model.token_counts(record.step, self.job.batch) if self.model.token_counts else None
         if counts is not None:  # the global batch's (real, padded) tokens
             line["tokens"] = {"real": counts[0], "padded": counts[1]}
+        spread_of = getattr(self.model, "tower_spread", None)  # an ExampleModel's, or absent
+        tower = spread_of(record.step, self.job.batch) if spread_of else None
+        if tower is not None:  # packed rows: the micro-batches' tower costs, max/mean
+            line["tower_spread"] = tower
         if saved is not None:
             line["checkpoint"] = {
                 "path": str(saved.path),
@@ -296,8 +307,11 @@ class Trainer:
         return True
 
     def _mean_loss(self, losses: list[Any]) -> float:
-        """The mean loss of this step over every micro-batch of every replica."""
-        mean = statistics.fmean(float(x.asnumpy()) for x in losses)
+        """The mean loss of this step over every micro-batch of every replica (with the
+        example's ``token_loss``: each micro-batch's per-token loss weighted by its labelled
+        tokens, so the replica's per-token mean, however its samples fall into micro-batches)."""
+        values = [float(x.asnumpy()) for x in losses]
+        mean = token_mean(values, self._label_counts) if self._token_loss else statistics.fmean(values)
         if self._loss_group is None:
             return mean
         total = ms.Tensor(np.array([mean], dtype=np.float32))
@@ -463,3 +477,22 @@ def train(job: JobSpec, run_dir: Path) -> None:
     announce("finishing")
     for trainer in trainers:
         trainer.finish(run_dir)
+
+
+def _token_loss_options() -> dict[str, Any]:
+    """The schedule options of an example's ``token_loss``: the per-token mean of the global batch."""
+    from graph_exec.models import causal_lm_token_loss
+
+    return {"loss_fn": causal_lm_token_loss, "loss_reduction": "token"}
+
+
+def token_mean(losses: Sequence[float], counts: Sequence[int]) -> float:
+    """The per-token mean of micro-batches whose per-token means are ``losses`` over ``counts``
+    labelled tokens each."""
+    return sum(v * c for v, c in zip(losses, counts, strict=True)) / max(sum(counts), 1)
+
+
+def _labelled(labels: Any) -> int:
+    """The labelled (non-negative) positions of a micro-batch's labels."""
+    array = labels.asnumpy() if hasattr(labels, "asnumpy") else np.asarray(labels)
+    return int((array >= 0).sum())

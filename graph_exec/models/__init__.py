@@ -14,6 +14,7 @@ build the model as usual and cut it::
     # split.preprocess, split.num_transpose_layers, split.stages: the schedules' arguments
     # gm.vlm_batch(split, samples): a batch; gm.causal_lm_loss: the loss_fn
     # gm.vlm_micro_batches(split, samples, M): M batches, each padded to its own sizes
+    # gm.vlm_packed_micro_batches(split, samples, packing, L): packed rows (graph_exec.data.pack)
 """
 
 from graph_exec.models import cpu_ops
@@ -25,6 +26,12 @@ from graph_exec.models.export import export_pretrained  # noqa: E402
 from graph_exec.models.inputs import image_patches, lm_inputs, vlm_inputs  # noqa: E402
 from graph_exec.models.loss import IGNORE_INDEX, causal_lm_loss, causal_lm_token_loss  # noqa: E402
 from graph_exec.models.materialise import load_split  # noqa: E402
+from graph_exec.models.packed_batch import (  # noqa: E402
+    text_packed_micro_batches,
+    text_sample_costs,
+    vlm_packed_micro_batches,
+    vlm_sample_costs,
+)
 from graph_exec.models.pretrained import model_class  # noqa: E402
 from graph_exec.models.quiet import quiet_imports  # noqa: E402
 from graph_exec.models.split import SplitModel, split_model  # noqa: E402
@@ -58,8 +65,12 @@ __all__ = [
     "rank_loads",
     "rebalanced_layers",
     "split_model",
+    "text_packed_micro_batches",
+    "text_sample_costs",
     "vlm_batch",
     "vlm_inputs",
     "vlm_micro_batches",
+    "vlm_packed_micro_batches",
+    "vlm_sample_costs",
     "vlm_tower_costs",
 ]

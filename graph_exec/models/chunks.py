@@ -159,6 +159,20 @@ class EmbeddingPreprocess(nn.Cell):
         return self.embed(ids), position_ids
 
 
+class MaskedEmbeddingPreprocess(nn.Cell):
+    """The token embedding as the preprocess of a language model split with ``packed=True``:
+    ``(ids, position_ids, attention_mask) -> (embeddings, position_ids, attention_mask)``."""
+
+    def __init__(self, embed: nn.Cell) -> None:
+        super().__init__()
+        self.embed = embed
+
+    def construct(
+        self, ids: Tensor, position_ids: Tensor, attention_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return self.embed(ids), position_ids, attention_mask
+
+
 class VisionPreprocess(nn.Cell):
     """Qwen2-VL's vision tower (patch embedding, vision blocks, patch merger) as the preprocess.
 
@@ -200,13 +214,19 @@ class VisionPreprocess(nn.Cell):
 
 
 def padded_causal_mask(attention_mask: Tensor, dtype: Any, masked: float) -> Tensor:
-    """``(B, 1, S, S)`` additive mask: 0 where query ``i`` may read key ``j`` (``j <= i`` and
-    ``j`` a real token, ``attention_mask[b, j] == 1``), ``masked`` elsewhere; what the model's
-    own mask code builds from a padding mask (causal, padding keys masked)."""
+    """``(B, 1, S, S)`` additive mask from segment ids ``attention_mask`` (B, S): 0 where query
+    ``i`` may read key ``j``, ``masked`` elsewhere. A key is read when ``j <= i``, it is a real
+    token (``attention_mask[b, j] != 0``) and, for a real query, of the query's own segment
+    (packed rows: :mod:`graph_exec.models.packed_batch`). With a 0/1 padding mask that is
+    exactly what the model's own mask code builds (causal, padding keys masked): a real
+    query's real keys are all segment 1, and a padding query reads the real keys before it."""
     batch, seq = attention_mask.shape[0], attention_mask.shape[1]
     causal = ops.triu(ops.full((1, 1, seq, seq), masked, dtype=dtype), 1).broadcast_to((batch, 1, seq, seq))
-    padding = (attention_mask == 0).reshape(batch, 1, 1, seq).broadcast_to((batch, 1, seq, seq))
-    return ops.masked_fill(causal, padding, Tensor(masked, dtype))
+    keys = attention_mask.reshape(batch, 1, 1, seq)
+    queries = attention_mask.reshape(batch, 1, seq, 1)
+    other = ops.logical_and(queries != 0, queries != keys)
+    blocked = ops.logical_or(keys == 0, other).broadcast_to((batch, 1, seq, seq))
+    return ops.masked_fill(causal, blocked, Tensor(masked, dtype))
 
 
 class MaskedDecoderChunk(DecoderChunk):

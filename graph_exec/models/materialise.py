@@ -66,6 +66,7 @@ def load_split(
     preprocess: str | None = None,
     trainable_preprocess: bool | None = None,
     image_grid: tuple[int, int, int] | None = None,
+    packed: bool = False,
     attn_implementation: str = "eager",
     dtype: str | None = None,
 ) -> SplitModel:
@@ -79,7 +80,7 @@ def load_split(
         num_stages: ``P × V`` chunks; stage ``s`` lives on rank ``s mod pp``.
         rank, pp: this rank's pipeline rank and the pipeline's size (``pp=1``: everything).
         seed: the seed of the config path (not used with a directory).
-        layers, preprocess, trainable_preprocess, image_grid: as for :func:`split_model`.
+        layers, preprocess, trainable_preprocess, image_grid, packed: as for :func:`split_model`.
         attn_implementation: the attention a directory's config is read with (``"eager"``: the
             one that runs on CPU).
         dtype: how a directory's floats become parameters: ``"stored"`` keeps the file's dtype
@@ -123,6 +124,7 @@ def load_split(
         preprocess=preprocess,
         trainable_preprocess=trainable_preprocess,
         image_grid=image_grid,
+        packed=packed,
     )
     source_of = dict(keys)
     if split.tied_weights is not None:  # the head's copy is read (drawn) as the embedding

@@ -30,6 +30,7 @@ from graph_exec.models.chunks import (
     EmbeddingPreprocess,
     Family,
     MaskedDecoderChunk,
+    MaskedEmbeddingPreprocess,
     MultimodalRotary,
     VisionBatchPreprocess,
     VisionPreprocess,
@@ -111,6 +112,7 @@ def split_model(
     preprocess: str | None = None,
     trainable_preprocess: bool | None = None,
     image_grid: tuple[int, int, int] | None = None,
+    packed: bool = False,
 ) -> SplitModel:
     """Cut ``model`` into a preprocess and ``num_stages`` chunks (stage ``s`` on rank ``s mod P``).
 
@@ -131,6 +133,10 @@ def split_model(
             images, 0..k each, each its own size, and any text lengths, padded with a mask
             (batches from :func:`graph_exec.models.vlm_batch`; the padding mask travels with
             the hidden states, see :class:`~graph_exec.models.chunks.MaskedDecoderChunk`).
+        packed: Llama/Qwen2: take ``(input_ids, position_ids, attention_mask)`` with segment ids
+            in the mask, for packed rows (:func:`graph_exec.models.text_packed_micro_batches`):
+            each sample attends only to itself. (A Qwen2-VL split without ``image_grid`` takes
+            packed rows as they are.)
 
     Stage inputs and outputs: see :mod:`graph_exec.models.chunks`; batches are made by
     :func:`graph_exec.models.lm_inputs` / :func:`graph_exec.models.vlm_inputs`.
@@ -149,6 +155,8 @@ def split_model(
         )
     if not vlm and image_grid is not None:
         raise ValueError("image_grid applies to Qwen2-VL only")
+    if packed and vlm and image_grid is not None:
+        raise ValueError("packed rows need a Qwen2-VL split without image_grid (any images per row)")
     cpu_ops.adopt(model)
     file_names = {name: names[0] for name, names in checkpoint_names(model).items()}
     names = {id(p): p.name for p in model.get_parameters()}
@@ -165,13 +173,13 @@ def split_model(
     image_token = model.config.image_token_id if vlm else None
 
     pre: nn.Cell | None = None
-    padded = vlm and image_grid is None
+    padded = (vlm and image_grid is None) or packed
     if kind == "vision":
         visual = model.model.visual
         pre = VisionBatchPreprocess(visual) if padded else _vision(visual, tuple(int(n) for n in image_grid))
         transpose_layers = len(pre.blocks) + 2  # patch embedding, the blocks, the merger
     elif kind == "embedding":
-        pre, transpose_layers = EmbeddingPreprocess(embed), 1
+        pre, transpose_layers = (MaskedEmbeddingPreprocess if packed else EmbeddingPreprocess)(embed), 1
     else:
         transpose_layers = 0
     trainable = (not vlm) if trainable_preprocess is None else bool(trainable_preprocess)

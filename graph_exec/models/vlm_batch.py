@@ -179,6 +179,29 @@ def default_labels(ids: np.ndarray, image_token: int) -> np.ndarray:
     return labels
 
 
+Image = tuple[np.ndarray, tuple[int, int, int]]  #: one image's (patches, grid)
+
+
+def checked_sample(sample: Any, v: _Vision, where: str) -> tuple[np.ndarray, np.ndarray, list[Image]]:
+    """``(input_ids, labels, images)`` of one sample, checked (errors start with ``where``)."""
+    if not isinstance(sample, Mapping) or "input_ids" not in sample:
+        raise ValueError(f"{where}: a sample is a dict with 'input_ids' (and 'labels', 'images')")
+    ids = _numpy(sample["input_ids"])
+    if ids.ndim != 1 or not len(ids) or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"{where}: input_ids must be a non-empty 1-D integer array, got shape {list(ids.shape)}"
+        )
+    ids = ids.astype(np.int32)
+    images = sample.get("images") or []
+    made = [_image(image, v, f"{where} image {i}") for i, image in enumerate(images)]
+    _check_tokens(ids, [g for _, g in made], v, where)
+    label = sample.get("labels")
+    label = default_labels(ids, v.image_token) if label is None else _numpy(label).astype(np.int32)
+    if label.shape != ids.shape:
+        raise ValueError(f"{where}: labels has shape {list(label.shape)}, input_ids {list(ids.shape)}")
+    return ids, label, made
+
+
 def vlm_batch(
     split_or_model: Any,
     samples: Sequence[Mapping[str, Any]],
@@ -285,22 +308,7 @@ def _padded_batch(
     v = _vision_of(model.config)
     texts, labels, patches = [], [], []
     for k, sample in enumerate(samples):
-        where = f"sample {first + k}"
-        if not isinstance(sample, Mapping) or "input_ids" not in sample:
-            raise ValueError(f"{where}: a sample is a dict with 'input_ids' (and 'labels', 'images')")
-        ids = _numpy(sample["input_ids"])
-        if ids.ndim != 1 or not len(ids) or not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(
-                f"{where}: input_ids must be a non-empty 1-D integer array, got shape {list(ids.shape)}"
-            )
-        ids = ids.astype(np.int32)
-        images = sample.get("images") or []
-        made = [_image(image, v, f"{where} image {i}") for i, image in enumerate(images)]
-        _check_tokens(ids, [g for _, g in made], v, where)
-        label = sample.get("labels")
-        label = default_labels(ids, v.image_token) if label is None else _numpy(label).astype(np.int32)
-        if label.shape != ids.shape:
-            raise ValueError(f"{where}: labels has shape {list(label.shape)}, input_ids {list(ids.shape)}")
+        ids, label, made = checked_sample(sample, v, f"sample {first + k}")
         texts.append(ids)
         labels.append(label)
         patches.append(made)

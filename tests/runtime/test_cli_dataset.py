@@ -112,3 +112,59 @@ def test_the_example_trains_on_the_conversations(model_dir):
     )
     for mine, theirs in zip((*inputs, labels), (*want.inputs, want.labels), strict=True):
         np.testing.assert_array_equal(mine.asnumpy(), theirs)
+
+
+def micro_losses(model, batches) -> tuple[list[float], list[int]]:
+    """Each micro-batch's per-token loss and labelled tokens: the split's own cells run one after
+    the other (the forward the workers run, without the pipeline: tests/runtime/test_packing.py
+    checks the pipeline against the whole model)."""
+    import graph_exec.models as gm
+    from graph_exec.harness.training import _labelled
+
+    losses, counts = [], []
+    for inputs, labels in batches:
+        hidden = model.preprocess(*inputs)
+        for stage in model.stages:
+            hidden = stage(*hidden) if isinstance(hidden, tuple) else stage(hidden)
+        total, count = gm.causal_lm_token_loss(hidden, labels)
+        losses.append(float(total.asnumpy()) / float(count.asnumpy()))
+        counts.append(_labelled(labels))
+    return losses, counts
+
+
+def test_packing_and_no_packing_give_the_same_first_step_loss(model_dir, capsys):
+    """``--packing`` reaches the example; the first step's loss of what the workers run with and
+    without it (M = 2, the harness's per-token mean of the global batch: micro-batch losses
+    weighted by their labelled tokens) is the same (atol 1e-5 / rtol 1e-4); the packed rows
+    (200 tokens) hold less padding than the batch padded to its longest sample, and the step
+    line prints the tower spread."""
+    import mindspore as ms
+
+    from graph_exec.cli.run import progress_text
+    from graph_exec.harness.training import token_mean
+
+    data = DATA / "conversations.jsonl"
+    run = ["run", "qwen2vl", "--pretrained", str(model_dir), "--dataset", str(data)]
+    job = _job([*run, "--max-length", "200", "--packing"])
+    assert job.model_options["packing"] is True and job.model_options["max_length"] == 200
+    assert "--packing needs --max-length N" in _exit([*run, "--packing"], capsys)
+    step_losses, padding = [], []
+    for packing in (False, True):
+        model = qwen2vl.build(
+            2, pretrained=str(model_dir), dataset=str(data), max_length=200, packing=packing
+        )
+        assert model.token_loss
+        if packing:
+            batches = model.micro_batches(0, 4, 2)
+        else:
+            inputs, labels = model.batch(0, 4)
+            cut = [np.split(x.asnumpy(), 2) for x in (*inputs, labels)]
+            batches = [(tuple(ms.Tensor(x[m]) for x in cut[:-1]), ms.Tensor(cut[-1][m])) for m in range(2)]
+        step_losses.append(token_mean(*micro_losses(model, batches)))
+        real, padded = model.token_counts(0, 4)
+        padding.append(1 - real / padded)
+    np.testing.assert_allclose(step_losses[1], step_losses[0], atol=1e-5, rtol=1e-4)
+    assert padding[1] < padding[0]
+    spread = model.tower_spread(0, 4)
+    line = {"step": 0, "loss": step_losses[1], "seconds": 0.5, "tower_spread": spread}
+    assert f"tower cost max/mean {spread:.2f}" in progress_text(line, 1)

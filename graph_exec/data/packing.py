@@ -1,0 +1,211 @@
+"""Sequence packing: which samples share a row, and which rows make a micro-batch.
+
+A padded batch pads every sample to its longest; with long-tailed conversation lengths most of
+it is padding. :func:`pack` puts several samples into each row of at most ``max_length`` tokens
+(the chunks then keep each sample to itself: segment ids in the attention mask, positions
+restarting per sample, see ``docs/models.md`` "Packing"), and deals the rows into ``micro``
+micro-batches. It sees two costs per sample: its tokens (the decoder's work, bounded per row by
+``max_length``) and its image patches (the tower's work, summed per micro-batch: what
+``tower_order="balanced"`` places by). Packing by tokens alone can put every large image in one
+micro-batch; ``balance="tower"`` spreads the images first (largest first, each to the
+micro-batch with the least tower cost where it still fits) and then fills with text.
+
+Pure Python and numpy, decided on the host from the sizes alone and deterministically from
+``seed`` (ties broken by a seeded permutation): every rank that holds the same samples computes
+the same packing without communicating; a data-parallel replica packs its own shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+BALANCES = ("tower", "tokens")
+
+
+class SampleCost(NamedTuple):
+    """What packing needs to know of one sample."""
+
+    tokens: int  #: its length (text and image tokens)
+    patches: int = 0  #: its images' patches (the tower's work)
+    image_tokens: int = 0  #: the tokens its images need in its row (image tokens and frames)
+
+
+class Packing(NamedTuple):
+    """``micro_batches[m][r]``: the indices of the samples of row ``r`` of micro-batch ``m``, in
+    the order they sit in the row. Every micro-batch has the same number of rows (an empty
+    row is all padding), so the micro-batches keep one shape."""
+
+    micro_batches: tuple[tuple[tuple[int, ...], ...], ...]
+
+    @property
+    def rows(self) -> int:
+        """Rows per micro-batch."""
+        return len(self.micro_batches[0])
+
+    def tower_costs(self, costs: Sequence[SampleCost]) -> list[float]:
+        """Each micro-batch's patches: its tower's work (``vlm_tower_costs`` scale)."""
+        return [float(sum(costs[i].patches for row in mb for i in row)) for mb in self.micro_batches]
+
+    def padding_fraction(self, costs: Sequence[SampleCost], max_length: int) -> float:
+        """The share of the ``micro × rows × max_length`` token slots that hold padding."""
+        real = sum(costs[i].tokens for mb in self.micro_batches for row in mb for i in row)
+        return 1.0 - real / (len(self.micro_batches) * self.rows * max_length)
+
+
+def spread(values: Sequence[float]) -> float:
+    """``max / mean`` of ``values`` (1.0 is perfectly even; 1.0 for all zeros)."""
+    mean = float(np.mean(values)) if len(values) else 0.0
+    return float(max(values)) / mean if mean > 0 else 1.0
+
+
+def check_budget(costs: Sequence[SampleCost], max_length: int) -> None:
+    """Every sample fits one row of ``max_length`` tokens.
+
+    Raises ``ValueError``: a budget below some sample's image tokens names the smallest budget
+    that holds every sample's images (cutting cannot help there); a sample longer than the
+    budget is named with its length."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a positive int (tokens per packed row), got {max_length!r}")
+    need = max((c.image_tokens for c in costs), default=0)
+    if need > max_length:
+        k = max(range(len(costs)), key=lambda i: costs[i].image_tokens)
+        raise ValueError(
+            f"max_length {max_length} is below the {need} tokens of sample {k}'s images: the smallest "
+            f"max_length that holds every sample's images is {need}"
+        )
+    for k, cost in enumerate(costs):
+        if cost.tokens > max_length:
+            raise ValueError(
+                f"sample {k} has {cost.tokens} tokens, above max_length {max_length}: cut it "
+                f"(ConversationDataset(..., max_length={max_length}, truncate=True)), skip it, or raise max_length"
+            )
+
+
+def pack(
+    costs: Sequence[SampleCost],
+    max_length: int,
+    micro: int,
+    *,
+    balance: str = "tower",
+    seed: int = 0,
+    rows: int | None = None,
+) -> Packing:
+    """Pack samples of ``costs`` into rows of at most ``max_length`` tokens, in ``micro``
+    micro-batches of equal row counts: ``rows`` each (so every step has the same shapes and
+    nothing compiles per step), or the fewest this strategy needs (``None``).
+
+    ``balance="tower"``: samples by patches (largest first), each to the micro-batch with the
+    least tower cost so far (text-only samples: the fewest tokens), best-fit into its rows; or,
+    where that needs more rows, the rows of token-only packing dealt heaviest first (whichever
+    has fewer rows per micro-batch, then the smaller tower spread).
+    ``balance="tokens"``: rows filled best-fit by tokens alone (largest first), dealt to the
+    micro-batches in consecutive groups (the baseline balanced rows are measured against).
+    """
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise ValueError(f"micro must be a positive int (the number of micro-batches), got {micro!r}")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"rows must be a positive int (rows per micro-batch) or None, got {rows!r}")
+    if balance not in BALANCES:
+        raise ValueError(f"balance={balance!r}; choose one of {BALANCES}")
+    if not costs:
+        raise ValueError("nothing to pack: no samples")
+    check_budget(costs, max_length)
+    tie = np.random.default_rng(seed).permutation(len(costs))
+    if balance == "tokens":
+        order = sorted(range(len(costs)), key=lambda i: (-costs[i].tokens, tie[i]))
+        filled = _fill_rows(order, costs, max_length)
+        size = -(-len(filled) // micro)
+        groups = [filled[m * size : (m + 1) * size] for m in range(micro)]
+    else:
+        by_tokens = sorted(range(len(costs)), key=lambda i: (-costs[i].tokens, tie[i]))
+        order = sorted(range(len(costs)), key=lambda i: (-costs[i].patches, -costs[i].tokens, tie[i]))
+        candidates = (
+            _balanced(order, costs, max_length, micro),
+            _rows_balanced(by_tokens, costs, max_length, micro),
+        )
+        groups = min(candidates, key=lambda g: (max(len(rows) for rows in g), _tower_spread(g, costs)))
+    need = max(1, max(len(g) for g in groups))
+    if rows is not None and need > rows:
+        raise ValueError(
+            f"{len(costs)} samples of {sum(c.tokens for c in costs)} tokens need {need} rows of max_length "
+            f"{max_length} in some micro-batch, above rows={rows}: raise rows or max_length, or pass fewer samples"
+        )
+    width = rows or need
+    return Packing(tuple(tuple(tuple(r) for r in g) + ((),) * (width - len(g)) for g in groups))
+
+
+def _fill_rows(order: Sequence[int], costs: Sequence[SampleCost], max_length: int) -> list[list[int]]:
+    """Best fit: each sample into the fullest row that still holds it, else a new row."""
+    rows: list[list[int]] = []
+    used: list[int] = []
+    for i in order:
+        _place(i, costs[i].tokens, rows, used, max_length)
+    return rows
+
+
+def _place(i: int, tokens: int, rows: list[list[int]], used: list[int], max_length: int) -> None:
+    fits = [r for r in range(len(rows)) if used[r] + tokens <= max_length]
+    if fits:
+        r = max(fits, key=lambda r: (used[r], -r))
+        rows[r].append(i)
+        used[r] += tokens
+    else:
+        rows.append([i])
+        used.append(tokens)
+
+
+def _balanced(
+    order: Sequence[int], costs: Sequence[SampleCost], max_length: int, micro: int
+) -> list[list[list[int]]]:
+    """Samples dealt largest-tower-first to the lightest micro-batch (by patches, then by
+    tokens) among those that hold it within ``limit`` rows, each micro-batch filling its own
+    rows best fit. ``limit`` starts at the rows token-only packing needs per micro-batch and
+    grows only when no micro-batch holds the sample: the rows stay as few as by tokens alone
+    (every micro-batch is padded to the fullest one's row count)."""
+    limit = -(-len(_fill_rows(order, costs, max_length)) // micro)
+    rows: list[list[list[int]]] = [[] for _ in range(micro)]
+    used: list[list[int]] = [[] for _ in range(micro)]
+    patches = [0] * micro
+    tokens = [0] * micro
+    for i in order:
+        cost = costs[i]
+        holds = [m for m in range(micro) if _rows_after(used[m], cost.tokens, max_length) <= limit]
+        if not holds:
+            limit += 1
+            holds = list(range(micro))
+        m = min(holds, key=lambda m: (patches[m], tokens[m], m) if cost.patches else (tokens[m], m))
+        _place(i, cost.tokens, rows[m], used[m], max_length)
+        patches[m] += cost.patches
+        tokens[m] += cost.tokens
+    return rows
+
+
+def _rows_balanced(
+    order: Sequence[int], costs: Sequence[SampleCost], max_length: int, micro: int
+) -> list[list[list[int]]]:
+    """The rows of token-only packing (as few as it gets), dealt heaviest tower first to the
+    lightest micro-batch that has fewer than its share of rows: balanced at row granularity,
+    no more rows than by tokens alone (the fallback when dealing samples needs more rows)."""
+    filled = _fill_rows(order, costs, max_length)
+    share = -(-len(filled) // micro)
+    weight = [sum(costs[i].patches for i in row) for row in filled]
+    groups: list[list[list[int]]] = [[] for _ in range(micro)]
+    patches = [0] * micro
+    for r in sorted(range(len(filled)), key=lambda r: (-weight[r], r)):
+        m = min((m for m in range(micro) if len(groups[m]) < share), key=lambda m: (patches[m], m))
+        groups[m].append(filled[r])
+        patches[m] += weight[r]
+    return groups
+
+
+def _tower_spread(groups: Sequence[Sequence[Sequence[int]]], costs: Sequence[SampleCost]) -> float:
+    return spread([float(sum(costs[i].patches for row in g for i in row)) for g in groups])
+
+
+def _rows_after(used: Sequence[int], tokens: int, max_length: int) -> int:
+    """The rows a micro-batch holds after taking ``tokens`` more (so text fills rows already
+    open before it opens new ones)."""
+    return len(used) + (0 if any(u + tokens <= max_length for u in used) else 1)

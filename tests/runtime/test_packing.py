@@ -1,0 +1,179 @@
+"""Packed rows (``graph_exec.data.pack`` + ``graph_exec.models.*_packed_micro_batches``) on one
+process holding both stages (P = 2).
+
+A packed row holds examples/data's text-only conversation, the one with two images of
+different sizes (40x24 and 16x16 px) and the multi-turn one; the other micro-batch the fourth
+(one image). Each sample's summed token loss, read from the packed row's logits by its segment,
+equals the whole mindone model's own ``construct`` on that sample alone; the step's
+per-micro-batch losses (``loss_reduction="token"``) and every gradient equal the whole model's
+gradient of the global per-token mean (atol 1e-5, rtol 1e-4): graph and pynative, frozen and
+trainable tower (pynative trainable, graph frozen). Llama text rows the same way. Unit checks of the packer's balance and
+determinism: tests/unit/test_packer.py.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+import graph_exec as ge
+import graph_exec.models as gm
+from graph_exec.data import ConversationDataset, SampleCost, pack
+from tests.models import mindone_models as mm
+from tests.models.common import ATOL, RTOL, assert_matches
+from tests.runtime.test_conversations import DATA, LAYERS, qwen_dir, token_reference  # noqa: F401
+from tests.runtime.test_vlm_batch import frozen_like
+
+MAX_LENGTH = 300
+
+
+def schedule(parts, mode):
+    stages = [ge.PipelineStage(cell, k, 2) for k, cell in enumerate(parts.stages)]
+    return ge.ScheduleMPipeTranspose(
+        stages,
+        2,
+        parts.preprocess,
+        parts.num_transpose_layers,
+        mode=mode,
+        loss_fn=gm.causal_lm_token_loss,
+        loss_reduction="token",
+    )
+
+
+def segment_sums(parts, batch) -> dict[int, float]:
+    """Each segment's summed token loss of row 0 of ``batch``, from the split's own cells run
+    one after the other (no schedule): what each packed sample contributes."""
+    tensors = [ms.Tensor(a) for a in batch.inputs]
+    hidden = parts.preprocess(*tensors) if parts.preprocess is not None else tensors
+    for stage in parts.stages:
+        hidden = stage(*hidden) if isinstance(hidden, tuple | list) else stage(hidden)
+    segments = batch.inputs[-1][0]
+    sums = {}
+    for k in range(1, int(segments.max()) + 1):
+        labels = np.where(segments == k, batch.labels[0], -100)[None]
+        total, _ = gm.causal_lm_token_loss(hidden[:1], ms.Tensor(labels))
+        sums[k] = float(total.asnumpy())
+    return sums
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("mode", "trainable"), [("pynative", True), ("graph", False)])
+def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(qwen_dir, mode, trainable):  # noqa: F811
+    model, ref = mm.whole("qwen2vl", LAYERS), mm.whole("qwen2vl", LAYERS)
+    parts = gm.split_model(model, 2, trainable_preprocess=trainable)
+    frozen_like(ref, parts)
+    data = ConversationDataset(DATA / "conversations.jsonl", qwen_dir)
+    samples = [data[k] for k in range(4)]
+    costs = gm.vlm_sample_costs(parts, samples)
+    assert costs[1] == SampleCost(112, 76, 15 + 4 + 2 * 2)  # grids 6x10 and 4x4, merge 2, framed
+    with pytest.raises(ValueError, match=r"max_length 20 is below the 23 tokens of sample 1's images"):
+        pack(costs, 20, 2)
+    with pytest.raises(ValueError, match=r"sample 1 has 112 tokens, above max_length 100"):
+        pack(costs, 100, 2)
+    packing = pack(costs, MAX_LENGTH, 2, balance="tokens")
+    assert packing.micro_batches == (((1, 2, 0),), ((3,),))  # two images, multi-turn, text-only
+    batches = gm.vlm_packed_micro_batches(
+        parts, samples, packing, MAX_LENGTH, patch_pad_to=(32, 128), pad_token_id=data.processor.pad_token_id
+    )
+    pixels, patch_image, _, ids, positions, segments = batches[0].inputs
+    assert ids.shape == (1, MAX_LENGTH) and pixels.shape[1] == 128
+    assert patch_image[0, :76].tolist() == [0] * 60 + [1] * 16 and (patch_image[0, 76:] == -1).all()
+    starts = np.flatnonzero(np.diff(segments[0], prepend=0) > 0)
+    assert starts.tolist() == [0, 112, 219] and (positions[0, :, starts[1:]] == 0).all()  # restart
+    sums, ref_grads = token_reference(ref, samples)
+    if mode == "pynative":
+        got = segment_sums(parts, batches[0])
+        np.testing.assert_allclose(
+            [got[1], got[2], got[3]], [sums[1], sums[2], sums[0]], atol=ATOL, rtol=RTOL
+        )
+    sched = schedule(parts, mode)
+    losses = sched.run(micro_batches=batches)
+    counts = [int((s["labels"] >= 0).sum()) for s in samples]
+    ref_losses = [(sums[0] + sums[1] + sums[2]) / (counts[0] + counts[1] + counts[2]), sums[3] / counts[3]]
+    assert_matches(sched, losses, ref_losses, ref_grads)
+
+
+def text_samples(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        ids = rng.integers(3, 100, n).astype(np.int32)
+        labels = np.append(ids[1:], -100).astype(np.int32)
+        labels[: n // 3] = -100  # a prompt carries no loss
+        out.append({"input_ids": ids, "labels": labels})
+    return out
+
+
+def text_reference(model, samples):
+    """The whole Llama on each sample alone: summed token losses, and the gradients of the
+    global per-token mean by name."""
+    params = model.trainable_params()
+    total_count = sum(int((s["labels"] >= 0).sum()) for s in samples)
+
+    def loss(ids, labels):
+        out = model(ids)
+        logits = out[0] if isinstance(out, tuple) else out.logits
+        return gm.causal_lm_token_loss(logits, labels)[0] / total_count
+
+    grad_fn = ms.value_and_grad(loss, None, params)
+    sums, total = [], None
+    for s in samples:
+        value, grads = grad_fn(ms.Tensor(s["input_ids"][None]), ms.Tensor(s["labels"][None]))
+        sums.append(float(value.asnumpy()) * total_count)
+        arrays = [g.asnumpy() for g in grads]
+        total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
+    return sums, {p.name: g for p, g in zip(params, total, strict=True)}
+
+
+def test_packed_llama_text_rows_match_the_whole_model_on_each_sample():
+    """Five samples of 3..11 tokens in rows of 16: losses and every gradient as the whole Llama
+    on each sample alone (pynative; the masked chunks compile in the Qwen2-VL graph case)."""
+    model, ref = mm.whole("llama", 2), mm.whole("llama", 2)
+    parts = gm.split_model(model, 2, packed=True)
+    samples = text_samples([11, 5, 9, 3, 7])
+    packing = pack(gm.text_sample_costs(samples), 16, 2)
+    assert max(len(row) for mb in packing.micro_batches for row in mb) >= 2
+    batches = gm.text_packed_micro_batches(samples, packing, 16)
+    sched = schedule(parts, "pynative")
+    losses = sched.run(micro_batches=batches)
+    sums, ref_grads = text_reference(ref, samples)
+    counts = [int((s["labels"] >= 0).sum()) for s in samples]
+    ref_losses = [
+        sum(sums[i] for row in mb for i in row) / sum(counts[i] for row in mb for i in row)
+        for mb in packing.micro_batches
+    ]
+    assert_matches(sched, losses, ref_losses, ref_grads)
+
+
+def test_the_packing_collate_packs_each_loader_batch():
+    """``packing_collate`` through the loader: each batch of samples packed as ``pack`` +
+    ``text_packed_micro_batches`` pack it (the same on every rank: sizes and seed only)."""
+    from graph_exec.data import DataLoader, packing_collate
+
+    samples = text_samples([11, 5, 9, 3, 7, 2, 14, 6])
+    loader = DataLoader(samples, 4, shuffle=False, collate=packing_collate(micro=2, max_length=16, rows=1))
+    seen = 0
+    for k, batches in enumerate(loader):
+        seen += 1
+        part = samples[4 * k : 4 * k + 4]
+        want = gm.text_packed_micro_batches(part, pack(gm.text_sample_costs(part), 16, 2, rows=1), 16)
+        for (inputs, labels), (want_inputs, want_labels) in zip(batches, want, strict=True):
+            for a, b in zip((*inputs, labels), (*want_inputs, want_labels), strict=True):
+                np.testing.assert_array_equal(np.asarray(a), b)
+    assert seen == 2
+
+
+def test_a_packing_reuses_the_compiled_shapes():
+    """With ``rows`` fixed, two packings of different samples give micro-batches of the same
+    shapes (rows × max_length), so graph mode compiles once; too few rows is refused."""
+    a = pack([SampleCost(n) for n in (11, 5, 9, 3, 7)], 16, 2, rows=2)
+    b = pack([SampleCost(n) for n in (2, 14, 6, 6, 8, 1)], 16, 2, rows=2)
+    shapes = {
+        tuple(x.shape for x in inputs)
+        for p, lengths in ((a, [11, 5, 9, 3, 7]), (b, [2, 14, 6, 6, 8, 1]))
+        for inputs, _ in gm.text_packed_micro_batches(text_samples(lengths), p, 16)
+    }
+    assert shapes == {((2, 16),) * 3}
+    with pytest.raises(ValueError, match=r"need 2 rows of max_length 16 in some micro-batch, above rows=1"):
+        pack([SampleCost(n) for n in (11, 5, 9, 3, 7)], 16, 2, rows=1)
