@@ -23,20 +23,15 @@ scalers and one overflow verdict for the mesh, per-token loss and tied parameter
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from graph_exec import checks
-from graph_exec.errors import CommunicationNotInitializedError, GraphExecError
-from graph_exec.executors import Executor, create_executor
-from graph_exec.runtime.buffers import ReceiveBuffers, Slots, receive_slots
-from graph_exec.runtime.data_parallel import DataParallelGrads
-from graph_exec.runtime.driver import RankRuntime, TimelineEvent
-from graph_exec.runtime.grad_norm import GlobalGradNorm, check_max_norm, check_norm_type, counted_names
-from graph_exec.runtime.handshake import check_ranks_agree, share_setup_outcome
-from graph_exec.runtime.loss_scaling import LossScale
-from graph_exec.runtime.memory_account import optimizer_state_bytes, parameter_bytes, tensors_bytes
+from graph_exec.errors import GraphExecError
+from graph_exec.runtime.driver import TimelineEvent
+from graph_exec.runtime.grad_norm import check_max_norm, check_norm_type
+from graph_exec.runtime.memory_account import optimizer_state_bytes
 from graph_exec.runtime.microbatch import (
     MicroBatches,
     given_micro_batches,
@@ -45,7 +40,6 @@ from graph_exec.runtime.microbatch import (
     split_batch,
 )
 from graph_exec.runtime.optimizer_sharding import (
-    OptimizerSharding,
     check_enough_to_share,
     check_shardable,
     owned_params,
@@ -58,13 +52,13 @@ from graph_exec.runtime.options import (
     schedule_signature,
 )
 from graph_exec.runtime.param_names import check_unique_parameter_names
-from graph_exec.runtime.setup_facts import pipeline_facts, replica_facts
+from graph_exec.runtime.schedule_stats import schedule_stats
+from graph_exec.runtime.setup import Setup, check_plan_options, rank_runtime, set_up
 from graph_exec.runtime.stage import PipelineStage
-from graph_exec.runtime.step_end import StepEnd, per_token_losses
-from graph_exec.runtime.tied import check_local, set_up_ties
+from graph_exec.runtime.step_end import per_token_losses
+from graph_exec.runtime.tied import check_local
 from graph_exec.runtime.tower_placement import TowerPlacement, describe_tag, placement_tag
-from graph_exec.runtime.wait_bounds import WaitBounds, compile_timeout
-from graph_exec.schedule import Plan, PlanConfig, buffer_lifetimes, build_plan, placement
+from graph_exec.schedule import Plan, PlanConfig, build_plan, placement
 
 
 def _check_stages(stages: PipelineStage | Sequence[PipelineStage]) -> tuple[PipelineStage, ...]:
@@ -94,24 +88,6 @@ def _check_preprocess(module: Any, layers: int) -> Any:
         if not isinstance(module, nn.Cell):
             raise TypeError(f"preprocess_module must be a mindspore.nn.Cell, got {type(module).__name__}")
     return module
-
-
-@dataclass
-class _Setup:
-    """Everything the first ``run()`` builds, once."""
-
-    plan: Plan
-    rank: int
-    executor: Executor
-    runtime: RankRuntime
-    transport: Any | None
-    slots: Slots
-    data_parallel: DataParallelGrads | None
-    step_end: StepEnd
-    grad_norm: GlobalGradNorm
-    waits: WaitBounds
-    evaluation: RankRuntime | None = None  #: made by the first evaluate()
-    sharding: OptimizerSharding | None = None  #: with optimizer_sharding=True
 
 
 class PipelineSchedule:
@@ -172,10 +148,10 @@ class PipelineSchedule:
                 "tower_order='balanced' places the preprocess of each micro-batch by its cost, but there "
                 "is no preprocess (num_transpose_layers=0); use tower_order='arrival'"
             )
-        self._check_plan_options()
+        check_plan_options(self)
         self._placement = TowerPlacement(self.micro_batch_num, self.tower_order)
         self._mesh: Any = None  # the mesh the first run() set up on
-        self._setup: _Setup | None = None
+        self._setup: Setup | None = None
         self._failed: str | None = None
         self._accumulated = False  # whether the accumulators hold gradients (since zero_grad())
         self._ran = False  # whether a training step ran: the gradient methods need one
@@ -326,8 +302,8 @@ class PipelineSchedule:
         try:
             if setup.evaluation is None:
                 plan = build_plan(replace(setup.plan.config, forward_only=True))
-                setup.evaluation = self._runtime(
-                    plan, setup.rank, setup.executor, setup.transport, setup.slots
+                setup.evaluation = rank_runtime(
+                    self, plan, setup.rank, setup.executor, setup.transport, setup.slots
                 )
             order = self._tower_placement(setup.evaluation.plan.config, costs)
             results = setup.evaluation.run(permuted(batch, order), *self._step_tag(order))
@@ -498,64 +474,10 @@ class PipelineSchedule:
         return [] if self._setup is None else list(self._setup.runtime.timeline)
 
     def stats(self) -> dict[str, Any]:
-        """Counters for benchmarks: compilations (the library's first calls per kernel and MindSpore's
-        own count, ``None`` where not exposed), the kernel cache, receive-buffer pool and message
-        statistics."""
-        setup = self._require_setup("stats()")
-        compile_stats = setup.executor.compile_stats
-        out: dict[str, Any] = {
-            "compilations": compile_stats.compilations,
-            "compile_seconds": compile_stats.compile_seconds,
-            "mindspore_compilations": compile_stats.mindspore_compilations,
-            "kernel_cache": {
-                "size": self.kernel_cache_size,
-                "entries": compile_stats.cached_kernels,
-                "evictions": compile_stats.evictions,
-            },
-            "pool": setup.slots.stats(),
-        }
-        if setup.transport is not None:
-            out["transport"] = setup.transport.stats
-        if setup.data_parallel is not None:
-            out["data_parallel"] = setup.data_parallel.stats
-        if setup.sharding is not None:
-            out["optimizer_sharding"] = setup.sharding.stats
-        out["memory"] = self._memory_stats(setup)
-        return out
-
-    def _memory_stats(self, setup: _Setup) -> dict[str, Any]:
-        """``stats()["memory"]``: this rank's bytes (``docs/api.md`` lists every key)."""
-        from graph_exec.device import memory_peaks
-
-        cells = [s.submodule for s in self.stages]
-        if self.preprocess_module is not None and setup.plan.config.preprocess != "none":
-            cells.append(self.preprocess_module)  # the baseline's ranks but 0 ignore theirs
-        return {
-            "parameters": parameter_bytes(cells),
-            "gradient_accumulators": tensors_bytes(setup.executor.grads().values()),
-            "optimizer_state": None if self._optimizer_state is None else self._optimizer_state[1],
-            "optimizer_parameters": tensors_bytes(self.optimizer_params()),
-            "zb_buffers": setup.executor.split_buffer_bytes,
-            **setup.runtime.memory.peaks(),
-            **memory_peaks(),
-            "caches": self._cache_stats(setup),
-        }
-
-    def _cache_stats(self, setup: _Setup) -> dict[str, dict[str, Any]]:
-        """``stats()["memory"]["caches"]``: what each per-shape cache of this rank keeps now and
-        its bound (``docs/architecture.md``, "Caches and their bounds")."""
-        transport = setup.transport
-        compile_stats = setup.executor.compile_stats
-        return {
-            "send_frames": None if transport is None else transport.frames.cache_stats(),
-            "receive_slots": setup.slots.cache_stats(),
-            "kernels": {
-                "entries": compile_stats.cached_kernels,
-                "bytes": compile_stats.cached_bytes,
-                "max_entries": self.kernel_cache_size,
-                "evictions": compile_stats.evictions,
-            },
-        }
+        """Counters for benchmarks: compilations, the kernel cache, receive buffers, messages, data
+        parallelism, optimizer sharding and ``memory`` (:mod:`graph_exec.runtime.schedule_stats`;
+        ``docs/api.md`` lists every key)."""
+        return schedule_stats(self, self._require_setup("stats()"))
 
     def _note_optimizer(self, optimizer: Any, params: Sequence[Any]) -> None:
         """Remember the bytes of the state of the optimizer :meth:`step` applies (once per optimizer)."""
@@ -564,12 +486,12 @@ class PipelineSchedule:
 
     # -- setup -----------------------------------------------------------------------------
 
-    def _require_setup(self, what: str) -> _Setup:
+    def _require_setup(self, what: str) -> Setup:
         if self._setup is None:
             raise GraphExecError(f"{what} is available after the first run()")
         return self._setup
 
-    def _require_step(self, what: str) -> _Setup:
+    def _require_step(self, what: str) -> Setup:
         """The set-up, once a training step ran and none failed (before any communication)."""
         self._refuse_after_failure()
         if not self._ran:
@@ -666,207 +588,16 @@ class PipelineSchedule:
             check_shardable(optimizer, params)
         return tuple(params)
 
-    def _sync_steps(self) -> bool:
-        if self.sync_steps is not None:
-            return bool(self.sync_steps)
-        from graph_exec.device import policy
-
-        return policy().sync_steps_default
-
     def _preprocess_kind(self) -> str:
         if self.preprocess_module is None:
             return "none"
         return "trainable" if self.preprocess_module.trainable_params() else "frozen"
 
-    def _set_up(self) -> _Setup:
-        from graph_exec.transport import LAUNCH_HINT, Transport, bound_backend_waits, is_initialized
-        from graph_exec.transport.mesh import DeviceMesh
-
-        num_stages = self.stages[0].num_stages
-        local = [s.stage_index for s in self.stages]
-        if self.mesh is None and not is_initialized() and local != list(range(num_stages)):
-            raise CommunicationNotInitializedError(
-                f"this rank holds stages {local} of {num_stages}, so other ranks hold the rest, but "
-                f"MindSpore communication is not initialised: {LAUNCH_HINT}"
-            )
-        compile_s = compile_timeout(self.compile_timeout_s, self.timeout_s)
-        if is_initialized():  # before the first message (the mesh check); a lone process sends none
-            bound_backend_waits(compile_s)  # the longest wait; the transports bound each step's
-        mesh = self.mesh if self.mesh is not None else DeviceMesh()
-        self._mesh = mesh
-        pp, rank = mesh.pp_size, mesh.pp_rank
-        kept = self.buffer_cache_bytes
-        transport = (
-            Transport(timeout_s=self.timeout_s, group=mesh.pp, frame_cache_bytes=kept) if pp > 1 else None
-        )
-        dp_transport = (
-            Transport(timeout_s=self.timeout_s, group=mesh.dp, frame_cache_bytes=kept)
-            if mesh.dp_size > 1
-            else None
-        )
-        error: Exception | None = None
-        try:
-            plan, executor = self._build_local(pp, rank)
-            if self.optimizer_sharding:
-                check_enough_to_share(self.trainable_params(), mesh.dp_size)
-        except (ValueError, TypeError) as exc:  # bad set-up: every rank must hear of it
-            error = exc
-        groups = [t for t in (transport, dp_transport) if t is not None]
-        if groups:
-            share_setup_outcome(groups, error)
-            agree = [(transport, pipeline_facts(self, plan.config))] if transport is not None else []
-            if dp_transport is not None:
-                agree.append((dp_transport, replica_facts(self, plan.config)))
-            check_ranks_agree(agree)
-        elif error is not None:
-            raise error
-        data_parallel = None
-        if dp_transport is not None:
-            params = self.trainable_params()
-            data_parallel = DataParallelGrads(
-                dp_transport, params, lambda: [executor.grads()[p.name] for p in params], self.dp_bucket_bytes
-            )
-            data_parallel.start_in_sync()
-        sharding = (
-            OptimizerSharding(
-                dp_transport, self.trainable_params(), mesh.dp_rank, mesh.dp_size, self.dp_bucket_bytes
-            )
-            if self.optimizer_sharding
-            else None
-        )
-        trained = [p.name for p in self.trainable_params()]
-        stage_names = {p.name for s in self.stages for p in s.submodule.trainable_params()}
-        tied = None
-        if self.tied_parameters:  # after the replicas took replica 0's values: those are compared
-            trains = {p.name: p for p in self.trainable_params()}
-            tied = set_up_ties(
-                self.tied_parameters, trains, stage_names, executor, transport, mesh, self.timeout_s
-            )
-        counted = counted_names(trained, stage_names, rank, [b for _, b in self.tied_parameters])
-        grad_norm = GlobalGradNorm(executor, counted, transport, rank, pp)
-        step_end = StepEnd(
-            executor,
-            (transport, dp_transport),
-            mesh.dp_size,
-            LossScale(
-                self.loss_scaler,
-                self._loss_scale_base(),
-                compiled=self.mode == "graph",
-                jit_options=self.jit_options,
-            ),
-            self.loss_reduction == "token",
-            data_parallel,
-            tied,
-            grad_norm,
-        )
-        slots = receive_slots(self.buffer_cache_bytes)
-        runtime = self._runtime(plan, rank, executor, transport, slots)
-        waits = WaitBounds(self.timeout_s, compile_s, (transport, dp_transport))
-        parts = (plan, rank, executor, runtime, transport, slots, data_parallel, step_end, grad_norm, waits)
-        self._setup = _Setup(*parts, sharding=sharding)
+    def _set_up(self) -> Setup:
+        """Set up at the first ``run()`` (:mod:`graph_exec.runtime.setup`), every rank together."""
+        self._setup = set_up(self)
+        self._mesh = self._setup.mesh
         return self._setup
-
-    def _runtime(
-        self, plan: Plan, rank: int, executor: Executor, transport: Any, slots: Slots
-    ) -> RankRuntime:
-        """The driver of ``plan`` on this rank (the training plan, or the forward-only one),
-        its receive buffers from ``slots``."""
-        lifetimes = [(lt.recv_index, lt.last_index) for lt in buffer_lifetimes(plan, rank)]
-        preprocess_names = [p.name for p in executor.broadcast_tensors()]
-        return RankRuntime(
-            plan,
-            rank,
-            executor,
-            transport,
-            ReceiveBuffers(slots, lifetimes),
-            preprocess_grads=lambda: [executor.grads()[n] for n in preprocess_names],
-            sync_steps=self._sync_steps(),
-            keep_preprocess_tape=self.keep_preprocess_tape,
-        )
-
-    def _loss_scale_base(self) -> float:
-        """What the last stage's loss is multiplied by before any loss scaler: ``1/M`` with
-        ``scale_grads``, else 1."""
-        return 1.0 / self.micro_batch_num if self.scale_grads else 1.0
-
-    def _check_plan_options(self) -> None:
-        """Refuse now, not at the first ``run()``, the options the plan cannot take together
-        (``backward="owner"`` without a trainable preprocess or a peer rank, ``body="1f1b"`` with
-        more than one chunk per rank, ...), each error naming the alternative.
-
-        This rank's stages already fix the geometry: rank ``r`` of ``P`` holds stages
-        ``r, r + P, ...``, so ``V`` is how many it holds and ``P = num_stages / V``. A layout that
-        does not fit is left to the set-up, which names it against the mesh.
-        """
-        num_stages, vpp, rank = self.stages[0].num_stages, len(self.stages), self.stages[0].stage_index
-        if num_stages % vpp:
-            return
-        if (
-            not self._transposes
-            and rank == 0
-            and self.preprocess_module is None
-            and self.num_transpose_layers
-        ):
-            return  # a missing module, not an option: the first run() names it with the mesh's rank
-        self._plan_config(num_stages // vpp, vpp, rank)
-
-    def _plan_config(self, pp: int, vpp: int, rank: int) -> PlanConfig:
-        """The plan's configuration on pipeline ``rank`` of ``pp``; raises ``PlanConfigError``
-        (a ``ValueError``) naming the options that cannot go together and the alternative."""
-        preprocess, layers = self._preprocess_kind(), self.num_transpose_layers
-        if not self._transposes:
-            if rank != 0:  # every preprocess step is on rank 0: this rank runs the body only
-                preprocess, layers = "none", 0
-            elif self.preprocess_module is None and layers > 0:
-                raise ValueError(
-                    f"num_transpose_layers={layers} but rank 0 has no preprocess_module: without "
-                    "transposition rank 0 runs the preprocess, so it must pass it (other ranks may pass None)"
-                )
-        return PlanConfig(
-            pp=pp,
-            vpp=vpp,
-            micro=self.micro_batch_num,
-            preprocess=preprocess,
-            num_preprocess_layers=layers,
-            run_ahead=self.run_ahead,
-            backward=self.backward,
-            input=self.input,
-            body=self.body,
-            transpose=self._transposes,
-        )
-
-    def _build_local(self, pp: int, rank: int) -> tuple[Plan, Executor]:
-        """The plan and executor of this rank; raises ``ValueError`` if the stages do not fit."""
-        num_stages = self.stages[0].num_stages
-        local = [s.stage_index for s in self.stages]
-        if num_stages % pp:
-            raise ValueError(f"num_stages={num_stages} is not a multiple of the {pp} pipeline ranks")
-        vpp = num_stages // pp
-        expected = [rank + k * pp for k in range(vpp)]
-        if local != expected:
-            raise ValueError(
-                f"pipeline rank {rank} of {pp} with {num_stages} stages must hold stages {expected} "
-                f"(stage s lives on pipeline rank s mod {pp}), got {local}"
-            )
-        config = self._plan_config(pp, vpp, rank)
-        module = self.preprocess_module if config.preprocess != "none" else None
-        executor = create_executor(
-            self.mode,
-            {s.stage_index: s.submodule for s in self.stages},
-            preprocess=module,
-            loss_fn=self.loss_fn,
-            last_stage=num_stages - 1,
-            loss_scale=self._loss_scale_base(),
-            # Only a trainable preprocess reads dL/d(stage 0 input); otherwise it is wasted work.
-            first_stage_input_grads=config.trainable,
-            recompute=self.recompute,
-            token_loss=self.loss_reduction == "token",
-            kernel_cache_size=self.kernel_cache_size,
-            dynamic_shapes=self.shapes == "dynamic",
-            jit_options=self.jit_options,
-            split_backward=config.split_backward,
-        )
-        return build_plan(config), executor
 
 
 def _option_property(name: str) -> property:
