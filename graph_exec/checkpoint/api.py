@@ -29,7 +29,7 @@ from graph_exec.checkpoint.errors import (
     CheckpointNotFoundError,
     ReshardWarning,
 )
-from graph_exec.checkpoint.facts import differences, job_facts, local_stages
+from graph_exec.checkpoint.facts import OPTIMIZER_PARTITION, differences, job_facts, local_stages
 
 _ERRORS = {
     cls.__name__: cls
@@ -183,15 +183,17 @@ def load_checkpoint(
     ``data``: the job's :class:`graph_exec.data.DataLoader`, moved to the position saved with
     ``save_checkpoint(..., data=)`` (checked with the rest before anything is loaded).
 
-    **Another plan.** A checkpoint written under another D, P, V, split, schedule or number of
-    transposed layers loads too (with a warning listing what changed): each rank reads, by name
-    through the checkpoint's index, only the tensors it holds now — parameters, optimizer state,
-    the loss scaler — from the files that hold them (a replicated tensor from one copy). Refused
-    on every rank before any rank communicates, naming it: a name or shape this rank holds that
-    the checkpoint does not (another model), optimizer state missing for a parameter, another
-    optimizer class, another ``global_batch``. A checkpoint parameter that no rank holds
-    (another model) is refused on every rank after the ranks' one exchange, before anything is
-    loaded. The generator state is restored only under the same plan (docs/restarts.md).
+    **Another plan.** A checkpoint written under another D, P, V, split, schedule, number of
+    transposed layers or ``optimizer_sharding`` loads too (with a warning listing what changed):
+    each rank reads, by name through the checkpoint's index, only the tensors it holds now —
+    parameters, optimizer state (under ZeRO-1 the moments of the parameters it updates now, from
+    whichever replica's file holds them), the loss scaler — from the files that hold them (a
+    replicated tensor from one copy). Refused on every rank before any rank communicates,
+    naming it: a name or shape this rank holds that the checkpoint does not (another model),
+    optimizer state missing for a parameter, another optimizer class, another ``global_batch``.
+    A checkpoint parameter that no rank holds (another model) is refused on every rank after
+    the ranks' one exchange, before anything is loaded. The generator state is restored only
+    under the same plan, where ZeRO on or off counts as the same (docs/restarts.md).
     """
     folder = _directory(directory)
     if step is not None:
@@ -371,12 +373,15 @@ def _check_rank_file(
     A checkpoint written under this job's plan is read from this rank's own file, generator
     state included (bit-exact). One written under another plan is read by name through its
     index (:mod:`graph_exec.checkpoint.index`), from the files that hold this rank's tensors
-    now; an old checkpoint without an index must match the plan.
+    now, the generator only where nothing but the optimizer's partition changed (ZeRO on or
+    off: the same stages draw on the same rank); an old checkpoint without an index must match
+    the plan.
     """
     chosen, manifest = _choose(folder, step)
     where = layout.step_dir(folder, chosen)
     _check_job(manifest, where, optimizer, global_batch)
-    found = differences(manifest, job_facts(schedule, world), rank, local_stages(schedule))
+    now, stages = job_facts(schedule, world), local_stages(schedule)
+    found = differences(manifest, now, rank, stages)
     saved_index = manifest.get("index")
     if found and saved_index is None:
         raise CheckpointMismatchError(
@@ -395,7 +400,8 @@ def _check_rank_file(
         raise CheckpointMismatchError(
             f"checkpoint {where} does not fit rank {rank}'s model: " + "; ".join(problems)
         )
-    if not found and state.RNG_STATE in saved_index:  # same plan: this process's own generator
+    same_ranks = not differences(manifest, now, rank, stages, ignore=OPTIMIZER_PARTITION)
+    if same_ranks and state.RNG_STATE in saved_index:  # this process's own generator
         plan.setdefault(own, []).append(state.RNG_STATE)
     stored: dict[str, Any] = {}
     for name, chosen_names in sorted(plan.items()):

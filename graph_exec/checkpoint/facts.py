@@ -37,6 +37,11 @@ RENAMED = {"overflow": "run_ahead"}
 #: Options added after checkpoints were first written, with the value every job had before:
 #: a checkpoint that does not record one was written with that value.
 BEFORE_THE_OPTION = {"optimizer_sharding": False}
+#: Options that change only which data-parallel replica keeps which parameter's optimizer state
+#: (ZeRO-1): every rank still runs the same stages on the same data, so a checkpoint written with
+#: another value is loaded by name (the state is in other files) yet is the same plan for the
+#: generator, which each rank gets back as it saved it.
+OPTIMIZER_PARTITION = frozenset({"optimizer_sharding"})
 #: Attributes that hold the model or the mesh, not options (recorded through the other facts).
 MODEL_ATTRIBUTES = frozenset({"stages", "preprocess_module", "loss_fn", "mesh"})
 
@@ -108,13 +113,21 @@ _LABELS = {
 }
 
 
-def differences(manifest: dict[str, Any], now: dict[str, Any], rank: int, stages: list[int]) -> list[str]:
+def differences(
+    manifest: dict[str, Any],
+    now: dict[str, Any],
+    rank: int,
+    stages: list[int],
+    *,
+    ignore: frozenset[str] = frozenset(),
+) -> list[str]:
     """Every way the job that wrote ``manifest`` differs, as seen from ``rank``, from this one.
 
     ``now`` is :func:`job_facts` of this rank. It is compared with the facts the manifest
     records for the same rank (ranks may differ: the fair baseline needs the preprocess on
     rank 0 only), or with the job-wide ones for a rank the checkpoint has no file for.
-    ``stages`` are this rank's stages, compared with the recorded stage->rank map.
+    ``stages`` are this rank's stages, compared with the recorded stage->rank map. Options named
+    in ``ignore`` are not compared (:data:`OPTIMIZER_PARTITION`: is the layout otherwise the same?).
     """
     entries = {entry["rank"]: entry for entry in manifest.get("ranks", [])}
     entry = entries.get(rank)
@@ -126,7 +139,7 @@ def differences(manifest: dict[str, Any], now: dict[str, Any], rank: int, stages
     ]
     saved_options = {RENAMED.get(name, name): value for name, value in saved.get("options", {}).items()}
     for name in sorted(set(saved_options) | set(now["options"])):
-        if name in EXECUTION_ONLY:
+        if name in EXECUTION_ONLY or name in ignore:
             continue
         before = saved_options.get(name, BEFORE_THE_OPTION.get(name, "<not set>"))
         current = now["options"].get(name, "<not set>")

@@ -5,8 +5,8 @@ rank files still match the checksums recorded when they completed, and how the j
 them was set up (``complete.json``). So a resume that cannot work — another ``--batch`` or
 ``--frozen``, a corrupt step asked for by name, nothing usable left — exits with code 2 here,
 instead of failing on every rank after the launch. Another plan (``--ranks``, ``--dp``,
-``--vpp``, ``--layers``, ``--baseline``, ...: :data:`PLAN`) is said and goes on when the
-checkpoint has an index of tensor names: the ranks load it by name. Pure Python: no MindSpore,
+``--vpp``, ``--layers``, ``--baseline``, ``--zero``, ...: :data:`PLAN`) is said and goes on
+when the checkpoint has an index of tensor names: the ranks load it by name. Pure Python: no MindSpore,
 no msrun.
 
 A corrupt latest step is skipped for the previous complete one (``keep=2`` keeps it), as
@@ -138,7 +138,9 @@ def choose(
 
 
 #: What a checkpoint with an index resumes across (by name): how the job is laid out, not what it
-#: computes. The global batch, the preprocess's training, the shapes and the data stay.
+#: computes. The global batch, the preprocess's training, the shapes and the data stay. ZeRO-1
+#: (``--zero``) only moves optimizer state between replicas: each rank reads the moments of the
+#: parameters it updates now from whichever file the index names.
 PLAN = frozenset(
     {
         "world size",
@@ -150,6 +152,7 @@ PLAN = frozenset(
         "option micro_batch_num",
         "option run_ahead",
         "option backward",
+        "option optimizer_sharding",
     }
 )
 

@@ -43,8 +43,10 @@ def test_optimizer_sharding_matches_the_unsharded_run(run_workers):
     """ZeRO-1 on dp 2 x pp 2, graph and pynative, Adam with clipping and a dynamic loss scaler:
     the losses, norms and every parameter after 3 steps bit-identical to the unsharded run, the
     optimizer state per rank half of it (within one parameter's), a resume from a sharded
-    checkpoint exact (graph mode); an optimizer over another replica's parameters or with state not
-    per parameter refused on every rank (pynative) (tests/multirank/workers/mesh_checks.py, suite ``zero``)."""
+    checkpoint exact (graph mode), and so, bit for bit with the generator restored, a sharded
+    checkpoint resumed unsharded and an unsharded one sharded (graph mode, 2 steps on); an
+    optimizer over another replica's parameters or with state not per parameter refused on every
+    rank (pynative) (tests/multirank/workers/mesh_checks.py, suite ``zero``)."""
     result = run_workers("mesh_checks.py", 4, "zero", timeout_s=600)
     for rank in range(4):
         assert "ALL DONE failures=0" in result.worker_logs[rank], result.describe()
@@ -52,7 +54,8 @@ def test_optimizer_sharding_matches_the_unsharded_run(run_workers):
         for mode in ("graph", "pynative"):
             expected = {f"zero_{mode}.{check}" for check in (*ZERO_CHECKS, "stats")}
             assert expected <= seen, result.describe()
-        assert "zero_graph.resume_exact" in seen, result.describe()
+        resumes = ("resume_exact", "resume_sharded_into_unsharded", "resume_unsharded_into_sharded")
+        assert {f"zero_graph.{check}" for check in resumes} <= seen, result.describe()
         refusals = ("refuses_not_owned", "refuses_global_state", "refusals_update_nothing")
         assert {f"zero_pynative.{check}" for check in refusals} <= seen, result.describe()
 

@@ -10,7 +10,7 @@ import pytest
 
 from graph_exec.checkpoint import index, layout
 from graph_exec.cli import main
-from tests.unit.test_checkpoint_layout import checksummed_step, launched, no_launch, run_argv
+from tests.unit.test_checkpoint_layout import checksummed_step, launched, no_launch, run_argv, run_facts
 
 __all__ = ["launched", "no_launch"]  # fixtures used here
 
@@ -98,10 +98,12 @@ def test_parameters_no_rank_claims_are_found():
 # -- graph-exec run --resume under another plan ------------------------------------------------
 
 
-def indexed_step(directory, step: int) -> None:
-    """A checkpoint of ``graph-exec run embed_lm`` (2 ranks, V = 2, batch 8) with an index."""
+def indexed_step(directory, step: int, *argv: str) -> None:
+    """A checkpoint of ``graph-exec run embed_lm *argv`` (default: 2 ranks, V = 2, batch 8) with
+    an index."""
     folder = checksummed_step(directory, step)
     manifest = layout.read_manifest(directory, step)
+    manifest.update(run_facts(*argv))
     manifest["index"] = saved_by_two_ranks()
     layout.write_json_atomically(folder / layout.MANIFEST, manifest)
 
@@ -120,6 +122,21 @@ def test_a_resume_on_another_plan_says_what_changed_and_launches(tmp_path, capsy
         "split (--layers): checkpoint even, this job 2,1,1,0",
     ):
         assert said in err, err
+
+
+@pytest.mark.parametrize(("saved", "now"), [("1", "0"), ("0", "1")])
+def test_a_resume_with_zero_switched_says_so_and_launches(tmp_path, capsys, launched, saved, now):
+    """ZeRO-1 only moves optimizer state between replicas: a checkpoint with an index resumes
+    with ``--zero`` switched either way (the ranks read the moments by name), said, nothing else
+    changed; without an index it is refused (tests/unit/test_checkpoint_layout.py)."""
+    mesh = ("--dp", "2", "--batch", "8")
+    indexed_step(tmp_path, 3, *mesh, "--zero", saved)
+    assert main(run_argv(tmp_path, "--resume", *mesh, "--zero", now)) == 7
+    (job,) = launched
+    assert job.first_step == 3 and job.runs[0].optimizer_sharding is (now == "1")
+    err = capsys.readouterr().err
+    said = f"option optimizer_sharding (--zero): checkpoint {saved == '1'}, this job {now == '1'}"
+    assert f"checkpoint step 3 was written under another plan, resuming by name: {said}\n" in err, err
 
 
 @pytest.mark.usefixtures("no_launch")

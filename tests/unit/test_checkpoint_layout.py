@@ -169,6 +169,23 @@ def test_differences_list_everything_that_differs_but_execution_only_options():
     ]
 
 
+def test_zero_switched_is_a_difference_that_the_generator_check_can_leave_out():
+    """A load tells "only the optimizer's partition changed" (its generator state comes back)
+    from another plan by comparing without :data:`OPTIMIZER_PARTITION`."""
+    from graph_exec.checkpoint.facts import OPTIMIZER_PARTITION
+
+    saved = {**job_facts(FakeSchedule(), 2), "ranks": [{"rank": 0, "stages": [0, 2]}]}
+    now = job_facts(FakeSchedule(optimizer_sharding=True), 2)
+    assert differences(saved, now, 0, [0, 2]) == [
+        "option optimizer_sharding: checkpoint False, this job True"  # not recorded: before the option
+    ]
+    assert differences(saved, now, 0, [0, 2], ignore=OPTIMIZER_PARTITION) == []
+    moved = job_facts(FakeSchedule(optimizer_sharding=True, run_ahead="min"), 2)
+    assert differences(saved, moved, 0, [0, 2], ignore=OPTIMIZER_PARTITION) == [
+        "option run_ahead: checkpoint 'full', this job 'min'"
+    ]
+
+
 def test_a_checkpoint_that_records_the_old_name_overflow_compares_it_as_run_ahead():
     old = job_facts(FakeSchedule(), 2)
     old["options"]["overflow"] = old["options"].pop("run_ahead")  # written before the rename
@@ -367,6 +384,10 @@ def run_argv(directory: Path, *extra: str) -> list[str]:
             "preprocess (--frozen/--trainable): checkpoint 'trainable', this job 'frozen'",
         ),
         (["--data", "shuffled", "--resume"], "data (--data): checkpoint 'steps', this job 'shuffled'"),
+        (  # a checkpoint without an index: only a load by name could move the optimizer state
+            ["--dp", "2", "--zero", "1", "--resume"],
+            "option optimizer_sharding (--zero): checkpoint False, this job True",
+        ),
     ],
 )
 def test_a_resume_set_up_differently_exits_2_before_launching(tmp_path, capsys, extra, message):

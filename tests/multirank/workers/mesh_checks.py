@@ -19,13 +19,17 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, amp, nn
+from mindspore.communication import get_rank
 
 import graph_exec as ge
+from graph_exec.checkpoint import ReshardWarning
 from graph_exec.errors import CommunicationNotInitializedError, ConfigurationMismatchError, RemoteRankError
 from graph_exec.msenv import prepare_mindspore
 from graph_exec.transport import all_gather_objects
@@ -75,8 +79,8 @@ SUITES["zb_dp2pp2"] = [
 
 
 #: ZeRO-1 (``zero`` suite): Adam steps compared, the clipping threshold (below the first norms,
-#: so every step clips) and where the sharded run is checkpointed and resumed.
-ZERO_STEPS, ZERO_MAX_NORM, ZERO_SAVE_AFTER = 3, 0.05, 2
+#: so every step clips) and where both runs are checkpointed and resumed.
+ZERO_STEPS, ZERO_MAX_NORM, ZERO_SAVE_AFTER = 3, 0.05, 1
 
 
 class ZeroRun:
@@ -86,6 +90,7 @@ class ZeroRun:
         self.mesh = mesh
         self.model = build(4, "trainable")
         stages = [ge.PipelineStage(self.model.stages[s], s, 4) for s in range(self.mesh.pp_rank, 4, 2)]
+        self.kind = "sharded" if sharded else "unsharded"
         self.sched = ge.ScheduleMPipeTranspose(
             stages,
             4,
@@ -120,15 +125,18 @@ class ZeroRun:
 def zero_case(mesh: ge.DeviceMesh, mode: str, checker: Checker, root: Path | None) -> None:
     """Sharded against unsharded: the same losses and parameters after each Adam step (bit for
     bit: the owner computes what every replica would), half the optimizer state (within one
-    parameter's), and with ``root`` a resume from a sharded checkpoint written there that gives
-    the same last step."""
+    parameter's), and with ``root`` both runs checkpointed there after step ``ZERO_SAVE_AFTER``:
+    a resume from the sharded checkpoint gives the same last steps, sharded (same plan) and
+    unsharded, and one from the unsharded checkpoint sharded (:func:`cross_resume`)."""
     name = f"zero_{mode}"
     whole, sharded = ZeroRun(mesh, mode, False), ZeroRun(mesh, mode, True)
-    whole.train(ZERO_STEPS)
-    sharded.train(ZERO_SAVE_AFTER)
-    if root is not None:
-        ge.save_checkpoint(sharded.sched, root / name, ZERO_SAVE_AFTER, optimizer=sharded.opt)
-    sharded.train(ZERO_STEPS - ZERO_SAVE_AFTER)
+    saved_rng: dict[str, np.ndarray] = {}
+    for run in (whole, sharded):
+        run.train(ZERO_SAVE_AFTER)
+        if root is not None:
+            saved_rng[run.kind] = ms.get_rng_state().asnumpy()  # what the save stores
+            ge.save_checkpoint(run.sched, root / f"{name}_{run.kind}", ZERO_SAVE_AFTER, optimizer=run.opt)
+        run.train(ZERO_STEPS - ZERO_SAVE_AFTER)
     checker.check(
         f"{name}.losses_equal", sharded.losses == whole.losses, f"{sharded.losses} vs {whole.losses}"
     )
@@ -161,7 +169,7 @@ def zero_case(mesh: ge.DeviceMesh, mode: str, checker: Checker, root: Path | Non
         refusals(sharded, checker, name)
         return
     resumed = ZeroRun(mesh, mode, True)
-    loaded = ge.load_checkpoint(resumed.sched, root / name, optimizer=resumed.opt)
+    loaded = ge.load_checkpoint(resumed.sched, root / f"{name}_sharded", optimizer=resumed.opt)
     resumed.train(ZERO_STEPS - ZERO_SAVE_AFTER)
     same = resumed.values()
     differ = [k for k in got if not np.array_equal(got[k], same[k])]
@@ -169,6 +177,59 @@ def zero_case(mesh: ge.DeviceMesh, mode: str, checker: Checker, root: Path | Non
         f"{name}.resume_exact",
         loaded == ZERO_SAVE_AFTER and not differ and resumed.losses == sharded.losses[ZERO_SAVE_AFTER:],
         f"step {loaded}, differ: {differ}",
+    )
+    start = time.perf_counter()
+    reference = Finished(list(whole.losses), list(whole.norms), expected)
+    for run, written in ((whole, "sharded"), (sharded, "unsharded")):
+        folder = root / f"{name}_{written}"
+        label = f"{name}.resume_{written}_into_{run.kind}"
+        cross_resume(run, folder, saved_rng[written], reference, checker, label)
+    print(f"{name} cross-resume seconds: {time.perf_counter() - start:.1f}", flush=True)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What the uninterrupted unsharded run ended with."""
+
+    losses: list[list[float]]
+    norms: list[float]
+    values: dict[str, np.ndarray]
+
+
+def cross_resume(
+    run: ZeroRun, folder: Path, saved_rng: np.ndarray, reference: Finished, checker: Checker, name: str
+) -> None:
+    """Load into ``run`` the step-``ZERO_SAVE_AFTER`` checkpoint written with the other
+    ``optimizer_sharding``, train to ``ZERO_STEPS``: losses, norms and every parameter equal the
+    uninterrupted run's bit for bit (same plan; only which replica keeps which moments changed).
+
+    ``run`` has already trained to the end, so anything the load left out would be stale (its
+    moments three steps old) and show; its compiled graphs are reused (the load is in place).
+    The generator is moved off before the load: it must come back (only the partition changed).
+    Rank 0 must warn that the checkpoint was written with the other ``optimizer_sharding``."""
+    ms.manual_seed(12345)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loaded = ge.load_checkpoint(run.sched, folder, optimizer=run.opt)
+    said = any(
+        issubclass(w.category, ReshardWarning) and "option optimizer_sharding" in str(w.message) for w in seen
+    )
+    rng_back = np.array_equal(ms.get_rng_state().asnumpy(), saved_rng)
+    steps = ZERO_STEPS - ZERO_SAVE_AFTER
+    run.train(steps)
+    got = run.values()
+    differ = [k for k in reference.values if not np.array_equal(reference.values[k], got[k])]
+    checker.check(
+        name,
+        loaded == ZERO_SAVE_AFTER
+        and said == (get_rank() == 0)
+        and rng_back
+        and run.losses[-steps:] == reference.losses[-steps:]
+        and run.norms[-steps:] == reference.norms[-steps:]
+        and not differ
+        and set(got) == set(reference.values),
+        f"step {loaded}, warned {said}, generator back {rng_back}, losses {run.losses} vs "
+        f"{reference.losses}, norms {run.norms} vs {reference.norms}, differ: {differ}",
     )
 
 
