@@ -28,13 +28,13 @@ def job(ranks: int = 4, dp: int = 2, vpp: int = 2, micro: int = 4, batch: int = 
     )  # fmt: skip
 
 
-def test_four_ranks_on_two_keep_the_stages_the_batch_and_the_rows_of_a_micro_batch():
+def test_four_ranks_on_two_keep_the_stages_the_batch_and_the_micro_batch_count():
     planned = plan_on(job(), 2)
     assert (planned.ranks, planned.dp, planned.pp, planned.vpp) == (2, 1, 2, 2)
     assert planned.pp * planned.vpp == 4 and planned.batch == 16
-    assert planned.micro == 8  # 16 rows / (1 replica x 2 rows a micro-batch)
+    assert planned.micro == 4  # the gradient's scale (a sum over micro-batches) stays
     assert (planned.first_step, planned.steps, planned.checkpoint_dir) == (3, 5, "ckpt")
-    assert layout(planned) == "(D=1, P=2, V=2, M=8)"
+    assert layout(planned) == "(D=1, P=2, V=2, M=4)"
 
 
 def test_the_largest_p_dividing_both_the_stages_and_the_ranks_is_chosen():
@@ -55,7 +55,7 @@ def test_a_count_no_plan_fits_is_named_with_what_was_tried():
         plan_on(job(), 3)  # P must divide gcd(4, 3) = 1, and D = 3 does not divide the batch 16
     text = str(error.value)
     assert "no plan of the job's 4 stages and global batch 16 fits 3 ranks" in text
-    assert "D=3 P=1 V=4: no M with D x M dividing 16" in text
+    assert "D=3 P=1 V=4: D x M = 3 x 4 does not divide the global batch 16" in text
 
 
 def test_fewer_usable_ranks_take_the_most_that_fit_and_not_fewer_than_the_minimum():
@@ -65,6 +65,13 @@ def test_fewer_usable_ranks_take_the_most_that_fit_and_not_fewer_than_the_minimu
         plan_on_fewer(job(), 1, 2)
     with pytest.raises(ReplanError, match="3 usable ranks \\(--min-ranks 3\\)"):
         plan_on_fewer(job(), 3, 3)
+
+
+def test_a_batch_that_d_x_m_does_not_divide_leaves_that_plan_out():
+    odd = job(ranks=4, dp=4, vpp=1, micro=2, batch=8)  # 1 stage, 4 replicas of 1 micro-batch row
+    assert plan_on(odd, 2).dp == 2
+    with pytest.raises(ReplanError, match="D=3 P=1 V=1: D x M = 3 x 2 does not divide the global batch 8"):
+        plan_on(odd, 3)
 
 
 def test_a_plan_the_schedule_refuses_is_skipped():
@@ -90,7 +97,7 @@ def test_a_relaunch_follows_the_usable_ranks(monkeypatch):
     planned, said = on_usable_ranks(original, resumed, 2)
     assert isinstance(planned, JobSpec) and planned.ranks == 2
     assert said == (
-        "only 2 of 4 ranks usable: re-planned on 2 ranks, (D=2, P=2, V=2, M=4) -> (D=1, P=2, V=2, M=8); "
+        "only 2 of 4 ranks usable: re-planned on 2 ranks, (D=2, P=2, V=2, M=4) -> (D=1, P=2, V=2, M=4); "
         "the 4 stages, the split and the global batch 16 are kept, the checkpoint loads by name"
     )
     refused, _ = on_usable_ranks(original, resumed, None)
