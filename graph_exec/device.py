@@ -28,9 +28,11 @@ policy is first needed, so this module is importable anywhere.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 #: Environment variable that turns the CPU fast paths off (``0``); read once per process.
@@ -170,7 +172,34 @@ class DevicePolicy:
         return "CPU (fast paths)" if self.cpu_fast_paths else f"CPU (device path: {FAST_PATHS_ENV}=0)"
 
 
-_chosen: DevicePolicy | None = None
+#: A device target's device files (one per device, in ``/dev``) and its visible-devices list.
+_DEVICE_FILES = {"GPU": re.compile(r"nvidia(\d+)"), "Ascend": re.compile(r"davinci(\d+)")}
+_VISIBLE_ENV = {"GPU": "CUDA_VISIBLE_DEVICES", "Ascend": "ASCEND_RT_VISIBLE_DEVICES"}
+
+
+def usable_ranks(
+    target: str, environ: Mapping[str, str] | None = None, dev: Path = Path("/dev")
+) -> int | None:
+    """How many ranks this host can run now on ``target``: a relaunch after a failure asks, to
+    go on with fewer ranks when a device is gone (``graph-exec run --min-ranks``).
+
+    GPU and Ascend: one rank per device, counted as the devices whose file is present in ``dev``
+    (``nvidia<N>``, ``davinci<N>``: a device the driver dropped loses its file), and of those
+    only the numbers the visible-devices variable lists when it is set. ``None`` on CPU: a rank is a process, nothing to run out of.
+    A probe of presence, not of health: a device that is present but broken fails the relaunch,
+    which is then a failure of its own.
+    """
+    if target not in _DEVICE_FILES:
+        return None
+    pattern = _DEVICE_FILES[target]
+    present = sorted(int(m.group(1)) for p in dev.glob("*") if (m := pattern.fullmatch(p.name)))
+    listed = (os.environ if environ is None else environ).get(_VISIBLE_ENV[target])
+    if listed is None:
+        return len(present)
+    wanted = [item.strip() for item in listed.split(",") if item.strip()]
+    return sum(1 for item in wanted if item.isdigit() and int(item) in present)
+
+
 _fast_paths: bool | None = None
 #: Reads MindSpore's device target (bound at the first :func:`current_target`).
 _read_target: Callable[[], str] | None = None

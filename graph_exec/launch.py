@@ -184,6 +184,7 @@ def launch(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     steps_done: Callable[[str], int | None] | None = None,
     before_restart: Callable[[int], str | None] | None = None,
+    nproc_of: Callable[[int], int] | None = None,
 ) -> LaunchResult:
     """Run ``script args`` on ``nproc`` ranks under msrun and wait at most ``timeout_s``.
 
@@ -205,7 +206,9 @@ def launch(
     when the next one starts, and one line per restart goes to stderr. ``checkpoint_dir`` (the
     job's checkpoints) and ``steps_done(worker log) -> steps finished`` let the attempt records
     say where each attempt resumed and what a failure cost. ``before_restart(attempt)`` runs
-    before each relaunch and may return a reason not to relaunch.
+    before each relaunch and may return a reason not to relaunch. ``nproc_of(attempt)``: the
+    ranks of attempt ``attempt > 0`` (called after ``before_restart``, which may have re-planned
+    the job on fewer ranks); default ``nproc`` every time.
     """
     nodes = nodes or Nodes()
     timeout_s = checks.positive_seconds("timeout_s", timeout_s)
@@ -229,10 +232,12 @@ def launch(
             shutil.rmtree(old, ignore_errors=True)
 
     def attempt(index: int) -> tuple[LaunchResult, bool]:
+        ranks = nproc
         if index:
             _archive_logs(log_path, index - 1)
+            ranks = nproc if nproc_of is None else _checked_nproc(nproc_of(index), index)
         return _launch_once(
-            script, args, nproc, log_path, timeout_s, env, cluster_timeout_s, poll, nodes, index
+            script, args, ranks, log_path, timeout_s, env, cluster_timeout_s, poll, nodes, index
         )
 
     result, attempts = run_attempts(
@@ -245,6 +250,13 @@ def launch(
     )
     result.attempts = attempts
     return result
+
+
+def _checked_nproc(nproc: int, attempt: int) -> int:
+    """``nproc_of``'s answer for ``attempt``, if it is a rank count."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc_of({attempt}) must be an int >= 1, got {nproc!r}")
+    return nproc
 
 
 def _archive_logs(log_path: Path, index: int) -> None:

@@ -270,10 +270,17 @@ def run_job(
 ) -> LaunchResult:
     """Launch ``job`` (this host's share of its ranks), calling ``on_progress`` per progress
     line of the last stage of replica 0 while it runs, where that rank runs on this host;
-    with ``restarts``, relaunch it as :func:`graph_exec.launch.launch` decides."""
+    with ``restarts``, relaunch it as :func:`graph_exec.launch.launch` decides, each attempt on
+    the ranks of the job ``restarts.next_job`` gave it."""
     job.write(run_dir)
-    log = run_dir / "logs" / f"worker_{progress_rank(job)}.log"
-    watch = [_LogTail(log), StatusPrinter(job.ranks, lambda text: print(text, flush=True))]
+    logs = run_dir / "logs"
+    latest = [job]  # the job of the latest attempt (a relaunch may run on fewer ranks)
+
+    def watching(job: JobSpec) -> list:
+        log = logs / f"worker_{progress_rank(job)}.log"
+        return [_LogTail(log), StatusPrinter(job.ranks, lambda text: print(text, flush=True))]
+
+    watch = watching(job)
     env = dict(os.environ)
     if job.verbose:  # MindSpore's warnings back (or the level the user chose)
         env.setdefault("GLOG_v", "2")
@@ -286,14 +293,15 @@ def run_job(
         if isinstance(following, str):
             return following
         following.write(run_dir)
-        watch[:] = [_LogTail(log), StatusPrinter(job.ranks, lambda text: print(text, flush=True))]
+        latest.append(following)
+        watch[:] = watching(following)
         return None
 
     return launch(
         WORKER,
         [str(run_dir)],
         nproc=job.ranks,
-        log_dir=run_dir / "logs",
+        log_dir=logs,
         timeout_s=timeout_s,
         env=env,
         poll=lambda: _echo(watch[0].lines(), on_progress, watch[1]),
@@ -302,6 +310,7 @@ def run_job(
         checkpoint_dir=job.checkpoint_dir,
         steps_done=steps_finished,
         before_restart=None if restarts is None else functools.partial(before_restart, restarts.next_job),
+        nproc_of=lambda attempt: latest[-1].ranks,
     )
 
 

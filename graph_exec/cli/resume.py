@@ -149,7 +149,6 @@ PLAN = frozenset(
         "stage count",
         "V (stages per rank)",
         "split",
-        "option micro_batch_num",
         "option run_ahead",
         "option backward",
         "option optimizer_sharding",

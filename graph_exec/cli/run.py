@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from graph_exec import device
 from graph_exec.cli.argtypes import (
     bucket_sizes,
     count_range,
@@ -40,6 +41,7 @@ from graph_exec.cli.jobs import (
 )
 from graph_exec.cli.resume import ResumePoint, ResumeRefused, choose, expected_facts, set_aside
 from graph_exec.device import DevicePolicy, fast_paths_requested
+from graph_exec.replan import ReplanError, layout, plan_on, plan_on_fewer
 from graph_exec.report.analysis import summarize
 from graph_exec.report.job import JobSpec, RunSpec
 from graph_exec.report.memory import memory_lines
@@ -325,6 +327,14 @@ def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         help="when a rank dies or times out, relaunch the job from the latest complete checkpoint, at "
         "most N times (needs --checkpoint-dir; default 0)",
     )
+    ckpt.add_argument(
+        "--min-ranks",
+        metavar="N",
+        type=positive_int,
+        help="with --max-restarts: when a relaunch finds fewer usable ranks than --ranks (a lost device), "
+        "go on with at least N, re-planned with the same stage count P x V, split and global batch (the "
+        "checkpoint loads by name); default: such a relaunch is not made",
+    )
 
 
 def _add_pretrained_arguments(parser: argparse.ArgumentParser) -> None:
@@ -413,6 +423,8 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: J
     are known).
     """
     folder = args.checkpoint_dir
+    if args.min_ranks is not None and not args.max_restarts:
+        parser.error(f"--min-ranks {args.min_ranks} needs --max-restarts N: it says how a relaunch may go on")
     if folder is None:
         if args.max_restarts:
             parser.error(
@@ -427,6 +439,7 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: J
             f"--max-restarts needs a job on one host, not --nodes {args.nodes}: the launchers of several "
             "hosts cannot agree on a relaunch; restart a multi-host job with --resume"
         )
+    check_min_ranks(args, parser, job)
     try:
         return choose(
             folder,
@@ -437,6 +450,32 @@ def first_step(args: argparse.Namespace, parser: argparse.ArgumentParser, job: J
         )
     except ResumeRefused as refused:
         parser.error(str(refused))
+
+
+def check_min_ranks(args: argparse.Namespace, parser: argparse.ArgumentParser, job: JobSpec) -> None:
+    """``--min-ranks N``: at most ``--ranks``, and a count that a plan of the job's stage count
+    and global batch fits (so that a relaunch on any count from N up has a plan); else exit 2."""
+    if args.min_ranks is None:
+        return
+    if args.min_ranks > job.ranks:
+        parser.error(
+            f"--min-ranks {args.min_ranks} is above --ranks {job.ranks}: it is the fewest ranks a relaunch "
+            f"may go on with; use 1..{job.ranks}"
+        )
+    fits = [n for n in range(1, job.ranks + 1) if _fits(job, n)]
+    if args.min_ranks not in fits:
+        parser.error(
+            f"--min-ranks {args.min_ranks}: no plan of this job's {job.pp * job.vpp} stages (P x V) and global "
+            f"batch {job.batch} fits {args.min_ranks} ranks; rank counts that fit: {fits}"
+        )
+
+
+def _fits(job: JobSpec, ranks: int) -> bool:
+    try:
+        plan_on(job, ranks)
+    except ReplanError:
+        return False
+    return True
 
 
 #: The examples whose ``build`` takes ``layers=`` (blocks per stage: ``--layers``).
@@ -560,6 +599,38 @@ def resumed_job(job: JobSpec, say: Callable[[str], None]) -> JobSpec | str:
     return dataclasses.replace(job, first_step=latest, steps=steps, warmup=warmup)
 
 
+def on_usable_ranks(original: JobSpec, resumed: JobSpec, min_ranks: int | None) -> tuple[JobSpec | str, str]:
+    """The relaunch ``resumed`` on the ranks this host can run now (:func:`graph_exec.device.
+    usable_ranks`): the job's own plan (``original``'s) when they are all there, else re-planned
+    on fewer (:func:`graph_exec.replan.plan_on_fewer`) when ``min_ranks`` allows; or why there is
+    no relaunch. Also a line saying what was decided (``""``: nothing changed)."""
+    usable = device.usable_ranks(original.device)
+    own = dataclasses.replace(
+        resumed, ranks=original.ranks, dp=original.dp, vpp=original.vpp, micro=original.micro
+    )
+    if usable is None or usable >= original.ranks:
+        back = (
+            f"all {original.ranks} ranks usable again, back to {layout(own)}"
+            if resumed.ranks != own.ranks
+            else ""
+        )
+        return own, back
+    if min_ranks is None:
+        return (
+            f"only {usable} of the job's {original.ranks} ranks are usable (pass --min-ranks N to go on with fewer)",
+            "",
+        )
+    try:
+        planned = plan_on_fewer(own, usable, min_ranks)
+    except ReplanError as error:
+        return str(error), ""
+    return planned, (
+        f"only {usable} of {original.ranks} ranks usable: re-planned on {planned.ranks} ranks, "
+        f"{layout(own)} -> {layout(planned)}; the {own.pp * own.vpp} stages, the split and the global batch "
+        f"{own.batch} are kept, the checkpoint loads by name"
+    )
+
+
 def describe(job: JobSpec) -> str:
     """One line saying what is being trained."""
     spec = job.runs[0]
@@ -623,13 +694,17 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"resuming from {Path(job.checkpoint_dir or '') / f'step_{job.first_step}'}", flush=True)
 
     def progress(line: dict) -> None:
-        print(progress_text(line, total, job.mesh), flush=True)
+        print(progress_text(line, total, current[-1].mesh), flush=True)
 
     began = time.monotonic()
     current = [job]  # the job of the latest attempt
 
     def relaunch(attempt: int) -> JobSpec | str:
         resumed = resumed_job(current[-1], lambda text: print(f"graph-exec run: {text}", file=sys.stderr))
+        if isinstance(resumed, JobSpec):
+            resumed, said = on_usable_ranks(job, resumed, args.min_ranks)
+            if said:
+                print(f"graph-exec run: {said}", file=sys.stderr, flush=True)
         if isinstance(resumed, JobSpec):
             current.append(resumed)
             print(

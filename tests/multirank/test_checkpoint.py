@@ -4,7 +4,8 @@ On 2 ranks (worker: ``workers/checkpoint_checks.py``), two launches: the first t
 resumes in the same job for every set-up, then has rank 1 killed while saving step 6; the second
 is a new job that resumes from those files and runs the fault cases. Exact resume is compared at
 atol 1e-6 against uninterrupted training. Through ``graph-exec run``, three launches (4, 4 and 2
-ranks): a checkpoint resumed under two other plans (issue 54).
+ranks): a checkpoint resumed under two other plans (issue 54); then one launch sequence of a
+4-rank job that loses ranks and restarts by itself on 2 (``--min-ranks``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 import graph_exec as ge
 from graph_exec.checkpoint.layout import MANIFEST
-from tests.multirank.conftest import checks
+from tests.multirank.conftest import WORKERS, checks
 from tests.multirank.workers.checkpoint_checks import CASES
 
 pytestmark = pytest.mark.timeout(1500)
@@ -131,7 +132,7 @@ def losses_of(log_dir, ranks: int) -> dict[int, float]:
     return {s.step: s.loss for r in read_run(log_dir, "run", ranks) for s in r.steps if s.loss is not None}
 
 
-def test_cli_resume_on_another_plan_continues_the_uninterrupted_run(tmp_path):
+def test_cli_resume_on_another_plan_continues_the_uninterrupted_run(tmp_path, monkeypatch, capsys):
     """Issue 54's target, through ``graph-exec run`` (three launches): 6 steps at (D 2, P 2, V 2)
     saving every 3; step 3 resumed at (D 1, P 4, V 1) and at (D 1, P 2, V 2, split 2,1,1,0):
     steps 4-6's losses and every parameter and Adam moment after step 6 equal the uninterrupted
@@ -139,9 +140,8 @@ def test_cli_resume_on_another_plan_continues_the_uninterrupted_run(tmp_path):
     mode). The gradient sums change order with D, and Adam divides each element by its own
     gradient's size: an element whose gradient is almost 0 (a key bias) moves by a
     rounding-sized amount either way, so elementwise 1e-5 would test rounding, not loading.
-    (A resume under the same plan is bit for bit: test_restarts.py.)"""
-    import numpy as np
-
+    (A resume under the same plan is bit for bit: test_restarts.py.) Then the 4 -> 2 rank
+    restart (:func:`restart_on_fewer_ranks`) from the same step 3, against the same reference."""
     common = ("--steps", "6", "--micro", "4", "--batch", "16")
     whole = tmp_path / "whole"
     out, _ = graph_exec_run(
@@ -171,13 +171,67 @@ def test_cli_resume_on_another_plan_continues_the_uninterrupted_run(tmp_path):
         steps = [line.split()[1] for line in out.splitlines() if line.startswith("step ")]
         assert steps == ["4/6", "5/6", "6/6"], out
         assert ge.latest_checkpoint(tmp_path / name) == 6
-        losses = losses_of(tmp_path / f"log_{name}", ranks)
-        assert sorted(losses) == [3, 4, 5], (name, losses)
-        for step, loss in losses.items():
-            print(f"{name}: step {step + 1} loss {loss!r}, uninterrupted {uninterrupted[step]!r}")
-            assert abs(loss - uninterrupted[step]) <= 1e-5 * abs(uninterrupted[step]), (name, step, loss)
-        resumed = saved_tensors(tmp_path / name / "step_6")
-        assert sorted(resumed) == sorted(reference), name
-        gaps = {t: float(np.linalg.norm(resumed[t] - v) / np.linalg.norm(v)) for t, v in reference.items()}
-        print(f"{name}: largest relative difference of a tensor {max(gaps.values()):.2e}")
-        assert max(gaps.values()) <= 1e-5, (name, sorted(gaps.items(), key=lambda kv: -kv[1])[:3])
+        assert_continues(name, tmp_path / f"log_{name}", ranks, tmp_path / name, uninterrupted, reference)
+    restart_on_fewer_ranks(tmp_path, whole, common, uninterrupted, reference, monkeypatch, capsys)
+
+
+def assert_continues(name, log_dir, ranks, ckpt, uninterrupted, reference) -> None:
+    """Steps 4-6's losses and every tensor of step 6 within 1e-5 relative of the uninterrupted run."""
+    import numpy as np
+
+    losses = losses_of(log_dir, ranks)
+    assert sorted(losses) == [3, 4, 5], (name, losses)
+    for step, loss in losses.items():
+        print(f"{name}: step {step + 1} loss {loss!r}, uninterrupted {uninterrupted[step]!r}")
+        assert abs(loss - uninterrupted[step]) <= 1e-5 * abs(uninterrupted[step]), (name, step, loss)
+    resumed = saved_tensors(ckpt / "step_6")
+    assert sorted(resumed) == sorted(reference), name
+    gaps = {t: float(np.linalg.norm(resumed[t] - v) / np.linalg.norm(v)) for t, v in reference.items()}
+    print(f"{name}: largest relative difference of a tensor {max(gaps.values()):.2e}")
+    assert max(gaps.values()) <= 1e-5, (name, sorted(gaps.items(), key=lambda kv: -kv[1])[:3])
+
+
+def restart_on_fewer_ranks(tmp_path, whole, common, uninterrupted, reference, monkeypatch, capsys) -> None:
+    """Issue 54's 4 -> 2 rank restart, one launch sequence in this process: the job resumes step 3
+    at (D 2, P 2, V 2) with ``--max-restarts 1 --min-ranks 2``; rank 3 is killed right before step
+    4, once the checkpoint is loaded (``workers/restart_harness.py``'s hook; before the first step
+    spares the test a 4-rank compilation). On one machine no device is lost, so the launcher's
+    probe of usable ranks (``graph_exec.device.usable_ranks``) is replaced to answer 2, the way a
+    host that lost two devices answers: the relaunch re-plans on (D 1, P 2, V 2, M 4) by itself and
+    ends where the uninterrupted run ended, within 1e-5."""
+    import time
+
+    from graph_exec import device
+    from graph_exec.cli import jobs, main
+
+    shutil.copytree(whole, tmp_path / "restart", ignore=shutil.ignore_patterns("step_6"))
+    monkeypatch.setattr(jobs, "WORKER", WORKERS / "restart_harness.py")
+    monkeypatch.setenv("GRAPH_EXEC_TEST_KILL", "0:3:3")  # before its first step: no compilation to pay
+    monkeypatch.setattr(device, "usable_ranks", lambda target: 2)
+    capsys.readouterr()
+    began = time.monotonic()
+    code = main(
+        ["run", "embed_lm", "--ranks", "4", "--dp", "2", "--vpp", "2", *common, "--resume",
+         "--checkpoint-dir", str(tmp_path / "restart"), "--log-dir", str(tmp_path / "log_restart"),
+         "--max-restarts", "1", "--min-ranks", "2"]
+    )  # fmt: skip
+    seconds = time.monotonic() - began
+    out, err = capsys.readouterr()
+    print(f"4 -> 2 rank restart: one launch sequence, {seconds:.1f} s")
+    assert code == 0, out + err
+    assert (
+        "graph-exec run: only 2 of 4 ranks usable: re-planned on 2 ranks, (D=2, P=2, V=2, M=4) -> "
+        "(D=1, P=2, V=2, M=4); the 4 stages, the split and the global batch 16 are kept" in err
+    ), err
+    assert "restarting, attempt 1 (restart 1 of at most 1), from checkpoint step 3" in err, err
+    assert "attempts: 2" in out and "  attempt 1: finished; resumed from checkpoint step 3;" in out, out
+    assert "  attempt 0: rank 3 killed by signal 9 (SIGKILL) in step 4;" in out, out
+    assert "done: 3 steps (the last attempt's, after 1 restart) on dp=1 x pp=2" in out, out
+    assert (
+        "TEST KILL: rank 3 attempt 0 before step 3"
+        in (tmp_path / "log_restart/logs/attempt_0/worker_3.log").read_text()
+    )
+    assert not (tmp_path / "log_restart/logs/worker_3.log").exists()  # attempt 1 ran 2 ranks
+    assert_continues(
+        "restart 4 -> 2", tmp_path / "log_restart", 2, tmp_path / "restart", uninterrupted, reference
+    )

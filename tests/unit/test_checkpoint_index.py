@@ -148,6 +148,8 @@ def test_a_resume_with_zero_switched_says_so_and_launches(tmp_path, capsys, laun
             ["--batch", "8", "--frozen"],
             "preprocess (--frozen/--trainable): checkpoint 'trainable', this job 'frozen'",
         ),
+        # the micro-batches' gradients are summed: another M scales them against Adam's moments
+        (["--batch", "8", "--micro", "2"], "option micro_batch_num (--micro): checkpoint 4, this job 2"),
     ],
 )
 def test_what_cannot_carry_over_exits_2_before_launching(tmp_path, capsys, extra, message):
