@@ -363,13 +363,16 @@ def build(
         made = gm.vlm_micro_batches(whole, samples(step, batch_size), micro, pad_token_id=pad)
         return [tensors(batch) for batch in made]
 
-    def packed_batches(step: int, batch_size: int, micro: int):
+    def packed_batches(step: int, batch_size: int, micro: int, *, replica: int = 0, replicas: int = 1):
         def make(made: list[dict], packing) -> list:
             batches = gm.vlm_packed_micro_batches(whole, made, packing, max_length, pad_token_id=pad)
             return [tensors(b) for b in batches]
 
+        def costs_of(made: list[dict]) -> list:
+            return gm.vlm_sample_costs(whole, made)
+
         return conversations.packed(
-            step, batch_size, micro, max_length, lambda made: gm.vlm_sample_costs(whole, made), make
+            step, batch_size, micro, max_length, costs_of, make, replica=replica, replicas=replicas
         )
 
     def tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
@@ -408,6 +411,7 @@ def build(
         if conversations is None or max_length is None:
             raise ValueError("packing needs dataset= and max_length= (the tokens of a packed row)")
         example.micro_batches = packed_batches
+        example.shards_micro_batches = True
         example.tower_spread = conversations.tower_spread
     return example
 
