@@ -115,11 +115,12 @@ class ConversationSource:
         *,
         replica: int = 0,
         replicas: int = 1,
+        balance: str = "tower",
     ) -> list:
         """Replica ``replica``'s shard of step ``step``'s samples (``batch_size // replicas``
         consecutive samples of the global batch) packed into ``micro`` micro-batches of rows of
-        ``max_length`` tokens (:func:`graph_exec.data.pack`, balanced by tower cost, seeded by
-        the step and the replica), made into micro-batches by ``make(samples, packing)``.
+        ``max_length`` tokens (:func:`graph_exec.data.pack` with ``balance``, by default by tower
+        cost, seeded by the step and the replica), made into micro-batches by ``make(samples, packing)``.
 
         Every rank holds the whole global batch (replicated input), so it packs every replica's
         shard from the sizes alone and gives its own the most rows any replica needs: the
@@ -137,9 +138,12 @@ class ConversationSource:
         share = batch_size // replicas
         shards = [made[r * share : (r + 1) * share] for r in range(replicas)]
         costs = [costs_of(shard) for shard in shards]
-        packings = [pack(c, max_length, micro, seed=step * replicas + r) for r, c in enumerate(costs)]
+        seeds = [step * replicas + r for r in range(replicas)]
+        packings = [
+            pack(c, max_length, micro, balance=balance, seed=k) for c, k in zip(costs, seeds, strict=True)
+        ]
         rows = max(p.rows for p in packings)
-        mine = pack(costs[replica], max_length, micro, seed=step * replicas + replica, rows=rows)
+        mine = pack(costs[replica], max_length, micro, balance=balance, seed=seeds[replica], rows=rows)
         real = sum(c.tokens for shard in costs for c in shard)
         self._counts = {(step, batch_size): (real, replicas * micro * rows * max_length)}
         towers = [t for p, c in zip(packings, costs, strict=True) for t in p.tower_costs(c)]
@@ -155,6 +159,18 @@ class ConversationSource:
         the step line's real tokens per second and padding fraction come from), once its
         samples were made; else ``None``."""
         return self._counts.get((step, batch_size))
+
+
+class GeneratedSource(ConversationSource):
+    """Samples made per step by ``make(step, batch_size)`` (the bench's image mix) instead of
+    read from a file: packed and reported as a :class:`ConversationSource`'s are."""
+
+    def __init__(self, make: Callable[[int, int], list[dict]], summary: str) -> None:
+        super().__init__(None, summary)
+        self._make = make
+
+    def samples(self, step: int, batch_size: int) -> list[dict]:
+        return self._make(step, batch_size)
 
 
 def conversation_samples(

@@ -65,6 +65,8 @@ class Trainer:
         pp = mesh.pp_size
         self.num_stages = pp * job.vpp
         options = {**(job.model_options or {}), **({"layers": spec.layers} if spec.layers else {})}
+        if spec.pack_balance is not None:
+            options["pack_balance"] = spec.pack_balance
         longest = max(job.seq_len_range or (0, 0))
         if longest:  # positions and the causal mask must reach the longest sequence
             options["max_seq"] = max(longest, *(job.shape_buckets or (0,)))
