@@ -46,6 +46,10 @@ class ExampleModel:
     #: ``tower_spread(step, batch_size)``: max/mean of that step's micro-batches' tower costs
     #: (packed real data; the step line prints it), once its micro-batches were made.
     tower_spread: Callable[[int, int], float | None] | None = None
+    #: ``micro_batches`` also takes ``replica=`` and ``replicas=`` and makes that data-parallel
+    #: replica's micro-batches of its shard of the global batch (packed rows), their shapes the
+    #: same on every replica; ``False``: ``micro_batches`` needs one pipeline.
+    shards_micro_batches: bool = False
 
     def batch(
         self, step: int, batch_size: int, length: int | None = None
@@ -108,21 +112,43 @@ class ConversationSource:
         max_length: int,
         costs_of: Callable[[list[dict]], list],
         make: Callable[[list[dict], Any], list],
+        *,
+        replica: int = 0,
+        replicas: int = 1,
+        balance: str = "tower",
     ) -> list:
-        """Step ``step``'s samples packed into ``micro`` micro-batches of rows of ``max_length``
-        tokens (:func:`graph_exec.data.pack`, balanced by tower cost, seeded by the step: the
-        same on every rank), made into micro-batches by ``make(samples, packing)``; the real
-        tokens and the row slots are kept for :meth:`token_counts`, the tower spread for
-        :meth:`tower_spread`."""
+        """Replica ``replica``'s shard of step ``step``'s samples (``batch_size // replicas``
+        consecutive samples of the global batch) packed into ``micro`` micro-batches of rows of
+        ``max_length`` tokens (:func:`graph_exec.data.pack` with ``balance``, by default by tower
+        cost, seeded by the step and the replica), made into micro-batches by ``make(samples, packing)``.
+
+        Every rank holds the whole global batch (replicated input), so it packs every replica's
+        shard from the sizes alone and gives its own the most rows any replica needs: the
+        replicas' micro-batches have one shape without exchanging anything. The global batch's
+        real tokens and row slots are kept for :meth:`token_counts`, the spread of every
+        replica's micro-batches' tower costs for :meth:`tower_spread`."""
         from graph_exec.data import pack, spread
 
+        if replicas < 1 or not 0 <= replica < replicas or batch_size % replicas:
+            raise ValueError(
+                f"replica {replica} of {replicas}: the global batch of {batch_size} samples must split "
+                "evenly into the replicas' shards (0 <= replica < replicas)"
+            )
         made = self.samples(step, batch_size)
-        costs = costs_of(made)
-        packing = pack(costs, max_length, micro, seed=step)
-        slots = micro * packing.rows * max_length
-        self._counts = {(step, batch_size): (sum(c.tokens for c in costs), slots)}
-        self._spread = {(step, batch_size): spread(packing.tower_costs(costs))}
-        return make(made, packing)
+        share = batch_size // replicas
+        shards = [made[r * share : (r + 1) * share] for r in range(replicas)]
+        costs = [costs_of(shard) for shard in shards]
+        seeds = [step * replicas + r for r in range(replicas)]
+        packings = [
+            pack(c, max_length, micro, balance=balance, seed=k) for c, k in zip(costs, seeds, strict=True)
+        ]
+        rows = max(p.rows for p in packings)
+        mine = pack(costs[replica], max_length, micro, balance=balance, seed=seeds[replica], rows=rows)
+        real = sum(c.tokens for shard in costs for c in shard)
+        self._counts = {(step, batch_size): (real, replicas * micro * rows * max_length)}
+        towers = [t for p, c in zip(packings, costs, strict=True) for t in p.tower_costs(c)]
+        self._spread = {(step, batch_size): spread(towers)}
+        return make(shards[replica], mine)
 
     def tower_spread(self, step: int, batch_size: int) -> float | None:
         """max/mean of the micro-batches' patches of packed step ``step`` (else ``None``)."""
@@ -133,6 +159,18 @@ class ConversationSource:
         the step line's real tokens per second and padding fraction come from), once its
         samples were made; else ``None``."""
         return self._counts.get((step, batch_size))
+
+
+class GeneratedSource(ConversationSource):
+    """Samples made per step by ``make(step, batch_size)`` (the bench's image mix) instead of
+    read from a file: packed and reported as a :class:`ConversationSource`'s are."""
+
+    def __init__(self, make: Callable[[int, int], list[dict]], summary: str) -> None:
+        super().__init__(None, summary)
+        self._make = make
+
+    def samples(self, step: int, batch_size: int) -> list[dict]:
+        return self._make(step, batch_size)
 
 
 def conversation_samples(

@@ -181,7 +181,9 @@ def build(
         example.token_counts = conversations.token_counts
         example.token_loss = True
 
-    def packed_batches(step: int, batch_size: int, micro: int) -> list:
+    def packed_batches(
+        step: int, batch_size: int, micro: int, *, replica: int = 0, replicas: int = 1
+    ) -> list:
         import mindspore as ms
 
         def make(made: list[dict], packing) -> list:
@@ -189,10 +191,20 @@ def build(
             batches = gm.text_packed_micro_batches(made, packing, max_length, pad_token_id=pad)
             return [(tuple(ms.Tensor(a) for a in inputs), ms.Tensor(labels)) for inputs, labels in batches]
 
-        return conversations.packed(step, batch_size, micro, max_length, gm.text_sample_costs, make)
+        return conversations.packed(
+            step,
+            batch_size,
+            micro,
+            max_length,
+            gm.text_sample_costs,
+            make,
+            replica=replica,
+            replicas=replicas,
+        )
 
     if packing:
         example.micro_batches = packed_batches
+        example.shards_micro_batches = True
     return example
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from graph_exec.examples.common import Example, ExampleModel, conversation_samples
+from graph_exec.examples.common import Example, ExampleModel, GeneratedSource, conversation_samples
 
 CLASSES, TEXT = 4, 16
 #: The most images one sample of the mixed batches may hold.
@@ -270,6 +271,7 @@ def build(
     max_length: int | None = None,
     skip_bad_samples: bool = False,
     packing: bool = False,
+    pack_balance: str | None = None,
 ) -> ExampleModel:
     """Qwen2-VL of preset ``size`` cut into ``num_stages`` chunks; the tower frozen unless asked.
 
@@ -298,6 +300,11 @@ def build(
     then the mean over the global batch's labelled tokens; with ``packing`` (and ``max_length``,
     the row budget) the samples are packed into rows (:func:`graph_exec.data.pack`, balanced by
     tower cost; :func:`graph_exec.models.vlm_packed_micro_batches`), the same loss.
+
+    ``pack_balance`` (``"tower"`` / ``"tokens"``, with ``image_mix``; ``graph-exec bench qwen2vl
+    --image-mix MIX --packing``): each step's mix samples packed into rows of ``max_length``
+    tokens (default: :func:`mix_row_tokens`) with that balance, each micro-batch's tower
+    cost its patches against a light micro-batch's of the same sample count.
     """
     import mindspore as ms
 
@@ -363,13 +370,16 @@ def build(
         made = gm.vlm_micro_batches(whole, samples(step, batch_size), micro, pad_token_id=pad)
         return [tensors(batch) for batch in made]
 
-    def packed_batches(step: int, batch_size: int, micro: int):
+    def packed_batches(step: int, batch_size: int, micro: int, *, replica: int = 0, replicas: int = 1):
         def make(made: list[dict], packing) -> list:
             batches = gm.vlm_packed_micro_batches(whole, made, packing, max_length, pad_token_id=pad)
             return [tensors(b) for b in batches]
 
+        def costs_of(made: list[dict]) -> list:
+            return gm.vlm_sample_costs(whole, made)
+
         return conversations.packed(
-            step, batch_size, micro, max_length, lambda made: gm.vlm_sample_costs(whole, made), make
+            step, batch_size, micro, max_length, costs_of, make, replica=replica, replicas=replicas
         )
 
     def tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
@@ -404,12 +414,74 @@ def build(
     if conversations is not None and not pad_per_micro:  # padded to the batch's longest sample
         example.token_counts = conversations.token_counts
         example.token_loss = True
+    if pack_balance is not None:
+        _pack_mix(example, whole, preset, image_mix, mix_micro, size, tower_unit, max_length, pack_balance)
     if packing:
         if conversations is None or max_length is None:
             raise ValueError("packing needs dataset= and max_length= (the tokens of a packed row)")
         example.micro_batches = packed_batches
+        example.shards_micro_batches = True
         example.tower_spread = conversations.tower_spread
     return example
+
+
+def mix_row_tokens(size: str = "tiny") -> int:
+    """The default packed row of the bench's image mix: a heavy and a light sample's tokens (two
+    light samples fit too; with fewer, token-only rows leave micro-batches empty)."""
+    preset = SIZES[size]
+    heavy, light = image_mix_heavy(preset.image), preset.image
+    return sum((side // preset.patch) ** 2 // preset.merge**2 + 2 + TEXT for side in (heavy, light))
+
+
+def _pack_mix(
+    example: ExampleModel,
+    whole: Any,
+    preset: Size,
+    image_mix: str | None,
+    mix_micro: int,
+    size: str,
+    tower_unit: float,
+    max_length: int | None,
+    balance: str,
+) -> None:
+    """``build(pack_balance=...)``: the image mix's samples as packed micro-batches."""
+    import mindspore as ms
+
+    import graph_exec.models as gm
+
+    if image_mix is None:
+        raise ValueError(f"pack_balance={balance!r} packs the bench's image mix: give image_mix=")
+    length = max_length or mix_row_tokens(size)
+    source = GeneratedSource(lambda step, batch: mix_samples(step, batch, image_mix, mix_micro, size), "")
+    light = (preset.image // preset.patch) ** 2
+    share = [1]  # samples per micro-batch of the last step: a light micro-batch's patches
+
+    # Patches padded to a doubling of a light image's: few shapes, so few compilations.
+    buckets = [light]
+    while buckets[-1] < length * preset.merge**2:
+        buckets.append(2 * buckets[-1])
+
+    def make(made: list[dict], packing: Any) -> list:
+        batches = gm.vlm_packed_micro_batches(whole, made, packing, length, patch_pad_to=buckets)
+        return [(tuple(ms.Tensor(a) for a in b.inputs), ms.Tensor(b.labels)) for b in batches]
+
+    def packed_batches(step: int, batch_size: int, micro: int) -> list:
+        share[0] = max(batch_size // micro, 1)
+        return source.packed(step, batch_size, micro, length, costs_of, make, balance=balance)
+
+    def costs_of(made: list[dict]) -> list:
+        return gm.vlm_sample_costs(whole, made)
+
+    def tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
+        patches = (np.asarray(inputs[1].asnumpy()) >= 0).reshape(micro, -1).sum(axis=1)
+        return tuple(float(p) / (light * share[0]) * tower_unit for p in patches)
+
+    example.micro_batches = packed_batches
+    example.tower_costs = tower_costs
+    example.token_loss = True  # the per-token mean: a micro-batch may hold no sample
+    example.token_counts = source.token_counts
+    example.tower_spread = source.tower_spread
+    example.summary += f"; packed into rows of {length} tokens, balance {balance!r}"
 
 
 def image_mix_heavy(image: int) -> int:

@@ -135,6 +135,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --image-mix: pad each micro-batch to its own sizes (micro: its tower runs at its "
         "own patch count) or the whole batch to its largest (batch) (default micro)",
     )
+    parser.add_argument(
+        "--packing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --image-mix: also MPipe (balanced tower order) on the mix packed into rows, balanced by "
+        "tower cost against rows packed by tokens alone; prints real tokens/s, padding fraction and the "
+        "micro-batches' tower cost max/mean (default: --no-packing)",
+    )
     add_launch_arguments(parser, timeout_s=1200)
     parser.set_defaults(func=lambda args: _run(args, parser))
 
@@ -157,6 +165,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--tower-order goes with --image-mix (the costs it places by)")
     if args.padding and not args.image_mix:
         parser.error("--padding goes with --image-mix (the batches it draws)")
+    if args.packing and not args.image_mix:
+        parser.error("--packing goes with --image-mix (the samples it packs)")
     if args.image_mix:
         return image_mix_bench.run(args, parser)
     if args.tower_ratio:

@@ -86,8 +86,6 @@ def dataset_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"--image-root {str(args.image_root)!r} is not a folder")
     if args.packing and args.max_length is None:
         parser.error("--packing needs --max-length N: the tokens of a packed row")
-    if args.packing and getattr(args, "dp", 1) != 1:
-        parser.error(f"--packing packs one pipeline's micro-batches: --dp must be 1, got {args.dp}")
     options = {
         "dataset": str(args.dataset.resolve()),
         "image_root": str(args.image_root.resolve()) if args.image_root else None,

@@ -10,6 +10,12 @@ from it (its real patches times the calibrated cost of a light micro-batch). It 
 run's step time (p10/p50/p90 over the measured steps), the ratios, and the simulator's
 balanced/arrival ratio at P = 4 and 8 from the launch's measured costs with the mix's costs per
 micro-batch.
+
+``--packing`` adds two MPipe runs (``tower_order="balanced"``) to each launch on the same mix packed
+into rows (:func:`graph_exec.data.pack`, rows of a heavy and a light sample's tokens): ``packed-tower``
+(rows balanced by tower cost) and ``packed-tokens`` (rows by tokens alone), and prints each one's
+real tokens per second, padding fraction and micro-batches' tower cost max/mean (from the step
+lines of the measured steps): the step time of the balance target with ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ SIMULATED_RANKS = (4, 8)
 BASELINES = ("baseline-frozen", "baseline-rebalanced")
 #: ``--padding``: each micro-batch to its own sizes, or the whole batch to its largest.
 PADDINGS = ("micro", "batch")
+#: ``--packing``: the packed runs' balances (``graph_exec.data.pack``).
+PACK_BALANCES = ("tower", "tokens")
 
 
 def orders(text: str) -> tuple[str, ...]:
@@ -62,8 +70,11 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--image-mix sets the tower's depth itself: drop --tower-ratio")
 
 
-def mix_runs(tower_orders: Sequence[str], rebalanced: tuple[int, ...]) -> tuple[RunSpec, ...]:
-    """The baselines, then MPipe with each tower order (graph mode)."""
+def mix_runs(
+    tower_orders: Sequence[str], rebalanced: tuple[int, ...], packing: bool = False
+) -> tuple[RunSpec, ...]:
+    """The baselines, then MPipe with each tower order (graph mode); with ``packing`` MPipe on
+    rows balanced by tower cost and on rows packed by tokens alone."""
     return (
         RunSpec(name="baseline-frozen.graph", baseline=True),
         RunSpec(name="baseline-rebalanced.graph", baseline=True, layers=rebalanced),
@@ -71,7 +82,29 @@ def mix_runs(tower_orders: Sequence[str], rebalanced: tuple[int, ...]) -> tuple[
             RunSpec(name=f"mpipe-{order}.graph", run_ahead="full", tower_order=order)
             for order in tower_orders
         ),
+        *(
+            RunSpec(name=f"packed-{way}.graph", run_ahead="full", tower_order="balanced", pack_balance=way)
+            for way in (PACK_BALANCES if packing else ())
+        ),
     )
+
+
+def packed_figures(lines: Sequence[dict], warmup: int) -> dict[str, tuple[float, float, float]]:
+    """Per packed run, from its measured steps' progress lines: real tokens per second (all real
+    tokens over all step seconds), the padding fraction of its row slots and the mean of the
+    micro-batches' tower cost max/mean."""
+    out = {}
+    for way in PACK_BALANCES:
+        name = f"packed-{way}.graph"
+        steps = [x for x in lines if x.get("run") == name and x.get("step", -1) >= warmup and "tokens" in x]
+        if not steps:
+            continue
+        real = sum(x["tokens"]["real"] for x in steps)
+        slots = sum(x["tokens"]["padded"] for x in steps)
+        seconds = sum(x["seconds"] for x in steps)
+        spread = statistics.fmean(x.get("tower_spread", 1.0) for x in steps)
+        out[f"packed-{way}"] = (real / seconds, 1.0 - real / slots, spread)
+    return out
 
 
 def simulated_ratio(
@@ -128,7 +161,14 @@ def table(
     padding: str,
     costs: StartupCosts,
     points: Sequence[
-        tuple[int, int, float, dict[str, tuple[float, float, float]], dict[int, tuple[float, float]]]
+        tuple[
+            int,
+            int,
+            float,
+            dict[str, tuple[float, float, float]],
+            dict[int, tuple[float, float]],
+            dict[str, tuple[float, float, float]],
+        ]
     ],
     pp: int,
 ) -> str:
@@ -144,7 +184,7 @@ def table(
         ),
         f"measured at P={pp} (step ms p10/p50/p90 over the measured steps; ratio = other / balanced p50)",
     ]
-    for micro, depth, light, measured, sims in points:
+    for micro, depth, light, measured, sims, packed in points:
         heavy = image_mix.heavy_count(mix, micro)
         lines.append(
             f"M={micro}: {depth} vision blocks (light micro-batch tower ~{light * 1e3:.1f} ms), "
@@ -161,6 +201,11 @@ def table(
                     for name, (_, p50, _) in measured.items()
                     if name != "mpipe-balanced"
                 )
+            )
+        for name, (rate, padding_fraction, spread) in packed.items():
+            lines.append(
+                f"  {name}: real tokens/s {rate:.0f}, padding fraction {padding_fraction:.3f}, "
+                f"tower cost max/mean {spread:.2f}"
             )
         if sims:
             lines.append(
@@ -207,7 +252,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             job = checked_job(
                 args,
                 parser,
-                mix_runs(tower_orders, rebalanced),
+                mix_runs(tower_orders, rebalanced, args.packing),
                 micro=micro,
                 batch=rows * micro,
                 steps=args.steps,
@@ -227,10 +272,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 f"{len(job.runs)} runs x {job.total_steps} steps",
                 flush=True,
             )
+            lines: list[dict] = []
             with run_directory(args.log_dir / f"image_mix_M{micro}" if args.log_dir else None) as run_dir:
-                execute(
-                    job, run_dir, args.timeout, lambda line: None, "graph-exec bench", nodes_of(args, parser)
-                )
+                execute(job, run_dir, args.timeout, lines.append, "graph-exec bench", nodes_of(args, parser))
                 results = evaluate(job, run_dir)
             measured = {r.variant: percentiles(r.summary.step_times) for r in results}
             sims = (
@@ -247,7 +291,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 if set(TOWER_ORDERS) <= set(tower_orders)
                 else {}
             )
-            points.append((micro, depth, light, measured, sims))
+            points.append((micro, depth, light, measured, sims, packed_figures(lines, job.warmup)))
     except JobFailed as failed:
         return failed.code
     sys.stdout.write("\n" + table(args.image_mix, padding, costs, points, pp))

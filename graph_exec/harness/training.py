@@ -65,6 +65,8 @@ class Trainer:
         pp = mesh.pp_size
         self.num_stages = pp * job.vpp
         options = {**(job.model_options or {}), **({"layers": spec.layers} if spec.layers else {})}
+        if spec.pack_balance is not None:
+            options["pack_balance"] = spec.pack_balance
         longest = max(job.seq_len_range or (0, 0))
         if longest:  # positions and the causal mask must reach the longest sequence
             options["max_seq"] = max(longest, *(job.shape_buckets or (0,)))
@@ -274,13 +276,19 @@ class Trainer:
 
     def _replica_micro_batches(self, index: int) -> list[tuple[tuple[Any, ...], Any]]:
         """Step ``index``'s micro-batches, each padded to its own sizes (the example's
-        ``micro_batches``); one pipeline only: a replica's share would be cut before padding."""
-        if self.mesh.dp_size > 1:
+        ``micro_batches``): with dp > 1 this replica's, where the example makes each replica's
+        own (packed rows: ``shards_micro_batches``); otherwise one pipeline only, since a
+        replica's share would be cut after padding."""
+        if self.mesh.dp_size == 1:
+            return self.model.micro_batches(index, self.job.batch, self.job.micro)
+        if not self.model.shards_micro_batches:
             raise ValueError(
                 f"run {self.spec.name}: micro-batches padded each to its own sizes need dp = 1, "
                 f"got dp = {self.mesh.dp_size}"
             )
-        return self.model.micro_batches(index, self.job.batch, self.job.micro)
+        return self.model.micro_batches(
+            index, self.job.batch, self.job.micro, replica=self.mesh.dp_rank, replicas=self.mesh.dp_size
+        )
 
     def _tower_costs(self, inputs: Sequence[Any]) -> tuple[float, ...] | None:
         """Each micro-batch's tower cost for ``tower_order="balanced"``, from the batch itself
@@ -314,9 +322,13 @@ class Trainer:
         mean = token_mean(values, self._label_counts) if self._token_loss else statistics.fmean(values)
         if self._loss_group is None:
             return mean
-        total = ms.Tensor(np.array([mean], dtype=np.float32))
+        # Per-token loss: the replicas' means weighted by their labelled tokens (packed shards
+        # hold different counts), as the gradients are (``loss_reduction="token"``).
+        weight = float(sum(self._label_counts)) if self._token_loss else 1.0
+        total = ms.Tensor(np.array([mean * weight, weight], dtype=np.float32))
         self._loss_group.all_reduce_sum([total])
-        return float(total.asnumpy()[0]) / self.mesh.dp_size
+        summed, weights = total.asnumpy().tolist()
+        return summed / weights if weights > 0 else 0.0
 
     def _update(self) -> None:
         # The schedule's own end of step: a non-finite gradient anywhere is refused on every rank

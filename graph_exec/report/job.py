@@ -45,6 +45,9 @@ class RunSpec:
     tower_order: str = "arrival"
     #: ZeRO-1 (``--zero 1``): each replica keeps the Adam state of its share of the parameters.
     optimizer_sharding: bool = False
+    #: The example's packed rows (``build(pack_balance=...)``: ``"tower"`` or ``"tokens"``;
+    #: ``graph-exec bench qwen2vl --image-mix --packing``); ``None``: not packed.
+    pack_balance: str | None = None
 
     @property
     def preprocess(self) -> str:

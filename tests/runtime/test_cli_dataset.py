@@ -165,6 +165,20 @@ def test_packing_and_no_packing_give_the_same_first_step_loss(model_dir, capsys)
         padding.append(1 - real / padded)
     np.testing.assert_allclose(step_losses[1], step_losses[0], atol=1e-5, rtol=1e-4)
     assert padding[1] < padding[0]
+    # --dp 2: each replica packs its half; the same rows on both (the patches, as in one pipeline,
+    # padded per micro-batch), and the global per-token mean the same
+    assert _job([*run, "--max-length", "200", "--packing", "--ranks", "4", "--dp", "2"]).model_options[
+        "packing"
+    ]
+    shards = [model.micro_batches(0, 4, 2, replica=r, replicas=2) for r in range(2)]
+    shapes = [[tuple(x.shape for x in (*inputs[3:], labels)) for inputs, labels in b] for b in shards]
+    assert shapes[0] == shapes[1]
+    replica_losses = [micro_losses(model, b) for b in shards]
+    replica_means = [token_mean(*lc) for lc in replica_losses]
+    weights = [sum(counts) for _, counts in replica_losses]
+    np.testing.assert_allclose(token_mean(replica_means, weights), step_losses[0], atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"replica 2 of 2: the global batch of 4 samples must split"):
+        model.micro_batches(0, 4, 2, replica=2, replicas=2)
     spread = model.tower_spread(0, 4)
     line = {"step": 0, "loss": step_losses[1], "seconds": 0.5, "tower_spread": spread}
     assert f"tower cost max/mean {spread:.2f}" in progress_text(line, 1)

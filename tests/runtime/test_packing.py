@@ -144,6 +144,13 @@ def test_packed_llama_text_rows_match_the_whole_model_on_each_sample():
         for mb in packing.micro_batches
     ]
     assert_matches(sched, losses, ref_losses, ref_grads)
+    # Memory: a micro-batch's held stage inputs (and stage 0's taped outputs, the same shapes) are
+    # rows x max_length tokens of (hidden float32, positions, segment ids), whatever the samples'
+    # lengths: bounded by the budget, not by the longest sample times the rows.
+    inputs = batches[0][0]
+    per_token = model.config.hidden_size * 4 + np.asarray(inputs[1]).itemsize + np.asarray(inputs[2]).itemsize
+    row_bytes = packing.rows * 16 * per_token
+    assert sched.stats()["memory"]["activation_bytes_per_micro"] == {0: 2 * row_bytes, 1: row_bytes}
 
 
 def test_the_packing_collate_packs_each_loader_batch():

@@ -55,3 +55,29 @@ def test_real_data_steps_say_their_real_tokens_per_second_and_padding(capsys):
     assert progress_text(line, 1).endswith("  8 real tokens/s, padding 20%")
     (plain,) = lines([record(0, 0, 0.0)], capsys)
     assert "tokens" not in plain and "real tokens" not in progress_text(plain, 1)
+
+
+def test_with_replicas_the_step_loss_is_the_global_per_token_mean():
+    """dp = 2, packed shards of different labelled tokens: the step line's loss is the replicas'
+    per-token means weighted by their tokens (the global per-token mean, as the gradients are),
+    not the mean of the two means. This replica: 2.0 over 30 + 10 tokens; the other 5.0 over 20."""
+    import mindspore as ms
+
+    class OtherReplica:
+        def all_reduce_sum(self, tensors: list) -> None:
+            (total,) = tensors
+            total.assign_value(total + ms.Tensor([5.0 * 20, 20.0], ms.float32))
+
+    trainer = SimpleNamespace(
+        _token_loss=True,
+        _label_counts=[30, 10],
+        _loss_group=OtherReplica(),
+        mesh=SimpleNamespace(dp_size=2),
+    )
+    losses = [ms.Tensor(2.0, ms.float32), ms.Tensor(2.0, ms.float32)]
+    assert Trainer._mean_loss(trainer, losses) == (2.0 * 40 + 5.0 * 20) / 60
+    plain = SimpleNamespace(**{**vars(trainer), "_token_loss": False})
+    plain._loss_group = SimpleNamespace(
+        all_reduce_sum=lambda tensors: tensors[0].assign_value(tensors[0] + ms.Tensor([5.0, 1.0], ms.float32))
+    )
+    assert Trainer._mean_loss(plain, losses) == (2.0 + 5.0) / 2  # the mean loss: the replicas' mean

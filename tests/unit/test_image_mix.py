@@ -64,6 +64,7 @@ def test_example_reads_each_micro_batch_cost_from_its_batch() -> None:
         (["bench", "vl_tower", "--image-mix", "skewed"], "images of 'qwen2vl', not of 'vl_tower'"),
         (["bench", "qwen2vl", "--image-mix", "skewed", "--ranks", "1"], "at least 2"),
         (["bench", "qwen2vl", "--tower-order", "balanced"], "goes with --image-mix"),
+        (["bench", "qwen2vl", "--packing"], "--packing goes with --image-mix"),
         (["bench", "qwen2vl", "--image-mix", "skewed", "--tower-order", "fastest"], "'fastest'"),
         (["bench", "qwen2vl", "--image-mix", "skewed", "--tower-ratio", "2"], "drop --tower-ratio"),
     ],
@@ -75,3 +76,46 @@ def test_bad_arguments_exit_2_naming_them(
         main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_packed_runs_report_tokens_per_second_padding_and_spread() -> None:
+    """``--packing``: the two packed runs join the launch; their figures come from the measured
+    steps' progress lines only (the warm-up step left out) and reach the table."""
+    runs = image_mix_bench.mix_runs(("arrival", "balanced"), (1, 1), packing=True)
+    packed = [r for r in runs if r.pack_balance]
+    assert [(r.name, r.pack_balance, r.tower_order) for r in packed] == [
+        ("packed-tower.graph", "tower", "balanced"),
+        ("packed-tokens.graph", "tokens", "balanced"),
+    ]
+    assert not any(r.pack_balance for r in image_mix_bench.mix_runs(("arrival",), (1, 1)))
+    lines = [
+        {"run": "packed-tower.graph", "step": 0, "seconds": 9.0, "tokens": {"real": 1, "padded": 9}},
+        {"run": "packed-tower.graph", "step": 1, "seconds": 2.0, "tokens": {"real": 300, "padded": 400}}
+        | {"tower_spread": 1.25},
+        {"run": "packed-tokens.graph", "step": 1, "seconds": 3.0, "tokens": {"real": 300, "padded": 400}}
+        | {"tower_spread": 2.5},
+        {"run": "mpipe-balanced.graph", "step": 1, "seconds": 1.0},
+    ]
+    figures = image_mix_bench.packed_figures(lines, warmup=1)
+    assert figures == {"packed-tower": (150.0, 0.25, 1.25), "packed-tokens": (100.0, 0.25, 2.5)}
+
+
+def test_example_packs_the_mix_balanced_by_tower_or_by_tokens() -> None:
+    """``build(pack_balance=...)``: the mix's sixteen samples (four heavy) in rows of a heavy and
+    a light sample, two rows per micro-batch; rows balanced by tower cost give each micro-batch
+    one heavy image, rows by tokens alone put them in two (tower cost max/mean 1.0 against 1.43)."""
+    pytest.importorskip("mindone")
+    from graph_exec.examples import qwen2vl
+
+    spreads = {}
+    for way in ("tower", "tokens"):
+        model = qwen2vl.build(2, image_mix="skewed", mix_micro=4, pack_balance=way)
+        batches = model.micro_batches(0, 16, 4)
+        assert len(batches) == 4 and model.token_loss
+        assert {inputs[3].shape for inputs, _ in batches} == {(2, qwen2vl.mix_row_tokens())}
+        costs = [model.tower_costs(inputs, 1)[0] for inputs, _ in batches]
+        assert max(costs) / (sum(costs) / 4) == pytest.approx(model.tower_spread(0, 16))
+        spreads[way] = model.tower_spread(0, 16)
+        real, slots = model.token_counts(0, 16)
+        assert slots == 4 * 2 * qwen2vl.mix_row_tokens() and 0 < real <= slots
+    assert spreads == pytest.approx({"tower": 1.0, "tokens": 10 / 7})
