@@ -111,6 +111,7 @@ def indexed_step(directory, step: int, *argv: str) -> None:
 def test_a_resume_on_another_plan_says_what_changed_and_launches(tmp_path, capsys, launched):
     indexed_step(tmp_path, 3)
     argv = run_argv(tmp_path, "--resume", "--ranks", "4", "--vpp", "1", "--layers", "2,1,1,0", "--batch", "8")
+    argv += ["--micro", "4"]  # the default M follows --ranks; a resume keeps the checkpoint's
     assert main(argv) == 7
     (job,) = launched
     assert job.first_step == 3 and job.ranks == 4 and job.runs[0].layers == (2, 1, 1, 0)
