@@ -185,7 +185,8 @@ def usable_ranks(
 
     GPU and Ascend: one rank per device, counted as the devices whose file is present in ``dev``
     (``nvidia<N>``, ``davinci<N>``: a device the driver dropped loses its file), and of those
-    only the numbers the visible-devices variable lists when it is set. ``None`` on CPU: a rank is a process, nothing to run out of.
+    only the numbers the visible-devices variable lists when it is set. ``None`` on CPU: a rank is
+    a process, nothing to run out of.
     A probe of presence, not of health: a device that is present but broken fails the relaunch,
     which is then a failure of its own.
     """
@@ -200,6 +201,7 @@ def usable_ranks(
     return sum(1 for item in wanted if item.isdigit() and int(item) in present)
 
 
+_chosen: DevicePolicy | None = None
 _fast_paths: bool | None = None
 #: Reads MindSpore's device target (bound at the first :func:`current_target`).
 _read_target: Callable[[], str] | None = None

@@ -71,19 +71,26 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 def mix_runs(
-    tower_orders: Sequence[str], rebalanced: tuple[int, ...], packing: bool = False
+    tower_orders: Sequence[str], rebalanced: tuple[int, ...], packing: bool = False, mode: str = "graph"
 ) -> tuple[RunSpec, ...]:
-    """The baselines, then MPipe with each tower order (graph mode); with ``packing`` MPipe on
-    rows balanced by tower cost and on rows packed by tokens alone."""
+    """The baselines, then MPipe with each tower order; with ``packing`` MPipe on rows balanced
+    by tower cost and on rows packed by tokens alone. ``mode`` is graph for a measurement;
+    pynative (``--modes pynative``) compiles nothing, for a quick run of the whole bench."""
     return (
-        RunSpec(name="baseline-frozen.graph", baseline=True),
-        RunSpec(name="baseline-rebalanced.graph", baseline=True, layers=rebalanced),
+        RunSpec(name=f"baseline-frozen.{mode}", mode=mode, baseline=True),
+        RunSpec(name=f"baseline-rebalanced.{mode}", mode=mode, baseline=True, layers=rebalanced),
         *(
-            RunSpec(name=f"mpipe-{order}.graph", run_ahead="full", tower_order=order)
+            RunSpec(name=f"mpipe-{order}.{mode}", mode=mode, run_ahead="full", tower_order=order)
             for order in tower_orders
         ),
         *(
-            RunSpec(name=f"packed-{way}.graph", run_ahead="full", tower_order="balanced", pack_balance=way)
+            RunSpec(
+                name=f"packed-{way}.{mode}",
+                mode=mode,
+                run_ahead="full",
+                tower_order="balanced",
+                pack_balance=way,
+            )
             for way in (PACK_BALANCES if packing else ())
         ),
     )
@@ -95,8 +102,12 @@ def packed_figures(lines: Sequence[dict], warmup: int) -> dict[str, tuple[float,
     micro-batches' tower cost max/mean."""
     out = {}
     for way in PACK_BALANCES:
-        name = f"packed-{way}.graph"
-        steps = [x for x in lines if x.get("run") == name and x.get("step", -1) >= warmup and "tokens" in x]
+        name = f"packed-{way}"
+        steps = [
+            x
+            for x in lines
+            if str(x.get("run")).split(".")[0] == name and x.get("step", -1) >= warmup and "tokens" in x
+        ]
         if not steps:
             continue
         real = sum(x["tokens"]["real"] for x in steps)
@@ -127,9 +138,9 @@ def simulated_ratio(
     micro-batch's tower is ``light_tower`` (the calibrated light micro-batch) times its weight
     in the mix.
     """
-    by_name = {r.spec.name: r for r in results}
-    arrival = by_name["mpipe-arrival.graph"].prediction.costs
-    layers = layer_costs(by_name["baseline-frozen.graph"].prediction.costs, even(num_layers, pp * vpp))
+    by_name = {r.variant: r for r in results}
+    arrival = by_name["mpipe-arrival"].prediction.costs
+    layers = layer_costs(by_name["baseline-frozen"].prediction.costs, even(num_layers, pp * vpp))
     out = {}
     for ranks in SIMULATED_RANKS:
         sim_micro, sim_layers = micro * ranks // pp, num_layers * ranks // pp
@@ -232,6 +243,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--batch {args.batch} is not a multiple of --micro {micros[0]}")
     tower_orders = args.tower_order or TOWER_ORDERS
     padding = args.padding or PADDINGS[0]
+    mode = "graph" if "graph" in args.modes else args.modes[0]
     print(
         f"image-mix bench of {EXAMPLE} ({args.size}), P={pp} V={vpp} M={','.join(map(str, micros))}: calibrating",
         flush=True,
@@ -252,7 +264,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             job = checked_job(
                 args,
                 parser,
-                mix_runs(tower_orders, rebalanced, args.packing),
+                mix_runs(tower_orders, rebalanced, args.packing, mode),
                 micro=micro,
                 batch=rows * micro,
                 steps=args.steps,

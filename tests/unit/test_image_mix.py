@@ -88,6 +88,8 @@ def test_packed_runs_report_tokens_per_second_padding_and_spread() -> None:
         ("packed-tokens.graph", "tokens", "balanced"),
     ]
     assert not any(r.pack_balance for r in image_mix_bench.mix_runs(("arrival",), (1, 1)))
+    quick = image_mix_bench.mix_runs(("balanced",), (1, 1), packing=True, mode="pynative")
+    assert {r.mode for r in quick} == {"pynative"} and all(r.name.endswith(".pynative") for r in quick)
     lines = [
         {"run": "packed-tower.graph", "step": 0, "seconds": 9.0, "tokens": {"real": 1, "padded": 9}},
         {"run": "packed-tower.graph", "step": 1, "seconds": 2.0, "tokens": {"real": 300, "padded": 400}}
