@@ -514,6 +514,7 @@ class PipelineSchedule:
             "optimizer_state": None if self._optimizer_state is None else self._optimizer_state[1],
             "zb_buffers": setup.executor.split_buffer_bytes,
             **setup.runtime.memory.peaks(),
+            **setup.runtime.memory_prediction(self.recompute),
             **memory_peaks(),
             "caches": self._cache_stats(setup),
         }
@@ -742,6 +743,7 @@ class PipelineSchedule:
             preprocess_grads=lambda: [executor.grads()[n] for n in preprocess_names],
             sync_steps=self._sync_steps(),
             keep_preprocess_tape=self.keep_preprocess_tape,
+            measure_tape=self.measure_tape,
         )
 
     def _loss_scale_base(self) -> float:
