@@ -89,6 +89,7 @@ class Trainer:
             "timeout_s": job.timeout_s,
             "body": spec.body,
             "recompute": spec.recompute,
+            "measure_tape": spec.measure_tape,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
             "mesh": mesh,
             # a tied embedding and head stay one weight (an export writes the embedding only)
