@@ -209,6 +209,11 @@ class Executor(ABC):
         now; bounded by the kernel cache's size (nothing, unless overridden)."""
         return 0
 
+    def release_forward(self, stage: int, micro: int) -> None:
+        """Forget the forward kept under ``(stage, micro)`` without touching any gradient (the
+        tape calibration's forwards, :mod:`graph_exec.runtime.tape_calibration`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot release a single kept forward")
+
     @abstractmethod
     def drop_kept(self, consume: bool = True) -> None:
         """Forget every held forward state (abort path and start of a step). ``consume=False``

@@ -437,6 +437,12 @@ class KernelExecutor(PreprocessHooks, LastStageHooks, Executor):
         """The live dicts of kept forwards and held weight gradients (no copies: read per step)."""
         return HeldState(self._kept, self._kept_preprocess, self._held)
 
+    def release_forward(self, stage: int, micro: int) -> None:
+        kept = self._kept.pop((stage, micro), None)
+        self._backward_done.discard((stage, micro))
+        if kept is not None and kept.recorded:
+            release(kept)
+
     def drop_kept(self, consume: bool = True) -> None:
         """Forget every kept forward; a recorded tape is consumed by a backward with zero
         upstream gradients whose results are discarded (this frees it without touching other

@@ -62,9 +62,16 @@ def small_shape(hidden: int, intermediate: int, heads: int) -> ModelShape:
 
 
 def measure(
-    hidden: int, seq: int, rows: int = 2, layers: int = 2, intermediate: int = 0, heads: int = 0
+    hidden: int,
+    seq: int,
+    rows: int = 2,
+    layers: int = 2,
+    intermediate: int = 0,
+    heads: int = 0,
+    keep: list[Any] | None = None,
 ) -> TapePoint:
-    """One layer's tape for a micro-batch of ``rows × seq`` tokens (float32, eager attention)."""
+    """One layer's tape for a micro-batch of ``rows × seq`` tokens (float32, eager attention).
+    ``keep``: append the held forwards there instead of releasing them (:func:`measure_together`)."""
     import mindspore as ms
     import numpy as np
     from transformers import Qwen2Config
@@ -91,15 +98,15 @@ def measure(
     )
     ids, positions = gm.lm_inputs(np.arange(rows * seq).reshape(rows, seq) % 64)
     hidden_in = split.stages[0](ms.Tensor(ids), ms.Tensor(positions))
-    taped = _grown(lambda k: executor.stage_forward(1, k, hidden_in), executor, hidden_in)
-    plain = _grown(lambda k: split.stages[1](*hidden_in), None, hidden_in)
+    taped = _grown(lambda k: executor.stage_forward(1, k, hidden_in), executor, hidden_in, keep)
+    plain = _grown(lambda k: split.stages[1](*hidden_in), None, hidden_in, keep)
     return TapePoint(hidden, intermediate, heads, seq, rows, layers, (taped - plain) / layers)
 
 
-def _grown(forward: Any, executor: Any, inputs: tuple[Any, ...]) -> float:
+def _grown(forward: Any, executor: Any, inputs: tuple[Any, ...], keep: list[Any] | None = None) -> float:
     """Growth of memory in use per held forward: the median step from the second held forward
     on, so that memory the allocator had already freed and reuses for the first one does not
-    count (``executor``: release the tapes after)."""
+    count (``executor``: release the tapes after, unless ``keep`` takes them)."""
     from mindspore import ops
 
     from graph_exec.device import memory_in_use, wait_for
@@ -110,7 +117,9 @@ def _grown(forward: Any, executor: Any, inputs: tuple[Any, ...]) -> float:
         held.append(forward(base + k))
         wait_for(held[-1])
         seen.append(memory_in_use())
-    if executor is not None:
+    if keep is not None:
+        keep.append((executor, held))
+    elif executor is not None:
         cotangents = tuple(ops.ones_like(o) if o.dtype == inputs[0].dtype else None for o in held[0])
         for k in range(KEPT + 2):
             executor.stage_backward(1, base + k, cotangents)
@@ -124,6 +133,30 @@ def fit(points: list[TapePoint]) -> tuple[float, float, float]:
     rows = [[4 * p.rows * p.seq * x for x in (p.hidden, p.intermediate, p.heads * p.seq)] for p in points]
     solution, *_ = np.linalg.lstsq(np.array(rows, float), np.array([p.measured for p in points]), rcond=None)
     return tuple(float(x) for x in solution)
+
+
+def measure_together(points: list[tuple[int, int, int]], rows: int = 2) -> list[TapePoint]:
+    """:func:`measure` of each ``(hidden, intermediate, seq)`` in one fresh process, one after
+    the other, every measured forward held until all are measured: MindSpore's pool keeps freed
+    memory and would reuse it for the next point's tapes, but nothing a point measured is freed
+    (only a forward's temporaries, which the first two held forwards of the next point, left
+    out of the median, take). One import of MindSpore and mindone for all points: the cheap
+    way (tests/runtime/test_tape_formula.py); :func:`measure_apart` is the clean one."""
+    return _run_points(["--together", *(f"{h},{i},{s}" for h, i, s in points), f"--rows={rows}"])
+
+
+def _run_points(argv: list[str]) -> list[TapePoint]:
+    """The points a ``python -m graph_exec.harness.tape_fit argv`` process prints."""
+    import json
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-m", "graph_exec.harness.tape_fit", *argv], stdout=subprocess.PIPE, text=True
+    )
+    if run.returncode:
+        raise RuntimeError(f"a tape measurement failed (exit {run.returncode}): {run.args}")
+    lines = [x for x in run.stdout.splitlines() if x.startswith(RESULT)]
+    return [TapePoint(**json.loads(line[len(RESULT) :])) for line in lines]
 
 
 def measure_apart(points: list[tuple[int, int, int]], rows: int = 2) -> list[TapePoint]:
@@ -154,6 +187,15 @@ def main(argv: list[str]) -> int:
 
     from graph_exec.msenv import prepare_mindspore
 
+    if argv[:1] == ["--together"]:
+        prepare_mindspore("CPU")
+        rows = int(argv[-1].removeprefix("--rows="))
+        keep: list[Any] = []
+        for point in argv[1:-1]:
+            hidden, intermediate, seq = (int(x) for x in point.split(","))
+            measured = measure(hidden, seq, rows, intermediate=intermediate, keep=keep)
+            print(RESULT + json.dumps(asdict(measured)), flush=True)
+        return 0
     if argv[:1] == ["--point"]:
         prepare_mindspore("CPU")
         hidden, seq, rows, intermediate = (int(x) for x in argv[1:5])

@@ -95,6 +95,7 @@ class Trainer:
             "timeout_s": job.timeout_s,
             "body": spec.body,
             "recompute": spec.recompute,
+            "measure_tape": spec.measure_tape,
             "sync_steps": True,  # honest per-step times on any device (the CPU default anyway)
             "mesh": mesh,
             "optimizer_sharding": spec.optimizer_sharding,

@@ -38,6 +38,7 @@ class RunSpec:
     keep_preprocess_tape: bool = False  #: see ScheduleMPipeTranspose
     body: str = "interleaved"  #: the schedules' ``body`` ("zb": the split backward)
     recompute: bool = False  #: the schedules' ``recompute`` (keep only each stage's input)
+    measure_tape: bool = False  #: the schedules' ``measure_tape`` (each stage's tape measured)
     #: Decoder layers per stage for the example's ``build(layers=...)`` (``None``: its default
     #: split); the rebalanced baseline of ``graph-exec bench qwen2vl --tower-ratio`` sets it.
     layers: tuple[int, ...] | None = None

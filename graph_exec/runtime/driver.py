@@ -21,6 +21,7 @@ from graph_exec.runtime.grad_reduce import StepContribution
 from graph_exec.runtime.memory_account import MemoryAccount, held_bytes
 from graph_exec.runtime.microbatch import MicroBatches
 from graph_exec.runtime.state import StepCaches
+from graph_exec.runtime.tape_calibration import TapeCalibration, tape_stats
 from graph_exec.schedule import Plan, Step, StepKind
 from graph_exec.schedule.routing import partner
 from graph_exec.transport.buckets import PackedTensors
@@ -58,6 +59,7 @@ class RankRuntime:
         preprocess_grads: Callable[[], list[Any]] | None = None,
         sync_steps: bool = False,
         keep_preprocess_tape: bool = False,
+        measure_tape: bool = False,
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -69,6 +71,8 @@ class RankRuntime:
         self.timeline: list[TimelineEvent] = []
         #: What this rank held during the last step (``stats()["memory"]``).
         self.memory = MemoryAccount()
+        #: Each local stage's tape, measured on the first step (``measure_tape=True``).
+        self.tape = TapeCalibration() if measure_tape else None
         self._preprocess_grads = preprocess_grads
         self.sync_steps = sync_steps
         self._has_preprocess = plan.config.preprocess != "none"
@@ -127,6 +131,8 @@ class RankRuntime:
         self.timeline = []
         self.executor.begin_step()
         self.memory.begin_step()
+        if self.tape is not None:
+            self.tape.begin_step()
         if any(step.kind is StepKind.GRADREDUCE for step in self.order) and self._preprocess_grads:
             self._contribution = StepContribution(PackedTensors(self._preprocess_grads()))
         origin = time.perf_counter()
@@ -178,6 +184,10 @@ class RankRuntime:
         memory.sync("preprocess_tapes", held.preprocess)
         memory.sync("held_weight_gradients", held.weight_grads, held_bytes)
         memory.observe(0 if self.buffers is None else self.buffers.held_bytes)
+
+    def memory_prediction(self, recompute: bool) -> dict[str, Any]:
+        """The tape keys of ``stats()["memory"]`` (:func:`tape_stats`), after a step."""
+        return tape_stats(self.tape, self.plan, self.rank, recompute, self.memory.held_peak)
 
     def _account_fused(self, stage: int, micro: int, inputs: tuple[Any, ...]) -> None:
         """The last stage's fused step keeps nothing after it: its input counts during it."""
@@ -252,6 +262,8 @@ class RankRuntime:
         if self._forward_only:
             self._forward_only_step(stage, micro, inputs)
             return
+        if self.tape is not None:
+            self.tape.before_forward(self.executor, stage, inputs)
         if stage == self._last_stage:
             labels = () if self._batch.labels is None else self._batch.labels[micro]
             loss, grads = self.executor.last_stage_step(

@@ -156,6 +156,15 @@ class ScheduleOptions:
             ``TFWD`` to their backward; cannot be combined with ``recompute=True``."""
         ),
     )
+    measure_tape: bool = field(
+        default=False,
+        metadata=_doc(
+            """opt-in: on the first step, measure what each local stage's recorded forward keeps
+            in MindSpore's tape (a few extra forwards per stage, released at once), so that
+            ``stats()["memory"]`` shows ``tape_bytes_per_micro`` and a ``predicted_peak`` that
+            includes the tapes the plan holds (``docs/memory.md``, "At run time")."""
+        ),
+    )
     loss_reduction: str = field(
         default="mean",
         metadata=_doc(
@@ -271,6 +280,7 @@ class ScheduleOptions:
         _check_optimizer_sharding(self.optimizer_sharding, self.mesh)
         checks.boolean("recompute", self.recompute)
         checks.boolean("keep_preprocess_tape", self.keep_preprocess_tape)
+        checks.boolean("measure_tape", self.measure_tape)
         if self.keep_preprocess_tape and self.recompute:
             raise ValueError(
                 "keep_preprocess_tape=True and recompute=True contradict each other: the first keeps "

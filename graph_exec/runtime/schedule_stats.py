@@ -53,6 +53,7 @@ def memory_stats(sched: Any, setup: Setup) -> dict[str, Any]:
         "optimizer_parameters": tensors_bytes(sched.optimizer_params()),
         "zb_buffers": setup.executor.split_buffer_bytes,
         **setup.runtime.memory.peaks(),
+        **setup.runtime.memory_prediction(sched.recompute),
         **memory_peaks(),
         "caches": cache_stats(sched, setup),
     }

@@ -187,6 +187,7 @@ def rank_runtime(
         preprocess_grads=lambda: [executor.grads()[n] for n in preprocess_names],
         sync_steps=_sync_steps(sched),
         keep_preprocess_tape=sched.keep_preprocess_tape,
+        measure_tape=sched.measure_tape,
     )
 
 
