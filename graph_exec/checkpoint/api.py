@@ -100,19 +100,7 @@ def save_checkpoint(
     rank, world = _where()
     what = f"saving checkpoint step {step} in {folder}"
     try:
-        model = state.model_parameters(schedule)
-        extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
-        rng = state.rng_state()
-        outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra, **rng})
-        outcome["optimizer"] = sorted(extra) if optimizer is not None else None
-        outcome["listing"] = {
-            **tensor_index.listing(model, "model"),
-            **tensor_index.listing(extra, "optimizer"),
-            **{name: {"shape": [], "dtype": "rng", "kind": "rng"} for name in rng},
-        }
-        outcome["facts"] = job_facts(schedule, world)  # per rank: ranks may legitimately differ
-        outcome["data"] = None if data is None else data.state_dict()
-        error = None
+        outcome, error = _save_rank(schedule, folder, step, (rank, world), optimizer, data), None
     except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as exc:
         outcome, error = _failure(rank, step, exc), exc
     outcomes = _exchange(outcome, world, timeout, what)
@@ -122,21 +110,7 @@ def save_checkpoint(
     if rank == 0:
         try:
             _check_visible(path, outcomes)
-            manifest = {
-                "format": layout.FORMAT,
-                "version": layout.VERSION,
-                "step": step,
-                "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                **job_facts(schedule, world),  # rank 0's, for readers; each rank's are in "ranks"
-                "stage_ranks": _stage_ranks(outcomes),
-                "optimizer_class": None if optimizer is None else type(optimizer).__name__,
-                "global_batch": global_batch,
-                "job": job,
-                "index": tensor_index.build(outcomes),
-                "ranks": [
-                    {k: v for k, v in o.items() if k not in ("ok", "step", "listing")} for o in outcomes
-                ],
-            }
+            manifest = _manifest(schedule, world, step, outcomes, optimizer, global_batch, job)
             layout.write_json_atomically(path / layout.MANIFEST, manifest)
             removed = layout.prune(folder, step, keep, _warn)
             outcome, error = {"ok": True, "rank": 0, "step": step}, None
@@ -200,15 +174,7 @@ def load_checkpoint(
         step = _step(step, "step")
     timeout = _timeout(schedule, timeout_s)
     rank, world = _where()
-    candidates: list[int | None] = [step]
-    if step is None:
-        latest, skipped = layout.find_latest(folder, verify=False)  # each rank checks its own file
-        for newer in skipped:
-            _warn(newer.describe(folder))
-        candidates = [
-            s for s in reversed(layout.complete_steps(folder)) if latest is not None and s <= latest
-        ]
-        candidates = candidates or [None]
+    candidates = _candidate_steps(folder, step)
     for index, candidate in enumerate(candidates):
         what = (
             f"loading checkpoint step {candidate} from {folder}"
@@ -240,6 +206,19 @@ def load_checkpoint(
             data.load_state_dict(position)
         return chosen
     raise AssertionError("unreachable: the last candidate either loads or raises")
+
+
+def _candidate_steps(folder: Path, step: int | None) -> list[int | None]:
+    """The steps a load tries, in order: ``step``, or the latest complete one and each earlier
+    one (a corrupt file falls back to the previous step); ``[None]`` when none is complete."""
+    if step is not None:
+        return [step]
+    latest, skipped = layout.find_latest(folder, verify=False)  # each rank checks its own file
+    for newer in skipped:
+        _warn(newer.describe(folder))
+    return [s for s in reversed(layout.complete_steps(folder)) if latest is not None and s <= latest] or [
+        None
+    ]
 
 
 def _fall_back(folder: Path, corrupt: int, earlier: int, failed: Sequence[dict[str, Any]], rank: int) -> None:
@@ -283,6 +262,53 @@ def _check_claimed(
             ReshardWarning,
             stacklevel=3,
         )
+
+
+def _save_rank(
+    schedule: Any, folder: Path, step: int, where: tuple[int, int], optimizer: Any, data: Any
+) -> dict[str, Any]:
+    """Write this rank's file (parameters, optimizer state, generators) and return its outcome
+    for the exchange: the file's checksum and size, the names it holds (the index's listing),
+    this rank's job facts and the data position."""
+    rank, world = where
+    model = state.model_parameters(schedule)
+    extra = {} if optimizer is None else state.optimizer_state(optimizer, model)
+    rng = state.rng_state()
+    outcome = _write_rank_file(schedule, folder, step, rank, {**model, **extra, **rng})
+    outcome["optimizer"] = sorted(extra) if optimizer is not None else None
+    outcome["listing"] = {
+        **tensor_index.listing(model, "model"),
+        **tensor_index.listing(extra, "optimizer"),
+        **{name: {"shape": [], "dtype": "rng", "kind": "rng"} for name in rng},
+    }
+    outcome["facts"] = job_facts(schedule, world)  # per rank: ranks may legitimately differ
+    outcome["data"] = None if data is None else data.state_dict()
+    return outcome
+
+
+def _manifest(
+    schedule: Any,
+    world: int,
+    step: int,
+    outcomes: Sequence[dict[str, Any]],
+    optimizer: Any,
+    global_batch: int | None,
+    job: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``complete.json``: what rank 0 writes once every rank file is on disk."""
+    return {
+        "format": layout.FORMAT,
+        "version": layout.VERSION,
+        "step": step,
+        "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **job_facts(schedule, world),  # rank 0's, for readers; each rank's are in "ranks"
+        "stage_ranks": _stage_ranks(outcomes),
+        "optimizer_class": None if optimizer is None else type(optimizer).__name__,
+        "global_batch": global_batch,
+        "job": job,
+        "index": tensor_index.build(outcomes),
+        "ranks": [{k: v for k, v in o.items() if k not in ("ok", "step", "listing")} for o in outcomes],
+    }
 
 
 def _data_position(folder: Path, step: int, rank: int, data: Any) -> dict[str, Any]:
