@@ -203,14 +203,28 @@ def mix_samples(step: int, batch_size: int, mix: str, micro: int, size: str = "t
     return [_sample(int(rng.integers(0, CLASSES)), [hw], preset, rng) for hw in sizes]
 
 
+def image_span(height: int, width: int, preset: Size) -> list[int]:
+    """An image's ids as Qwen2-VL's processor writes them: ``<vs> <image>×(h·w/(patch·merge)²) <ve>``."""
+    tokens = (height // preset.patch) * (width // preset.patch) // preset.merge**2
+    return [VISION_START] + [IMAGE_TOKEN] * tokens + [VISION_END]
+
+
+def random_sample(
+    sizes: Sequence[tuple[int, int]], text: int, preset: Size, rng: np.random.Generator
+) -> dict:
+    """A sample in the processor's layout with random content: each image's span (random pixels of
+    the ``sizes``), then ``text`` random ids below the special tokens; default labels."""
+    ids = [token for height, width in sizes for token in image_span(height, width, preset)]
+    images = [rng.standard_normal((3, h, w)).astype(np.float32) for h, w in sizes]
+    ids += rng.integers(1, IMAGE_TOKEN, text).tolist()
+    return {"input_ids": np.array(ids, np.int32), "images": images}
+
+
 def _sample(kind: int, drawn: Sequence[tuple[int, int]], preset: Size, rng: np.random.Generator) -> dict:
     """One sample of ``kind`` with images of the ``drawn`` sizes (see :func:`mixed_samples`)."""
     from graph_exec.models import IGNORE_INDEX
 
-    head: list[int] = []
-    for height, width in drawn:
-        tokens = (height // preset.patch) * (width // preset.patch) // preset.merge**2
-        head += [VISION_START] + [IMAGE_TOKEN] * tokens + [VISION_END]
+    head = [token for height, width in drawn for token in image_span(height, width, preset)]
     offset = kind * (IMAGE_TOKEN // CLASSES) if drawn else 0
     text = ((offset + np.arange(TEXT + 1)) % IMAGE_TOKEN).astype(np.int32)
     ids = np.array(head + text[:-1].tolist(), np.int32)

@@ -77,14 +77,7 @@ def skewed(rng: np.random.Generator, batch: int, micro: int, step: int, preset) 
 def _sample(rng: np.random.Generator, sizes: list[tuple[int, int]], text: int, preset) -> dict:
     from graph_exec.examples import qwen2vl
 
-    ids: list[int] = []
-    images = []
-    for height, width in sizes:
-        tokens = (height // preset.patch) * (width // preset.patch) // preset.merge**2
-        ids += [qwen2vl.VISION_START] + [qwen2vl.IMAGE_TOKEN] * tokens + [qwen2vl.VISION_END]
-        images.append(rng.standard_normal((3, height, width)).astype(np.float32))
-    ids += rng.integers(1, qwen2vl.IMAGE_TOKEN, text).tolist()
-    return {"input_ids": np.array(ids, np.int32), "images": images}
+    return qwen2vl.random_sample(sizes, text, preset, rng)
 
 
 def _buckets(largest: int) -> tuple[int, ...]:

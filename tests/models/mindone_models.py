@@ -97,17 +97,7 @@ def vlm_samples(mix=VLM_MIX, seed: int = 0) -> list[dict]:
     then the text; random pixels and text ids (below the special tokens), default labels."""
     rng = np.random.default_rng(seed)
     preset = qwen2vl.SIZES["tiny"]
-    samples = []
-    for sizes, text in mix:
-        ids: list[int] = []
-        images = []
-        for height, width in sizes:
-            tokens = (height // preset.patch) * (width // preset.patch) // preset.merge**2
-            ids += [qwen2vl.VISION_START] + [qwen2vl.IMAGE_TOKEN] * tokens + [qwen2vl.VISION_END]
-            images.append(rng.standard_normal((3, height, width)).astype(np.float32))
-        ids += rng.integers(1, qwen2vl.IMAGE_TOKEN, text).tolist()
-        samples.append({"input_ids": np.array(ids, np.int32), "images": images})
-    return samples
+    return [qwen2vl.random_sample(sizes, text, preset, rng) for sizes, text in mix]
 
 
 def vlm_reference(model, samples: list[dict], micro: int, scale: float = 1.0):
