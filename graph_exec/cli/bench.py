@@ -74,6 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the example (default vl_tower)",
     )
     add_model_arguments(parser)
+    _add_run_arguments(parser)
+    _add_qwen2vl_arguments(parser)
+    add_launch_arguments(parser, timeout_s=1200)
+    parser.set_defaults(func=lambda args: _run(args, parser))
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every bench run takes: its length, variants, modes, body and the JSON file."""
     parser.add_argument(
         "--steps", metavar="K", type=positive_int, default=8, help="measured steps per run (default 8)"
     )
@@ -95,7 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--modes",
         type=_names(MODES, "mode"),
         default=MODES,
-        help=f"comma-separated (default {','.join(MODES)})",
+        help=f"comma-separated (default {','.join(MODES)}); with --image-mix the first of them "
+        "(graph if named: pynative compiles nothing, for a quick run of the whole bench)",
     )
     parser.add_argument(
         "--body",
@@ -106,6 +115,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", metavar="FILE", type=output_file, help="save every number (schema version 2)"
     )
+
+
+def _add_qwen2vl_arguments(parser: argparse.ArgumentParser) -> None:
+    """The qwen2vl sweeps: the tower's cost (``--tower-ratio``) and image mixes (``--image-mix``)."""
     parser.add_argument(
         "--tower-ratio",
         metavar="R[,R...]",
@@ -143,8 +156,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tower cost against rows packed by tokens alone; prints real tokens/s, padding fraction and the "
         "micro-batches' tower cost max/mean (default: --no-packing)",
     )
-    add_launch_arguments(parser, timeout_s=1200)
-    parser.set_defaults(func=lambda args: _run(args, parser))
 
 
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> JobSpec:
