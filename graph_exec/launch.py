@@ -212,24 +212,8 @@ def launch(
     """
     nodes = nodes or Nodes()
     timeout_s = checks.positive_seconds("timeout_s", timeout_s)
-    if not Path(script).is_file():
-        raise FileNotFoundError(f"cannot launch {str(script)!r}: no such script file")
-    if nproc < 1:
-        raise ValueError(f"nproc must be >= 1, got {nproc}")
-    if nproc % nodes.count:
-        raise ValueError(f"{nproc} ranks cannot be split evenly over {nodes.count} nodes")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-    if max_restarts and nodes.count > 1:
-        raise ValueError(
-            f"max_restarts={max_restarts} needs a job on one host: the launchers of {nodes.count} hosts "
-            "cannot agree on a relaunch; restart a multi-host job from its checkpoint by hand (--resume)"
-        )
-    log_path = Path(log_dir)
-    log_path.mkdir(parents=True, exist_ok=True)
-    for old in log_path.glob("attempt_*"):
-        if old.is_dir() and old.name[len("attempt_") :].isdigit():
-            shutil.rmtree(old, ignore_errors=True)
+    _check_request(script, nproc, nodes, max_restarts)
+    log_path = _fresh_log_dir(Path(log_dir))
 
     def attempt(index: int) -> tuple[LaunchResult, bool]:
         ranks = nproc
@@ -266,6 +250,33 @@ def _archive_logs(log_path: Path, index: int) -> None:
     for path in [*log_path.glob("*.log"), log_path / "msrun.out"]:
         if path.is_file():
             path.replace(target / path.name)
+
+
+def _check_request(script: str | os.PathLike[str], nproc: int, nodes: Nodes, max_restarts: object) -> None:
+    """Refuse a launch that cannot work, before anything starts."""
+    if not Path(script).is_file():
+        raise FileNotFoundError(f"cannot launch {str(script)!r}: no such script file")
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if nproc % nodes.count:
+        raise ValueError(f"{nproc} ranks cannot be split evenly over {nodes.count} nodes")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if max_restarts and nodes.count > 1:
+        raise ValueError(
+            f"max_restarts={max_restarts} needs a job on one host: the launchers of {nodes.count} hosts "
+            "cannot agree on a relaunch; restart a multi-host job from its checkpoint by hand (--resume)"
+        )
+
+
+def _fresh_log_dir(log_path: Path) -> Path:
+    """``log_path``, made, without the ``attempt_<i>`` folders of an earlier job (their logs
+    would read as this job's attempts)."""
+    log_path.mkdir(parents=True, exist_ok=True)
+    for old in log_path.glob("attempt_*"):
+        if old.is_dir() and old.name[len("attempt_") :].isdigit():
+            shutil.rmtree(old, ignore_errors=True)
+    return log_path
 
 
 def _launch_once(
