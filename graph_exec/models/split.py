@@ -142,21 +142,8 @@ def split_model(
     :func:`graph_exec.models.lm_inputs` / :func:`graph_exec.models.vlm_inputs`.
     """
     family = family_of(model)
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise ValueError(f"num_stages must be an integer >= 1, got {num_stages!r}")
     vlm = family.model_type == "qwen2_vl"
-    kind = preprocess or ("vision" if vlm else "embedding")
-    allowed = ("vision",) if vlm else ("embedding", "none")
-    if kind not in allowed:
-        raise ValueError(f"preprocess={preprocess!r} for {family.model_type}; choose one of {allowed}")
-    if vlm and image_grid is not None and (len(image_grid) != 3 or any(int(n) < 1 for n in image_grid)):
-        raise ValueError(
-            f"image_grid must be (t, h, w), the patch grid of every image, or None (any images); got {image_grid!r}"
-        )
-    if not vlm and image_grid is not None:
-        raise ValueError("image_grid applies to Qwen2-VL only")
-    if packed and vlm and image_grid is not None:
-        raise ValueError("packed rows need a Qwen2-VL split without image_grid (any images per row)")
+    kind = _checked_kind(family.model_type, num_stages, preprocess, image_grid, packed)
     cpu_ops.adopt(model)
     file_names = {name: names[0] for name, names in checkpoint_names(model).items()}
     names = {id(p): p.name for p in model.get_parameters()}
@@ -172,16 +159,8 @@ def split_model(
     rotary = MultimodalRotary(decoder.rotary_emb) if vlm else decoder.rotary_emb
     image_token = model.config.image_token_id if vlm else None
 
-    pre: nn.Cell | None = None
     padded = (vlm and image_grid is None) or packed
-    if kind == "vision":
-        visual = model.model.visual
-        pre = VisionBatchPreprocess(visual) if padded else _vision(visual, tuple(int(n) for n in image_grid))
-        transpose_layers = len(pre.blocks) + 2  # patch embedding, the blocks, the merger
-    elif kind == "embedding":
-        pre, transpose_layers = (MaskedEmbeddingPreprocess if packed else EmbeddingPreprocess)(embed), 1
-    else:
-        transpose_layers = 0
+    pre, transpose_layers = _preprocess(kind, model, embed, padded, packed, image_grid)
     trainable = (not vlm) if trainable_preprocess is None else bool(trainable_preprocess)
     if pre is not None and not trainable:
         for param in pre.get_parameters():
@@ -222,6 +201,45 @@ def split_model(
         unplaced=unplaced,
         model=model,
     )
+
+
+def _checked_kind(
+    model_type: str,
+    num_stages: Any,
+    preprocess: str | None,
+    image_grid: tuple[int, int, int] | None,
+    packed: bool,
+) -> str:
+    """The preprocess kind of the split, after every check of :func:`split_model`'s arguments."""
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"num_stages must be an integer >= 1, got {num_stages!r}")
+    vlm = model_type == "qwen2_vl"
+    kind = preprocess or ("vision" if vlm else "embedding")
+    allowed = ("vision",) if vlm else ("embedding", "none")
+    if kind not in allowed:
+        raise ValueError(f"preprocess={preprocess!r} for {model_type}; choose one of {allowed}")
+    if vlm and image_grid is not None and (len(image_grid) != 3 or any(int(n) < 1 for n in image_grid)):
+        raise ValueError(
+            f"image_grid must be (t, h, w), the patch grid of every image, or None (any images); got {image_grid!r}"
+        )
+    if not vlm and image_grid is not None:
+        raise ValueError("image_grid applies to Qwen2-VL only")
+    if packed and vlm and image_grid is not None:
+        raise ValueError("packed rows need a Qwen2-VL split without image_grid (any images per row)")
+    return kind
+
+
+def _preprocess(
+    kind: str, model: Any, embed: nn.Cell, padded: bool, packed: bool, image_grid: tuple[int, int, int] | None
+) -> tuple[nn.Cell | None, int]:
+    """The preprocess cell of ``kind`` and its layer count (``None, 0`` for ``"none"``)."""
+    if kind == "vision":
+        visual = model.model.visual
+        pre = VisionBatchPreprocess(visual) if padded else _vision(visual, tuple(int(n) for n in image_grid))
+        return pre, len(pre.blocks) + 2  # patch embedding, the blocks, the merger
+    if kind == "embedding":
+        return (MaskedEmbeddingPreprocess if packed else EmbeddingPreprocess)(embed), 1
+    return None, 0
 
 
 def _vision(visual: nn.Cell, grid: tuple[int, int, int]) -> VisionPreprocess:
