@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -12,38 +13,41 @@ from tests.multirank.launch_groups import GROUPS
 #: ``GRAPH_EXEC_TEST_GROUPS=0``: every multi-rank suite launches alone (tests/multirank/conftest.py:
 #: to tell a suite's failure from an earlier member's leftovers, or to time the launches apart).
 GROUPS_ENV = "GRAPH_EXEC_TEST_GROUPS"
-_SHARED_SCOPES = {"module", "class", "package"}
 
 
-def worker_group(item: pytest.Item, launch_groups: dict[str, str]) -> str | None:
-    """The ``xdist_group`` ``item`` must share a worker with, or ``None`` (any worker will do).
+def launch_groups() -> dict[str, str]:
+    """``{node id: launch group}`` of every member of a grouped msrun launch (none when the
+    groups are switched off)."""
+    if os.environ.get(GROUPS_ENV) == "0":
+        return {}
+    return {f"tests/multirank/{m.test}": name for name, members in GROUPS.items() for m in members}
 
-    pyproject's addopts run the suite on two workers (``-n 2 --dist loadgroup``): most of a
-    multi-rank test is waiting (start-up, peers, time-outs), so a second stream of tests fills
-    the idle core. Two kinds of tests must not be split: the members of one grouped msrun launch
-    (tests/multirank/launch_groups.py: the first member to run launches them all), and tests
-    that share a module- or class-scoped fixture (else each worker builds it again).
+
+def worker_scope(nodeid: str, groups: dict[str, str]) -> str:
+    """What ``nodeid`` must share a pytest-xdist worker with: its launch group, else its file.
+
+    pyproject's addopts run the suite on two workers: most of a multi-rank test is waiting
+    (start-up, peers, time-outs), so a second stream of tests fills the idle core. The members
+    of one grouped msrun launch must run on one worker (the first to run launches them all), and
+    the tests of one file share its module-scoped fixtures (else each worker builds them again).
     """
-    if item.nodeid in launch_groups:
-        return launch_groups[item.nodeid]
-    fixture_defs = getattr(item, "_fixtureinfo", None)
-    defs = fixture_defs.name2fixturedefs.values() if fixture_defs else ()
-    if any(d.scope in _SHARED_SCOPES for chain in defs for d in chain):
-        return item.nodeid.split("::")[0]
-    return None
+    return groups.get(nodeid, nodeid.split("::")[0])
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist renames the items it groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    launch_groups = (
-        {}
-        if os.environ.get(GROUPS_ENV) == "0"
-        else {f"tests/multirank/{m.test}": name for name, members in GROUPS.items() for m in members}
-    )
-    for item in items:
-        group = worker_group(item, launch_groups)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent with -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Scopes by :func:`worker_scope`. Not ``--dist loadgroup`` with ``xdist_group`` marks: with
+    pytest 9 that silently stops grouping (pytest-xdist issue 1386: it renames node ids through a
+    field pytest no longer reads), and the launch groups ran twice, once per worker."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups = launch_groups()
+
+    class ByLaunchGroupOrFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_scope(nodeid, groups)
+
+    return ByLaunchGroupOrFile(config, log)
 
 
 @pytest.fixture(params=["fast paths", "device path"])
