@@ -35,7 +35,7 @@ from graph_exec.models.vlm_batch import (
     _model_of,
     _vision_of,
     checked_sample,
-    rotary_positions,
+    place_images,
 )
 
 
@@ -110,12 +110,7 @@ def _vlm_micro(
     patch_positions = np.zeros((len(rows), num_patches, 2), np.int32)
     for b, row in enumerate(rows):
         images = [made for i in row for made in checked[i][2]]
-        at = 0
-        for k, (patches, grid) in enumerate(images):
-            pixel_values[b, at : at + len(patches)] = patches
-            patch_image[b, at : at + len(patches)] = k
-            patch_positions[b, at : at + len(patches)] = rotary_positions(grid, v.merge)
-            at += len(patches)
+        place_images((pixel_values, patch_image, patch_positions), b, images, v.merge)
     return VLMBatch((pixel_values, patch_image, patch_positions, ids, positions, segments), labels)
 
 

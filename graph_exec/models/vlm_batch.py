@@ -112,6 +112,21 @@ def rotary_positions(grid: tuple[int, int, int], merge: int) -> np.ndarray:
     return np.tile(np.stack([blocked(rows), blocked(cols)], axis=-1), (t, 1)).astype(np.int32)
 
 
+def place_images(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray], row: int, images: Sequence[Image], merge: int
+) -> None:
+    """Write ``images`` (their patches and grids, in order) into row ``row`` of the batch's
+    ``(pixel_values, patch_image, patch_positions)``: each image's patches after the previous
+    one's, numbered by its place in the row, with its M-RoPE patch positions."""
+    pixel_values, patch_image, patch_positions = arrays
+    at = 0
+    for k, (patches, grid) in enumerate(images):
+        pixel_values[row, at : at + len(patches)] = patches
+        patch_image[row, at : at + len(patches)] = k
+        patch_positions[row, at : at + len(patches)] = rotary_positions(grid, merge)
+        at += len(patches)
+
+
 def _image(image: Any, v: _Vision, where: str) -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image's ``(patches, grid)``: a ``(C, H, W)`` array, or ``{"pixel_values": (P, row),
     "grid_thw": (t, h, w)}`` already processed."""
@@ -339,12 +354,7 @@ def _padded_batch(
     mask = np.zeros((batch, length), np.int32)
     target = np.full((batch, length), IGNORE_INDEX, np.int32)
     for b, made in enumerate(patches):
-        at = 0
-        for i, (rows, grid) in enumerate(made):
-            pixel_values[b, at : at + len(rows)] = rows
-            patch_image[b, at : at + len(rows)] = i
-            patch_positions[b, at : at + len(rows)] = rotary_positions(grid, v.merge)
-            at += len(rows)
+        place_images((pixel_values, patch_image, patch_positions), b, made, v.merge)
         n = len(texts[b])
         input_ids[b, :n], mask[b, :n], target[b, :n] = texts[b], 1, labels[b]
     positions = np.stack(
