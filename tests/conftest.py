@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from graph_exec import device
+from graph_exec.transport.cpu_workarounds import BACKEND_TIMEOUT_ENV
 from tests.multirank.launch_groups import GROUPS
 
 #: ``GRAPH_EXEC_TEST_GROUPS=0``: every multi-rank suite launches alone (tests/multirank/conftest.py:
@@ -48,6 +49,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return worker_scope(nodeid, groups)
 
     return ByLaunchGroupOrFile(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _backend_wait_limit_kept_to_its_test() -> Any:
+    """Undo a back-end wait limit a test's in-process transport set in ``os.environ``.
+
+    :func:`~graph_exec.transport.bound_backend_waits` sets ``MS_CPU_COMM_OP_TIMEOUT`` for the
+    process that builds a transport, and jobs launched later from the same process inherit it.
+    A unit test's fake two-rank transport (10 s) left it behind on its pytest-xdist worker, so the
+    hung-rank restart tests launched there had MindSpore fail the waiting rank's barrier after
+    10 s instead of their 20 s peer deadline: a program error, not a hung rank, and no restart.
+    """
+    before = os.environ.get(BACKEND_TIMEOUT_ENV)
+    yield
+    if before is None:
+        os.environ.pop(BACKEND_TIMEOUT_ENV, None)
+    else:
+        os.environ[BACKEND_TIMEOUT_ENV] = before
 
 
 @pytest.fixture(params=["fast paths", "device path"])

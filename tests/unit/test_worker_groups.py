@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from tests.conftest import launch_groups, worker_scope
 from tests.multirank.launch_groups import GROUPS
 
@@ -23,3 +27,21 @@ def test_without_launch_groups_a_member_shares_only_its_file(monkeypatch) -> Non
     member = next(iter(GROUPS.values()))[0]
     node = f"tests/multirank/{member.test}"
     assert worker_scope(node, launch_groups()) == node.split("::")[0]
+
+
+def test_a_backend_wait_limit_set_in_a_test_is_set_there():
+    """The first half of the leak check below: a transport's limit lands in ``os.environ``."""
+    from graph_exec.transport import bound_backend_waits
+    from graph_exec.transport.cpu_workarounds import BACKEND_TIMEOUT_ENV
+
+    if BACKEND_TIMEOUT_ENV in os.environ:
+        pytest.skip(f"{BACKEND_TIMEOUT_ENV} is set in the environment the tests run in")
+    bound_backend_waits(7.0)
+    assert os.environ[BACKEND_TIMEOUT_ENV] == "7"
+
+
+def test_and_is_gone_for_the_next_test():
+    """tests/conftest.py undid it: jobs this process launches next get their own limits."""
+    from graph_exec.transport.cpu_workarounds import BACKEND_TIMEOUT_ENV
+
+    assert os.environ.get(BACKEND_TIMEOUT_ENV) != "7"
