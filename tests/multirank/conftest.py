@@ -26,6 +26,7 @@ import pytest
 
 from graph_exec.device import FAST_PATHS_ENV, DevicePolicy, fast_paths_requested
 from graph_exec.launch import LaunchResult, launch
+from graph_exec.msenv import HOST_BLOCKING_ENV
 from graph_exec.transport.cpu_workarounds import BACKEND_TIMEOUT_ENV
 from tests.conftest import GROUPS_ENV
 from tests.multirank.launch_groups import GROUPS, Member, find, section
@@ -147,9 +148,12 @@ def crashed_only_at_exit(result: LaunchResult, nproc: int, done: str = _DONE) ->
 def _worker_env(env: dict[str, str] | None, device_path: bool) -> dict[str, str]:
     """The workers' environment: this process's, the repository on the path, the switch."""
     # Workers import shared test models as `tests.…`: put the repository root on their path. The
-    # back end's wait limit comes from the workers' own time-outs unless a test passes one.
+    # back end's wait limit comes from the workers' own time-outs unless a test passes one, and
+    # host-blocking dispatch from the workers' own device path: this process may have set either
+    # for itself (an in-process transport, prepare_mindspore on the fast path).
+    own = (BACKEND_TIMEOUT_ENV, HOST_BLOCKING_ENV)
     return {
-        **{k: v for k, v in os.environ.items() if k != BACKEND_TIMEOUT_ENV},
+        **{k: v for k, v in os.environ.items() if k not in own},
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **({FAST_PATHS_ENV: "0"} if device_path else {}),
         **(env or {}),
