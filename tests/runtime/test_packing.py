@@ -6,9 +6,10 @@ different sizes (40x24 and 16x16 px) and the multi-turn one; the other micro-bat
 (one image). Each sample's summed token loss, read from the packed row's logits by its segment,
 equals the whole mindone model's own ``construct`` on that sample alone; the step's
 per-micro-batch losses (``loss_reduction="token"``) and every gradient equal the whole model's
-gradient of the global per-token mean (atol 1e-5, rtol 1e-4): graph and pynative, frozen and
-trainable tower (pynative trainable, graph frozen). Llama text rows the same way. Unit checks of the packer's balance and
-determinism: tests/unit/test_packer.py.
+gradient of the global per-token mean (atol 1e-5, rtol 1e-4): all four of graph and pynative
+by frozen and trainable tower (the reference computed once, every parameter trainable; a frozen
+tower's case drops the tower's gradients from it). Llama text rows the same way. Unit checks of
+the packer's balance and determinism: tests/unit/test_packer.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from graph_exec.data import ConversationDataset, SampleCost, pack
 from tests.models import mindone_models as mm
 from tests.models.common import ATOL, RTOL, assert_matches
 from tests.runtime.test_conversations import DATA, LAYERS, qwen_dir, token_reference  # noqa: F401
-from tests.runtime.test_vlm_batch import frozen_like
 
 MAX_LENGTH = 300
 
@@ -57,14 +57,29 @@ def segment_sums(parts, batch) -> dict[int, float]:
     return sums
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize(("mode", "trainable"), [("pynative", True), ("graph", False)])
-def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(qwen_dir, mode, trainable):  # noqa: F811
-    model, ref = mm.whole("qwen2vl", LAYERS), mm.whole("qwen2vl", LAYERS)
-    parts = gm.split_model(model, 2, trainable_preprocess=trainable)
-    frozen_like(ref, parts)
+@pytest.fixture(scope="module")
+def conversations(qwen_dir):  # noqa: F811
+    """examples/data's conversations read once for the module: the dataset and its first four samples."""
     data = ConversationDataset(DATA / "conversations.jsonl", qwen_dir)
-    samples = [data[k] for k in range(4)]
+    return data, [data[k] for k in range(4)]
+
+
+@pytest.fixture(scope="module")
+def whole_reference(conversations):
+    """The whole model on each sample alone with every parameter trainable, computed once: a
+    frozen tower's reference is the same without the tower's gradients (freezing a parameter
+    drops its gradient and changes no other)."""
+    return token_reference(mm.whole("qwen2vl", LAYERS), conversations[1])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("trainable", [True, False], ids=["trainable", "frozen"])
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(
+    conversations, whole_reference, mode, trainable
+):
+    data, samples = conversations
+    parts = gm.split_model(mm.whole("qwen2vl", LAYERS), 2, trainable_preprocess=trainable)
     costs = gm.vlm_sample_costs(parts, samples)
     assert costs[1] == SampleCost(112, 76, 15 + 4 + 2 * 2)  # grids 6x10 and 4x4, merge 2, framed
     with pytest.raises(ValueError, match=r"max_length 20 is below the 23 tokens of sample 1's images"):
@@ -81,7 +96,10 @@ def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(qwen_dir, mod
     assert patch_image[0, :76].tolist() == [0] * 60 + [1] * 16 and (patch_image[0, 76:] == -1).all()
     starts = np.flatnonzero(np.diff(segments[0], prepend=0) > 0)
     assert starts.tolist() == [0, 112, 219] and (positions[0, :, starts[1:]] == 0).all()  # restart
-    sums, ref_grads = token_reference(ref, samples)
+    sums, all_grads = whole_reference
+    frozen = {p.name for p in parts.preprocess.get_parameters() if not p.requires_grad}
+    assert bool(frozen) != trainable
+    ref_grads = {name: g for name, g in all_grads.items() if name not in frozen}
     if mode == "pynative":
         got = segment_sums(parts, batches[0])
         np.testing.assert_allclose(
