@@ -112,50 +112,18 @@ def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(
     assert_matches(sched, losses, ref_losses, ref_grads)
 
 
-def text_samples(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        ids = rng.integers(3, 100, n).astype(np.int32)
-        labels = np.append(ids[1:], -100).astype(np.int32)
-        labels[: n // 3] = -100  # a prompt carries no loss
-        out.append({"input_ids": ids, "labels": labels})
-    return out
-
-
-def text_reference(model, samples):
-    """The whole Llama on each sample alone: summed token losses, and the gradients of the
-    global per-token mean by name."""
-    params = model.trainable_params()
-    total_count = sum(int((s["labels"] >= 0).sum()) for s in samples)
-
-    def loss(ids, labels):
-        out = model(ids)
-        logits = out[0] if isinstance(out, tuple) else out.logits
-        return gm.causal_lm_token_loss(logits, labels)[0] / total_count
-
-    grad_fn = ms.value_and_grad(loss, None, params)
-    sums, total = [], None
-    for s in samples:
-        value, grads = grad_fn(ms.Tensor(s["input_ids"][None]), ms.Tensor(s["labels"][None]))
-        sums.append(float(value.asnumpy()) * total_count)
-        arrays = [g.asnumpy() for g in grads]
-        total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
-    return sums, {p.name: g for p, g in zip(params, total, strict=True)}
-
-
 def test_packed_llama_text_rows_match_the_whole_model_on_each_sample():
     """Five samples of 3..11 tokens in rows of 16: losses and every gradient as the whole Llama
     on each sample alone (pynative; the masked chunks compile in the Qwen2-VL graph case)."""
     model, ref = mm.whole("llama", 2), mm.whole("llama", 2)
     parts = gm.split_model(model, 2, packed=True)
-    samples = text_samples([11, 5, 9, 3, 7])
+    samples = mm.text_samples([11, 5, 9, 3, 7])
     packing = pack(gm.text_sample_costs(samples), 16, 2)
     assert max(len(row) for mb in packing.micro_batches for row in mb) >= 2
     batches = gm.text_packed_micro_batches(samples, packing, 16)
     sched = schedule(parts, "pynative")
     losses = sched.run(micro_batches=batches)
-    sums, ref_grads = text_reference(ref, samples)
+    sums, ref_grads = mm.text_reference(ref, samples)
     counts = [int((s["labels"] >= 0).sum()) for s in samples]
     ref_losses = [
         sum(sums[i] for row in mb for i in row) / sum(counts[i] for row in mb for i in row)
@@ -176,7 +144,7 @@ def test_the_packing_collate_packs_each_loader_batch():
     ``text_packed_micro_batches`` pack it (the same on every rank: sizes and seed only)."""
     from graph_exec.data import DataLoader, packing_collate
 
-    samples = text_samples([11, 5, 9, 3, 7, 2, 14, 6])
+    samples = mm.text_samples([11, 5, 9, 3, 7, 2, 14, 6])
     loader = DataLoader(samples, 4, shuffle=False, collate=packing_collate(micro=2, max_length=16, rows=1))
     seen = 0
     for k, batches in enumerate(loader):
@@ -197,7 +165,7 @@ def test_a_packing_reuses_the_compiled_shapes():
     shapes = {
         tuple(x.shape for x in inputs)
         for p, lengths in ((a, [11, 5, 9, 3, 7]), (b, [2, 14, 6, 6, 8, 1]))
-        for inputs, _ in gm.text_packed_micro_batches(text_samples(lengths), p, 16)
+        for inputs, _ in gm.text_packed_micro_batches(mm.text_samples(lengths), p, 16)
     }
     assert shapes == {((2, 16),) * 3}
     with pytest.raises(ValueError, match=r"need 2 rows of max_length 16 in some micro-batch, above rows=1"):
