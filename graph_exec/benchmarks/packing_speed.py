@@ -1,53 +1,107 @@
-"""Sequence packing: real tokens per second packed against padded, and balanced against token-only rows.
+"""Sequence packing: real tokens per second packed against padded (and balanced against token-only rows).
 
-One process holds both stages of a random Qwen2-VL (``--size``, P = 2, ``ScheduleMPipeTranspose``,
-``loss_reduction="token"``) and trains the same samples per step three ways, the ways alternating
-every step so that machine noise hits them alike:
+Each repeat is one msrun launch of two ranks pinned as the harness pins them (``pin_cores``: one
+core each on 2 cores), each holding one stage of a random Qwen2-VL (``--size``, P = 2,
+``ScheduleMPipeTranspose``, ``loss_reduction="token"``, ``--mode``, ``--shapes``), and
+trains the same samples per step in each way of ``--ways``, the ways alternating every step so
+that machine noise hits them alike:
 
 * ``padded``: ``vlm_micro_batches`` of the samples in the order drawn (each micro-batch padded
   to its own longest sample and its largest patch count, both bucketed);
 * ``packed``: ``pack(..., balance="tower")`` into rows of ``--max-length`` tokens,
   ``vlm_packed_micro_batches``;
-* ``tokens``: ``pack(..., balance="tokens")``: rows filled by tokens alone.
+* ``tokens``: ``pack(..., balance="tokens")``: rows filled by tokens alone (the balance target,
+  with ``--mix skewed``).
+
+A step's time is the slower rank's ``run()``. Graph mode compiles every new input shape, so
+the shapes are kept few: padded micro-batches are padded to ``--max-length`` / 2 or
+``--max-length`` tokens and every micro-batch's patches to a power of four from 256; packed rows
+are ``--max-length`` long, as many per micro-batch as the fullest packing of any step the launch
+draws needs (one row shape). A step in which some way
+meets a shape it has not run before compiles (``--shapes static``): it runs but is not measured,
+and neither is any way of that step, so that every way is measured on the same samples; the
+launch goes on until ``--steps`` steps are measured or ``--warmup + 4 x --steps`` steps have run.
+Per repeat and way: real tokens/s (real tokens over the measured steps' summed time), the padding
+fraction of its token slots, ms per 1,000 token slots (equal across ways: the step's time follows
+its slots) and the micro-batches' tower costs (patches) max/mean; then packed / padded real
+tokens/s against the ideals ``1 / (1 - padding padded)`` (the issue's figure: packed rows
+without padding) and ``(1 - padding packed) / (1 - padding padded)`` (the packed rows' own
+padding counted), and the ratio over each. Last, the spread (min-max) over the repeats.
 
 The mix (``--mix``): ``long-tailed`` (text 16-512 tokens log-uniform, 0-2 images per sample of
 three sizes: the throughput target) or ``skewed`` (one image per sample, the samples of one group
-in four with 4x the patches, as ``bench qwen2vl --image-mix skewed`` draws them; the balance
-target). Per way: the run() time per step (p10/p50/p90 after ``--warmup`` steps), the real tokens
-per second at the median, the padding fraction of its token slots, and the micro-batches' tower
-costs (patches) max/mean. For the throughput target the ratio of packed to padded real tokens/s is
-printed beside the ideal ``(1 - padding packed) / (1 - padding padded)``.
+in four with 4x the patches, as ``bench qwen2vl --image-mix skewed`` draws them).
 
-``--max-length`` must hold the longest sample (text up to 512 tokens plus two images: 588 tokens
-with the tiny preset's largest image). Run ``python -m graph_exec.benchmarks.packing_speed
-[--help]`` (pin it, e.g. ``taskset -c 0,1``).
+Why the defaults (graph mode, ``--size tiny``, static shapes, batch 16, M = 4, rows of 640
+tokens, 3 measured steps after 1), from short sizing runs on the shared 2-core, 23 GB machine
+(2026-12-06, one repeat each, ranks stopped past 7 GB): the ratio is meaningful only where a
+step's time follows its token slots. In pynative ``tiny`` it did not (a step of padded
+micro-batches took the time of the packed one with 2.6x fewer slots: 0.98x against an ideal
+2.56x), so graph mode; but in graph mode every compiled shape keeps its graphs' memory, and the
+memory decides the rest. ``--size small`` (hidden 128, a 4-layer tower on 32 px images) at rows
+of 1024 did not fit: a rank grew to 12.7 GB and the kernel killed it (batch 8: past 7.7 GB).
+``tiny`` at rows of 1024 passed 7 GB too, static or dynamic shapes; at 640 (the longest sample is
+588 tokens) it passed 7 GB with dynamic shapes, with power-of-two buckets, with packed rows free
+to vary in number, and with M = 2 (larger micro-batches). What fitted (under 6 GB a rank): the
+defaults, 185 s for one repeat, of which only 1 of 13 steps met no new shape; it gave 445 against
+525 ms per 1k slots (padded, packed): the time follows the slots within about 15 %, where
+pynative's did not at all; and, the packed rows being as many as the fullest of the 13 draws
+needs, packed rows were 75 % padding against 71 % padded (0.74x, 0.85 of the ideal with that
+padding counted, 0.21 of ``1 / (1 - padding padded)``).
+``--max-length`` must hold the longest sample (text up to 512 tokens plus two images of the
+preset's largest size).
+
+Usage: ``python -m graph_exec.benchmarks.packing_speed [--repeats 3] [--help]`` (run under the
+machine's lock, ``flock /tmp/ge-dist.lock ...``, on an otherwise quiet machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from graph_exec.benchmarks.common import argument_parser, p10_p50_p90
+from graph_exec.benchmarks.common import RESULT, argument_parser, launch_and_report
 
 WAYS = ("padded", "packed", "tokens")
 #: Image sides in patches-times-merge units of the preset (three sizes: 1x, 2x, 3x the side).
 SIDES = (1, 2, 3)
 
 
+def _ways(text: str) -> tuple[str, ...]:
+    ways = tuple(text.split(","))
+    if not ways or any(w not in WAYS for w in ways) or len(set(ways)) != len(ways):
+        raise argparse.ArgumentTypeError(f"--ways {text!r}: a comma-separated subset of {','.join(WAYS)}")
+    return ways
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argument_parser(__doc__, "packing_speed")
     parser.add_argument("--mix", choices=("long-tailed", "skewed"), default="long-tailed")
-    parser.add_argument("--size", choices=("tiny", "small"), default="tiny", help="Qwen2-VL preset")
+    parser.add_argument(
+        "--size", choices=("tiny", "small"), default="tiny", help="Qwen2-VL preset (default tiny)"
+    )
     parser.add_argument("--batch", type=int, default=16, help="samples per step (default 16)")
     parser.add_argument("--micro", type=int, default=4, help="micro-batches per step (default 4)")
-    parser.add_argument("--max-length", type=int, default=1024, help="tokens per packed row (default 1024)")
-    parser.add_argument("--steps", type=int, default=6, help="measured steps per way (default 6)")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured first steps (default 2)")
-    parser.add_argument("--mode", choices=("pynative", "graph"), default="pynative")
+    parser.add_argument("--max-length", type=int, default=640, help="tokens per packed row (default 640)")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per repeat (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured first steps (default 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="launches, one after another (default 3)")
+    parser.add_argument("--mode", choices=("pynative", "graph"), default="graph")
+    parser.add_argument(
+        "--shapes",
+        choices=("static", "dynamic"),
+        default="static",
+        help="the schedule's shapes (default static)",
+    )
+    parser.add_argument(
+        "--ways", type=_ways, default=("padded", "packed"), help="comma-separated, of padded,packed,tokens"
+    )
+    parser.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -80,50 +134,64 @@ def _sample(rng: np.random.Generator, sizes: list[tuple[int, int]], text: int, p
     return qwen2vl.random_sample(sizes, text, preset, rng)
 
 
-def _buckets(largest: int) -> tuple[int, ...]:
-    """Powers of two from 64 up to ``largest`` (and ``largest``): a bounded set of shapes."""
-    sizes, size = [], 64
+def _buckets(largest: int, smallest: int = 256) -> tuple[int, ...]:
+    """Powers of four from ``smallest`` up to ``largest`` (and ``largest``): few shapes, since in
+    graph mode every new shape compiles and keeps its graphs' memory (with power-of-two buckets a
+    rank passed 7 GB within a minute, static or dynamic shapes)."""
+    sizes, size = [], smallest
     while size < largest:
         sizes.append(size)
-        size *= 2
+        size *= 4
     return (*sizes, largest)
 
 
-def _ways(split, samples: list[dict], args: argparse.Namespace, seed: int) -> dict[str, tuple]:
-    """Per way: ``(micro-batches, real tokens, token slots, tower costs)``."""
+def _made(split, samples: list[dict], args: argparse.Namespace, seed: int, rows: int) -> dict[str, tuple]:
+    """Per way of ``args.ways``: ``(micro-batches, real tokens, token slots, tower costs)``;
+    packed ways in ``rows`` rows per micro-batch (one row shape for every step)."""
     import graph_exec.models as gm
     from graph_exec.data import pack
 
     costs = gm.vlm_sample_costs(split, samples)
     real = sum(c.tokens for c in costs)
-    patch_buckets = _buckets(max(4096, 2 * max(c.patches for c in costs)))
-    order = list(range(len(samples)))  # padded: in the order drawn, as a loader gives them
-    rows = len(samples) // args.micro
-    padded = gm.vlm_micro_batches(
-        split,
-        [samples[i] for i in order],
-        args.micro,
-        pad_to=_buckets(args.max_length),
-        patch_pad_to=patch_buckets,
-    )
-    out = {
-        "padded": (
-            padded,
-            real,
-            sum(b.inputs[3].size for b in padded),
-            [
-                float(sum(costs[i].patches for i in order[m * rows : (m + 1) * rows]))
-                for m in range(args.micro)
-            ],
+    patch_buckets = _buckets(max(4096, max(c.patches for c in costs)))
+    out = {}
+    if "padded" in args.ways:  # in the order drawn, as a loader gives them
+        rows = len(samples) // args.micro
+        padded = gm.vlm_micro_batches(
+            split,
+            samples,
+            args.micro,
+            pad_to=(args.max_length // 2, args.max_length),
+            patch_pad_to=patch_buckets,
         )
-    }
+        tower = [float(sum(c.patches for c in costs[m * rows : (m + 1) * rows])) for m in range(args.micro)]
+        out["padded"] = (padded, real, sum(b.inputs[3].size for b in padded), tower)
     for way, balance in (("packed", "tower"), ("tokens", "tokens")):
-        packing = pack(costs, args.max_length, args.micro, balance=balance, seed=seed)
-        batches = gm.vlm_packed_micro_batches(
-            split, samples, packing, args.max_length, patch_pad_to=patch_buckets
-        )
-        out[way] = (batches, real, sum(b.inputs[3].size for b in batches), packing.tower_costs(costs))
+        if way in args.ways:
+            packing = pack(costs, args.max_length, args.micro, balance=balance, seed=seed, rows=rows)
+            batches = gm.vlm_packed_micro_batches(
+                split, samples, packing, args.max_length, patch_pad_to=patch_buckets
+            )
+            out[way] = (batches, real, sum(b.inputs[3].size for b in batches), packing.tower_costs(costs))
     return out
+
+
+def _packed_rows(split, drawn: list[list[dict]], args: argparse.Namespace) -> int:
+    """The most rows per micro-batch any drawn step's packings need: packed rows get one shape."""
+    import graph_exec.models as gm
+    from graph_exec.data import pack
+
+    balances = [b for way, b in (("packed", "tower"), ("tokens", "tokens")) if way in args.ways]
+    needs = [
+        pack(gm.vlm_sample_costs(split, samples), args.max_length, args.micro, balance=b, seed=k).rows
+        for k, samples in enumerate(drawn)
+        for b in balances
+    ]
+    return max(needs, default=1)
+
+
+def _signature(batches) -> tuple:
+    return tuple(tuple(np.shape(a) for a in b.inputs) for b in batches)
 
 
 def _step(sched, batches) -> float:
@@ -133,71 +201,162 @@ def _step(sched, batches) -> float:
     sched.zero_grad()
     start = time.perf_counter()
     losses = sched.run(micro_batches=tensors)
-    for loss in losses:
+    for loss in losses or ():
         loss.asnumpy()
     return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _worker(args: argparse.Namespace) -> int:
+    """One rank: build its stage, run the ways step by step, print one ``RESULT`` line."""
+    from graph_exec.harness.worker import pin_cores
+
+    pin_cores(2)  # before MindSpore starts its threads
+    from mindspore.communication import get_group_size, get_rank, init
+
     from graph_exec.msenv import prepare_mindspore
 
     prepare_mindspore("CPU")
+    init()
     import graph_exec as ge
     import graph_exec.models as gm
     from graph_exec.data import spread
     from graph_exec.examples import qwen2vl
 
+    rank, pp = get_rank(), get_group_size()
     preset = qwen2vl.SIZES[args.size]
-    split = gm.split_model(qwen2vl.model(args.size, max(preset.layers, 2)), 2)
-    stages = [ge.PipelineStage(cell, k, 2) for k, cell in enumerate(split.stages)]
+    split = gm.split_model(qwen2vl.model(args.size, max(preset.layers, pp)), pp)
     sched = ge.ScheduleMPipeTranspose(
-        stages,
+        [ge.PipelineStage(split.stages[rank], rank, pp)],
         args.micro,
         split.preprocess,
         split.num_transpose_layers,
         mode=args.mode,
         loss_fn=gm.causal_lm_token_loss,
         loss_reduction="token",
+        shapes=args.shapes,
+        timeout_s=600,
     )
     draw: Callable[[int], list[dict]] = (
         (lambda step: long_tailed(np.random.default_rng(step), args.batch, preset))
         if args.mix == "long-tailed"
         else (lambda step: skewed(np.random.default_rng(step), args.batch, args.micro, step, preset))
     )
-    times: dict[str, list[float]] = {w: [] for w in WAYS}
-    tokens: dict[str, list[tuple[int, int]]] = {w: [] for w in WAYS}
-    spreads: dict[str, list[float]] = {w: [] for w in WAYS}
-    for step in range(args.warmup + args.steps):
-        made = _ways(split, draw(step), args, step)
-        for way in WAYS if step % 2 == 0 else reversed(WAYS):
-            batches, real, slots, tower = made[way]
-            seconds = _step(sched, batches)
-            if step >= args.warmup:
-                times[way].append(seconds)
-                tokens[way].append((real, slots))
-                spreads[way].append(spread(tower))
-    print(
-        f"packing_speed: Qwen2-VL {args.size}, P=2 in one process, {args.mode}, {args.mix} mix, "
-        f"batch {args.batch}, M={args.micro}, max_length {args.max_length}, {args.steps} steps after {args.warmup}"
-    )
-    rates = {}
-    for way in WAYS:
-        p10, p50, p90 = p10_p50_p90(times[way])
-        real = sum(r for r, _ in tokens[way])
-        padding = 1 - real / sum(s for _, s in tokens[way])
-        rates[way] = (real / sum(times[way]), padding)
-        print(
-            f"  {way:7s} run() ms p10/p50/p90 {p10 * 1e3:8.1f} {p50 * 1e3:8.1f} {p90 * 1e3:8.1f}  "
-            f"{rates[way][0]:9,.0f} real tokens/s  padding {padding:.0%}  "
-            f"tower max/mean {np.mean(spreads[way]):.2f}"
+    limit = args.warmup + 4 * args.steps
+    rows = _packed_rows(split, [draw(step) for step in range(limit)], args)
+    seen: set[tuple] = set()
+    steps: list[dict] = []
+    step = 0
+    while len([s for s in steps if s["measured"]]) < args.steps and step < limit:
+        made = _made(split, draw(step), args, step, rows)
+        fresh = args.shapes == "static" and any(
+            (way, _signature(made[way][0])) not in seen for way in args.ways
         )
-    ratio = rates["packed"][0] / rates["padded"][0]
-    ideal = (1 - rates["packed"][1]) / (1 - rates["padded"][1])
-    print(f"  packed / padded real tokens/s {ratio:.2f}x (ideal {ideal:.2f}x: {ratio / ideal:.2f} of it)")
-    print(f"  packed / tokens-only step time {np.median(times['packed']) / np.median(times['tokens']):.2f}")
+        record = {"measured": step >= args.warmup and not fresh}
+        for way in args.ways if step % 2 == 0 else reversed(args.ways):
+            batches, real, slots, tower = made[way]
+            seen.add((way, _signature(batches)))
+            record[way] = {"s": _step(sched, batches), "real": real, "slots": slots, "spread": spread(tower)}
+        steps.append(record)
+        step += 1
+    print(RESULT + json.dumps({"rank": rank, "steps": steps}), flush=True)
+    return 0
+
+
+def _summarise(reports: list[dict], ways: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """One launch: per way real tokens/s (the slower rank of each measured step), padding,
+    ms per 1,000 token slots, tower max/mean."""
+    per_rank = [r["steps"] for r in reports]
+    measured = [k for k, s in enumerate(per_rank[0]) if s["measured"]]
+    out = {}
+    for way in ways:
+        seconds = sum(max(r[k][way]["s"] for r in per_rank) for k in measured)
+        real = sum(per_rank[0][k][way]["real"] for k in measured)
+        slots = sum(per_rank[0][k][way]["slots"] for k in measured)
+        out[way] = {
+            "tokens_s": real / seconds,
+            "padding": 1 - real / slots,
+            "ms_per_1k_slots": 1e6 * seconds / slots,
+            "tower": float(np.mean([per_rank[0][k][way]["spread"] for k in measured])),
+            "steps": len(measured),
+        }
+    return out
+
+
+def _ratios(run: dict[str, dict[str, float]]) -> tuple[float, float, float]:
+    """packed / padded real tokens/s, the ideal 1 / (1 - padding padded), and the ideal with
+    the packed rows' own padding."""
+    ratio = run["packed"]["tokens_s"] / run["padded"]["tokens_s"]
+    return (
+        ratio,
+        1 / (1 - run["padded"]["padding"]),
+        (1 - run["packed"]["padding"]) / (1 - run["padded"]["padding"]),
+    )
+
+
+def _print_run(k: int, run: dict[str, dict[str, float]]) -> None:
+    for way, m in run.items():
+        print(
+            f"  repeat {k + 1} {way:7s} {m['tokens_s']:9,.0f} real tokens/s  padding {m['padding']:.0%}  "
+            f"{m['ms_per_1k_slots']:7.2f} ms per 1k slots  tower max/mean {m['tower']:.2f}  ({m['steps']} steps)"
+        )
+    if {"packed", "padded"} <= set(run):
+        ratio, ideal, own = _ratios(run)
+        print(
+            f"  repeat {k + 1} packed/padded {ratio:.2f}x; ideal 1/(1-padding) {ideal:.2f}x: {ratio / ideal:.2f} of it; "
+            f"with the packed rows' padding {own:.2f}x: {ratio / own:.2f} of it"
+        )
+
+
+def _print_spread(runs: list[dict[str, dict[str, float]]], ways: tuple[str, ...]) -> None:
+    def span(values: list[float], fmt: str) -> str:
+        return f"{format(min(values), fmt)}-{format(max(values), fmt)}"
+
+    print(f"spread over {len(runs)} repeats (min-max):")
+    for way in ways:
+        print(f"  {way:7s} real tokens/s {span([r[way]['tokens_s'] for r in runs], ',.0f')}")
+    if {"packed", "padded"} <= set(ways):
+        ratios = [_ratios(r) for r in runs]
+        print(
+            f"  packed/padded {span([r for r, _, _ in ratios], '.2f')}x, of the ideal 1/(1-padding) "
+            f"{span([r / i for r, i, _ in ratios], '.2f')}, of the ideal with the packed rows' padding "
+            f"{span([r / o for r, _, o in ratios], '.2f')}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.as_rank:
+        return _worker(args)
+    keys = ("mix", "size", "batch", "micro", "max_length", "steps", "warmup", "mode", "shapes")
+    forwarded = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in keys] + [
+        f"--ways={','.join(args.ways)}"
+    ]
+    print(
+        f"packing_speed: Qwen2-VL {args.size}, P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
+        f"{args.mix} mix, "
+        f"batch {args.batch}, M={args.micro}, max_length {args.max_length}, {args.steps} measured steps "
+        f"(first {args.warmup} unmeasured; static: also those compiling), {args.repeats} repeats"
+    )
+    runs = []
+    for k in range(args.repeats):
+        reports: list[dict] = []
+        began = time.perf_counter()
+        status = launch_and_report(
+            __file__,
+            ["--as-rank", *forwarded],
+            nproc=2,
+            timeout_s=1800,
+            heading=f"repeat {k + 1}/{args.repeats}",
+            sink=lambda line, into=reports: into.append(json.loads(line)),
+        )
+        if status:
+            return status
+        runs.append(_summarise(reports, args.ways))
+        _print_run(k, runs[-1])
+        print(f"  repeat {k + 1} took {time.perf_counter() - began:.0f} s", flush=True)
+    _print_spread(runs, args.ways)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -140,3 +140,37 @@ def vlm_reference(model, samples: list[dict], micro: int, scale: float = 1.0):
             total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
         losses.append(value_sum)
     return losses, {p.name: g for p, g in zip(params, total, strict=True)}
+
+
+def text_samples(lengths, seed: int = 0) -> list[dict]:
+    """Text-only samples of ``lengths`` random tokens, the first third of each a prompt
+    without labels: rows for packing (``pack`` + ``text_packed_micro_batches``)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        ids = rng.integers(3, 100, n).astype(np.int32)
+        labels = np.append(ids[1:], -100).astype(np.int32)
+        labels[: n // 3] = -100  # a prompt carries no loss
+        out.append({"input_ids": ids, "labels": labels})
+    return out
+
+
+def text_reference(model, samples: list[dict]) -> tuple[list[float], dict[str, np.ndarray]]:
+    """The whole Llama on each sample alone: summed token losses, and the gradients of the
+    global per-token mean by name."""
+    params = model.trainable_params()
+    total_count = sum(int((s["labels"] >= 0).sum()) for s in samples)
+
+    def loss(ids, labels):
+        out = model(ids)
+        logits = out[0] if isinstance(out, tuple) else out.logits
+        return gm.causal_lm_token_loss(logits, labels)[0] / total_count
+
+    grad_fn = ms.value_and_grad(loss, None, params)
+    sums, total = [], None
+    for s in samples:
+        value, grads = grad_fn(ms.Tensor(s["input_ids"][None]), ms.Tensor(s["labels"][None]))
+        sums.append(float(value.asnumpy()) * total_count)
+        arrays = [g.asnumpy() for g in grads]
+        total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
+    return sums, {p.name: g for p, g in zip(params, total, strict=True)}

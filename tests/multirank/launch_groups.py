@@ -111,6 +111,13 @@ GROUPS: dict[str, list[Member]] = {
             840,
         ),
         _member(
+            "test_vlm_batch.py::test_packed_rows_match_the_whole_model_on_each_sample_at_two_ranks",
+            "vlm_batch_checks.py",
+            2,
+            "packed",
+            240,
+        ),
+        _member(
             "test_tower_order.py::test_balanced_placement_matches_reference_at_two_ranks",
             "tower_order_checks.py",
             2,

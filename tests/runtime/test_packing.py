@@ -6,9 +6,10 @@ different sizes (40x24 and 16x16 px) and the multi-turn one; the other micro-bat
 (one image). Each sample's summed token loss, read from the packed row's logits by its segment,
 equals the whole mindone model's own ``construct`` on that sample alone; the step's
 per-micro-batch losses (``loss_reduction="token"``) and every gradient equal the whole model's
-gradient of the global per-token mean (atol 1e-5, rtol 1e-4): graph and pynative, frozen and
-trainable tower (pynative trainable, graph frozen). Llama text rows the same way. Unit checks of the packer's balance and
-determinism: tests/unit/test_packer.py.
+gradient of the global per-token mean (atol 1e-5, rtol 1e-4): all four of graph and pynative
+by frozen and trainable tower (the reference computed once, every parameter trainable; a frozen
+tower's case drops the tower's gradients from it). Llama text rows the same way. Unit checks of
+the packer's balance and determinism: tests/unit/test_packer.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from graph_exec.data import ConversationDataset, SampleCost, pack
 from tests.models import mindone_models as mm
 from tests.models.common import ATOL, RTOL, assert_matches
 from tests.runtime.test_conversations import DATA, LAYERS, qwen_dir, token_reference  # noqa: F401
-from tests.runtime.test_vlm_batch import frozen_like
 
 MAX_LENGTH = 300
 
@@ -57,14 +57,29 @@ def segment_sums(parts, batch) -> dict[int, float]:
     return sums
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize(("mode", "trainable"), [("pynative", True), ("graph", False)])
-def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(qwen_dir, mode, trainable):  # noqa: F811
-    model, ref = mm.whole("qwen2vl", LAYERS), mm.whole("qwen2vl", LAYERS)
-    parts = gm.split_model(model, 2, trainable_preprocess=trainable)
-    frozen_like(ref, parts)
+@pytest.fixture(scope="module")
+def conversations(qwen_dir):  # noqa: F811
+    """examples/data's conversations read once for the module: the dataset and its first four samples."""
     data = ConversationDataset(DATA / "conversations.jsonl", qwen_dir)
-    samples = [data[k] for k in range(4)]
+    return data, [data[k] for k in range(4)]
+
+
+@pytest.fixture(scope="module")
+def whole_reference(conversations):
+    """The whole model on each sample alone with every parameter trainable, computed once: a
+    frozen tower's reference is the same without the tower's gradients (freezing a parameter
+    drops its gradient and changes no other)."""
+    return token_reference(mm.whole("qwen2vl", LAYERS), conversations[1])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("trainable", [True, False], ids=["trainable", "frozen"])
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(
+    conversations, whole_reference, mode, trainable
+):
+    data, samples = conversations
+    parts = gm.split_model(mm.whole("qwen2vl", LAYERS), 2, trainable_preprocess=trainable)
     costs = gm.vlm_sample_costs(parts, samples)
     assert costs[1] == SampleCost(112, 76, 15 + 4 + 2 * 2)  # grids 6x10 and 4x4, merge 2, framed
     with pytest.raises(ValueError, match=r"max_length 20 is below the 23 tokens of sample 1's images"):
@@ -81,7 +96,10 @@ def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(qwen_dir, mod
     assert patch_image[0, :76].tolist() == [0] * 60 + [1] * 16 and (patch_image[0, 76:] == -1).all()
     starts = np.flatnonzero(np.diff(segments[0], prepend=0) > 0)
     assert starts.tolist() == [0, 112, 219] and (positions[0, :, starts[1:]] == 0).all()  # restart
-    sums, ref_grads = token_reference(ref, samples)
+    sums, all_grads = whole_reference
+    frozen = {p.name for p in parts.preprocess.get_parameters() if not p.requires_grad}
+    assert bool(frozen) != trainable
+    ref_grads = {name: g for name, g in all_grads.items() if name not in frozen}
     if mode == "pynative":
         got = segment_sums(parts, batches[0])
         np.testing.assert_allclose(
@@ -94,50 +112,18 @@ def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(qwen_dir, mod
     assert_matches(sched, losses, ref_losses, ref_grads)
 
 
-def text_samples(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        ids = rng.integers(3, 100, n).astype(np.int32)
-        labels = np.append(ids[1:], -100).astype(np.int32)
-        labels[: n // 3] = -100  # a prompt carries no loss
-        out.append({"input_ids": ids, "labels": labels})
-    return out
-
-
-def text_reference(model, samples):
-    """The whole Llama on each sample alone: summed token losses, and the gradients of the
-    global per-token mean by name."""
-    params = model.trainable_params()
-    total_count = sum(int((s["labels"] >= 0).sum()) for s in samples)
-
-    def loss(ids, labels):
-        out = model(ids)
-        logits = out[0] if isinstance(out, tuple) else out.logits
-        return gm.causal_lm_token_loss(logits, labels)[0] / total_count
-
-    grad_fn = ms.value_and_grad(loss, None, params)
-    sums, total = [], None
-    for s in samples:
-        value, grads = grad_fn(ms.Tensor(s["input_ids"][None]), ms.Tensor(s["labels"][None]))
-        sums.append(float(value.asnumpy()) * total_count)
-        arrays = [g.asnumpy() for g in grads]
-        total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
-    return sums, {p.name: g for p, g in zip(params, total, strict=True)}
-
-
 def test_packed_llama_text_rows_match_the_whole_model_on_each_sample():
     """Five samples of 3..11 tokens in rows of 16: losses and every gradient as the whole Llama
     on each sample alone (pynative; the masked chunks compile in the Qwen2-VL graph case)."""
     model, ref = mm.whole("llama", 2), mm.whole("llama", 2)
     parts = gm.split_model(model, 2, packed=True)
-    samples = text_samples([11, 5, 9, 3, 7])
+    samples = mm.text_samples([11, 5, 9, 3, 7])
     packing = pack(gm.text_sample_costs(samples), 16, 2)
     assert max(len(row) for mb in packing.micro_batches for row in mb) >= 2
     batches = gm.text_packed_micro_batches(samples, packing, 16)
     sched = schedule(parts, "pynative")
     losses = sched.run(micro_batches=batches)
-    sums, ref_grads = text_reference(ref, samples)
+    sums, ref_grads = mm.text_reference(ref, samples)
     counts = [int((s["labels"] >= 0).sum()) for s in samples]
     ref_losses = [
         sum(sums[i] for row in mb for i in row) / sum(counts[i] for row in mb for i in row)
@@ -158,7 +144,7 @@ def test_the_packing_collate_packs_each_loader_batch():
     ``text_packed_micro_batches`` pack it (the same on every rank: sizes and seed only)."""
     from graph_exec.data import DataLoader, packing_collate
 
-    samples = text_samples([11, 5, 9, 3, 7, 2, 14, 6])
+    samples = mm.text_samples([11, 5, 9, 3, 7, 2, 14, 6])
     loader = DataLoader(samples, 4, shuffle=False, collate=packing_collate(micro=2, max_length=16, rows=1))
     seen = 0
     for k, batches in enumerate(loader):
@@ -179,7 +165,7 @@ def test_a_packing_reuses_the_compiled_shapes():
     shapes = {
         tuple(x.shape for x in inputs)
         for p, lengths in ((a, [11, 5, 9, 3, 7]), (b, [2, 14, 6, 6, 8, 1]))
-        for inputs, _ in gm.text_packed_micro_batches(text_samples(lengths), p, 16)
+        for inputs, _ in gm.text_packed_micro_batches(mm.text_samples(lengths), p, 16)
     }
     assert shapes == {((2, 16),) * 3}
     with pytest.raises(ValueError, match=r"need 2 rows of max_length 16 in some micro-batch, above rows=1"):

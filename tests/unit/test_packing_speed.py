@@ -1,0 +1,41 @@
+"""The packing benchmark's arithmetic (``graph_exec.benchmarks.packing_speed``), on made-up rank
+reports: a step's time is the slower rank's, unmeasured (warm-up or compiling) steps count for
+no way, and the ratio is set against both ideals."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from graph_exec.benchmarks import packing_speed as ps
+
+
+def _step(measured: bool, padded_s: float, packed_s: float) -> dict:
+    return {
+        "measured": measured,
+        "padded": {"s": padded_s, "real": 600, "slots": 1200, "spread": 1.5},
+        "packed": {"s": packed_s, "real": 600, "slots": 800, "spread": 1.0},
+    }
+
+
+def test_a_launch_is_summarised_from_the_slower_rank_of_its_measured_steps():
+    rank0 = [_step(False, 9.0, 9.0), _step(True, 2.0, 1.0), _step(True, 2.0, 1.0)]
+    rank1 = [_step(False, 9.0, 9.0), _step(True, 1.0, 1.5), _step(True, 3.0, 0.5)]
+    run = ps._summarise([{"rank": 0, "steps": rank0}, {"rank": 1, "steps": rank1}], ("padded", "packed"))
+    assert run["padded"]["tokens_s"] == pytest.approx(1200 / (2.0 + 3.0))
+    assert run["packed"]["tokens_s"] == pytest.approx(1200 / (1.5 + 1.0))
+    assert run["padded"]["padding"] == pytest.approx(0.5) and run["packed"]["padding"] == pytest.approx(0.25)
+    assert run["packed"]["ms_per_1k_slots"] == pytest.approx(1e6 * 2.5 / 1600)
+    assert run["padded"]["steps"] == 2
+    ratio, ideal, own = ps._ratios(run)
+    assert ratio == pytest.approx(2.0) and ideal == pytest.approx(2.0) and own == pytest.approx(1.5)
+
+
+def test_ways_are_a_subset_named_once():
+    assert ps._ways("packed,padded") == ("packed", "padded")
+    for bad in ("padded,bogus", "packed,packed"):
+        with pytest.raises(
+            argparse.ArgumentTypeError, match="comma-separated subset of padded,packed,tokens"
+        ):
+            ps._ways(bad)
