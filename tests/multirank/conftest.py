@@ -44,17 +44,22 @@ _SELECTED: dict[str, list[Member]] = {}
 _GROUP_RESULTS: dict[str, LaunchResult] = {}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist appends "@group" to the node ids it groups
+@pytest.hookimpl(tryfirst=True)  # before `-m "not dist"` deselects by it
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/multirank is a multi-rank test (a directory named `dist` would be
-    skipped by pytest's default norecursedirs). Grouped tests get their group's time limit: the
-    first of them to run pays for the whole launch."""
-    here = Path(__file__).parent
-    mine = {}
+    skipped by pytest's default norecursedirs)."""
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(here):
+        if _is_multirank(item):
             item.add_marker(pytest.mark.dist)
-            mine[item.nodeid.removeprefix("tests/multirank/")] = item
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Which members of each launch group run, from the tests left after ``-k`` and ``-m``
+    (deciding it earlier launched a whole group for one test asked for by ``-k``). Grouped
+    tests get their group's time limit: the first of them to run pays for the whole launch."""
+    mine = {
+        item.nodeid.removeprefix("tests/multirank/"): item for item in session.items if _is_multirank(item)
+    }
     _SELECTED.clear()
     if os.environ.get(GROUPS_ENV) == "0":
         return
@@ -66,6 +71,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         limit = sum(member.timeout_s for member in selected) + 120
         for member in selected:
             mine[member.test].add_marker(pytest.mark.timeout(limit), append=False)
+
+
+def _is_multirank(item: pytest.Item) -> bool:
+    return Path(str(item.fspath)).is_relative_to(Path(__file__).parent)
 
 
 def _check_lines(result: LaunchResult, rank: int) -> list[tuple[str, str, str]]:
