@@ -15,6 +15,9 @@ baseline. Prints per rank: own parameter bytes (its chunks and the replicated em
 peaks, their ratio new / whole, the goal ``new ≤ 1.2 × own + baseline`` and both set-up times.
 Peak RSS is the kernel's ``ru_maxrss`` of the process, read at the end of set-up. V = 1 (one
 chunk per rank).
+
+``--resume 2:4,4:2``: instead, each rank's memory when it loads a checkpoint written under
+another plan, against its own share (:mod:`graph_exec.benchmarks.resume_memory`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, default=11, help="decoder layers (default 11: 202 M parameters)"
     )
     parser.add_argument("--ranks", default="2,4", help="pipeline sizes, comma-separated (default 2,4)")
+    parser.add_argument(
+        "--resume",
+        metavar="SAVED:RESUMED,...",
+        help="instead: each rank's memory when loading a checkpoint written at SAVED ranks on RESUMED "
+        "ranks (graph_exec.benchmarks.resume_memory), e.g. 2:4,4:2",
+    )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "DIR"), help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
@@ -104,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child[0], args.child[1], args.rank, args.pp)
         return 0
+    if args.resume:
+        return _resume(args.resume, args.layers)
     sizes = [int(p) for p in args.ranks.split(",")]
     with tempfile.TemporaryDirectory(prefix="load_memory_") as tmp:
         folder = Path(tmp) / "llama"
@@ -134,6 +145,21 @@ def main(argv: list[str] | None = None) -> int:
                     f"{whole['seconds']:8.1f} {new['seconds']:7.1f}",
                     flush=True,
                 )
+    return 0
+
+
+def _resume(pairs: str, layers: int) -> int:
+    from graph_exec.benchmarks import resume_memory
+
+    try:
+        parsed = [(int(a), int(b)) for a, b in (pair.split(":") for pair in pairs.split(","))]
+    except ValueError:
+        raise SystemExit(  # noqa: B904 (the message says it all)
+            f"--resume takes SAVED:RESUMED pipeline sizes, comma-separated (e.g. 2:4,4:2), got {pairs!r}"
+        )
+    print(f"Llama, {layers} layers, float32, Adam; a checkpoint at SAVED ranks loaded by name at P ranks")
+    with tempfile.TemporaryDirectory(prefix="resume_memory_") as tmp:
+        resume_memory.run(parsed, layers, Path(tmp))
     return 0
 
 

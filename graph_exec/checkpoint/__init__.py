@@ -2,11 +2,11 @@
 
 Layout (``layout``): ``DIR/step_<k>/rank_<r>.ckpt`` per rank in MindSpore's own format, then
 ``DIR/step_<k>/complete.json`` written last by rank 0; a step without it does not exist.
-What a rank owns (``state``), what the manifest records and compares (``facts``), and the two
+What a rank owns (``state``), reading only the tensors it holds (``selective``), what the manifest records and compares (``facts``), and the two
 collective operations (``api``).
 """
 
-from graph_exec.checkpoint.api import SavedCheckpoint, load_checkpoint, save_checkpoint
+from graph_exec.checkpoint.api import SavedCheckpoint, last_load_bytes, load_checkpoint, save_checkpoint
 from graph_exec.checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -26,6 +26,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "ReshardWarning",
     "SavedCheckpoint",
+    "last_load_bytes",
     "latest_checkpoint",
     "load_checkpoint",
     "save_checkpoint",

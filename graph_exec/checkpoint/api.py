@@ -130,6 +130,19 @@ def save_checkpoint(
     )
 
 
+#: Bytes of rank files this process read in its latest load_checkpoint (checksums apart).
+_READ = [0]
+
+
+def last_load_bytes() -> int:
+    """The bytes of checkpoint files this process read into memory in its latest
+    :func:`load_checkpoint`: the records of the tensors it holds now, and the header and name
+    of every record of the files it opened (under another plan a rank reads only its share, not
+    the whole files that hold it). The checksum check streams each opened file besides, in
+    fixed-size blocks, which this does not count."""
+    return _READ[0]
+
+
 def load_checkpoint(
     schedule: Any,
     directory: str | os.PathLike[str],
@@ -184,6 +197,7 @@ def load_checkpoint(
         targets: dict[str, Any] = {}
         stored: dict[str, Any] = {}
         chosen = -1 if candidate is None else candidate
+        _READ[0] = 0
         try:
             chosen, targets, stored = _check_rank_file(
                 schedule, folder, candidate, optimizer, rank, world, global_batch
@@ -474,9 +488,11 @@ def _read_checked(
             f"(step=...; complete steps: {layout.complete_steps(folder)})"
         )
     try:
-        return state.read(str(path), chosen)
+        tensors, count = state.read(str(path), chosen)
     except (ValueError, RuntimeError) as exc:
         raise CheckpointCorruptError(f"{whose} cannot be read: {exc}") from exc
+    _READ[0] += count
+    return tensors
 
 
 def _own_file(

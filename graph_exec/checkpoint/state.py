@@ -110,13 +110,18 @@ def write(tensors: Mapping[str, Any], path: str) -> None:
     ms.save_checkpoint([{"name": name, "data": value} for name, value in tensors.items()], path)
 
 
-def read(path: str, names: set[str] | None = None) -> dict[str, Any]:
-    """The tensors of a MindSpore checkpoint file (``names``: only those), by name."""
+def read(path: str, names: set[str] | None = None) -> tuple[dict[str, Any], int]:
+    """The tensors of a MindSpore checkpoint file (``names``: only those, and only their bytes
+    are read: :mod:`graph_exec.checkpoint.selective`), by name, and the bytes read from it."""
+    import os
+
     import mindspore as ms
 
+    from graph_exec.checkpoint import selective
+
     if names is None:
-        return dict(ms.load_checkpoint(path))
-    return dict(ms.load_checkpoint(path, choice_func=lambda name: name in names))
+        return dict(ms.load_checkpoint(path)), os.path.getsize(path)
+    return selective.read(path, names)
 
 
 def mismatches(expected: Mapping[str, Any], stored: Mapping[str, Any], what: str) -> list[str]:

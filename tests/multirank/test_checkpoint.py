@@ -16,6 +16,8 @@ import shutil
 import pytest
 
 import graph_exec as ge
+from graph_exec.benchmarks.resume_plans import losses as losses_of
+from graph_exec.benchmarks.resume_plans import tensors as saved_tensors
 from graph_exec.checkpoint.layout import MANIFEST
 from tests.multirank.conftest import WORKERS, checks
 from tests.multirank.workers.checkpoint_checks import CASES
@@ -109,27 +111,6 @@ def graph_exec_run(ranks: int, *args: str) -> tuple[str, str]:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout, proc.stderr
-
-
-def saved_tensors(step_dir) -> dict:
-    """Every model parameter and optimizer moment of a complete step, by name (one copy each)."""
-    import mindspore as ms
-
-    manifest = json.loads((step_dir / MANIFEST).read_text())
-    wanted = {n for n, f in manifest["index"].items() if f["kind"] != "rng" and n != "global_step"}
-    found = {}
-    for entry in manifest["ranks"]:
-        for name, value in ms.load_checkpoint(str(step_dir / entry["file"])).items():
-            if name in wanted:
-                found.setdefault(name, value.asnumpy())
-    return found
-
-
-def losses_of(log_dir, ranks: int) -> dict[int, float]:
-    """``{step: loss}`` from the per-rank records (full precision; the loss-holding ranks')."""
-    from graph_exec.report.records import read_run
-
-    return {s.step: s.loss for r in read_run(log_dir, "run", ranks) for s in r.steps if s.loss is not None}
 
 
 def test_cli_resume_on_another_plan_continues_the_uninterrupted_run(tmp_path, monkeypatch, capsys):
