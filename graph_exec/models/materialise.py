@@ -129,13 +129,7 @@ def load_split(
     source_of = dict(keys)
     if split.tied_weights is not None:  # the head's copy is read (drawn) as the embedding
         source_of[split.tied_weights[1]] = keys[split.tied_weights[0]]
-    held: list[nn.Cell] = [split.stages[s] for s in range(rank, num_stages, pp)]
-    if split.preprocess is not None:
-        held.append(split.preprocess)
-    mine = {id(p): p for cell in held for p in cell.get_parameters()}
-    if rank == 0:
-        mine.update({id(p): p for p in split.unplaced.values()})
-    for param in mine.values():
+    for param in _held_parameters(split, rank, pp):
         key = source_of[param.name]
         if directory is not None:
             _give(param, directory.read(key, dtype), directory.tensors[key][2])
@@ -145,6 +139,18 @@ def load_split(
     split.checkpoint_names = {name: names[0] for name, names in candidates.items()}
     split.source = directory.path if directory is not None else None
     return split
+
+
+def _held_parameters(split: SplitModel, rank: int, pp: int) -> list:
+    """The parameters pipeline rank ``rank`` of ``pp`` gives data to: its stages', the
+    preprocess's (every rank runs it), and on rank 0 those no cell holds (so an export is complete)."""
+    held: list[nn.Cell] = [split.stages[s] for s in range(rank, len(split.stages), pp)]
+    if split.preprocess is not None:
+        held.append(split.preprocess)
+    mine = {id(p): p for cell in held for p in cell.get_parameters()}
+    if rank == 0:
+        mine.update({id(p): p for p in split.unplaced.values()})
+    return list(mine.values())
 
 
 def _load_dtype(dtype: str | None) -> str:
