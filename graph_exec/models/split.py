@@ -151,20 +151,15 @@ def split_model(
     blocks = list(decoder.layers)
     counts = _check_layers(layers, len(blocks), num_stages)
     embed, head = decoder.embed_tokens, model.lm_head
-    tied = None
-    if _shares_weight(embed, head) and (kind != "none" or num_stages > 1):
-        tied = _untie(embed, head)
-        names[id(head.weight)] = tied[1]
+    tied = _untie_if_apart(embed, head, kind != "none" or num_stages > 1, names)
     # Qwen2-VL's own rotary embedding does not compile (see MultimodalRotary).
     rotary = MultimodalRotary(decoder.rotary_emb) if vlm else decoder.rotary_emb
     image_token = model.config.image_token_id if vlm else None
 
     padded = (vlm and image_grid is None) or packed
     pre, transpose_layers = _preprocess(kind, model, embed, padded, packed, image_grid)
-    trainable = (not vlm) if trainable_preprocess is None else bool(trainable_preprocess)
-    if pre is not None and not trainable:
-        for param in pre.get_parameters():
-            param.requires_grad = False
+    if pre is not None and not ((not vlm) if trainable_preprocess is None else trainable_preprocess):
+        _freeze(pre)
 
     chunk = MaskedDecoderChunk if padded else DecoderChunk
     stages = _stage_chunks(
@@ -191,6 +186,22 @@ def split_model(
         unplaced=unplaced,
         model=model,
     )
+
+
+def _untie_if_apart(embed: Any, head: Any, apart: bool, names: dict[int, str]) -> tuple[str, str] | None:
+    """Untie a shared embedding and head when they end up in different cells (``apart``), the
+    head's copy named in ``names``; the ``(embedding, head)`` names of the pair, else ``None``."""
+    if not (_shares_weight(embed, head) and apart):
+        return None
+    tied = _untie(embed, head)
+    names[id(head.weight)] = tied[1]
+    return tied
+
+
+def _freeze(cell: Any) -> None:
+    """A preprocess that is not trained: no gradients for its parameters."""
+    for param in cell.get_parameters():
+        param.requires_grad = False
 
 
 def _stage_chunks(
