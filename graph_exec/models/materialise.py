@@ -102,21 +102,9 @@ def load_split(
     """
     _check_rank(num_stages, rank, pp)
     dtype = _load_dtype(dtype)
-    directory = None
-    if isinstance(source, str | Path):
-        config = load_config(source, attn_implementation)
-        cls = model_class(config)
-        directory = PretrainedDirectory(source)
-    else:
-        config, cls = source, model_class(source)
-    with no_init_parameters():
-        model = cls(config)
+    config, model, directory = _skeleton(source, attn_implementation)
     candidates = checkpoint_names(model)  # a tied pair once, under the embedding's name
-    shapes = {p.name: tuple(p.shape) for p in model.get_parameters()}
-    if directory is not None:
-        keys = directory.resolve({name: (names, shapes[name]) for name, names in candidates.items()})
-    else:
-        keys = {name: names[0] for name, names in candidates.items()}
+    keys = _source_keys(model, candidates, directory)
     split = split_model(
         model,
         num_stages,
@@ -139,6 +127,34 @@ def load_split(
     split.checkpoint_names = {name: names[0] for name, names in candidates.items()}
     split.source = directory.path if directory is not None else None
     return split
+
+
+def _skeleton(
+    source: str | Path | Any, attn_implementation: str
+) -> tuple[Any, Any, PretrainedDirectory | None]:
+    """The config, the whole model with no parameter data yet, and the pretrained directory
+    (``None`` when ``source`` is a config)."""
+    directory = None
+    if isinstance(source, str | Path):
+        config = load_config(source, attn_implementation)
+        cls = model_class(config)
+        directory = PretrainedDirectory(source)
+    else:
+        config, cls = source, model_class(source)
+    with no_init_parameters():
+        model = cls(config)
+    return config, model, directory
+
+
+def _source_keys(
+    model: Any, candidates: dict[str, tuple[str, ...]], directory: PretrainedDirectory | None
+) -> dict[str, str]:
+    """``{parameter name: the name it is read (or seeded) under}``: from a directory the one of
+    its candidate names the files hold (the first present), shapes checked; else the first."""
+    if directory is None:
+        return {name: names[0] for name, names in candidates.items()}
+    shapes = {p.name: tuple(p.shape) for p in model.get_parameters()}
+    return directory.resolve({name: (names, shapes[name]) for name, names in candidates.items()})
 
 
 def _held_parameters(split: SplitModel, rank: int, pp: int) -> list:
