@@ -154,6 +154,25 @@ def predict(
         transpose=candidate.schedule == "mpipe",
     )
     plan = build_plan(config)
+    extra = costs.op_overhead
+    op_costs = _op_costs(costs, candidate, layers, rows)
+    step_time = simulate(plan, op_costs).step_time
+    sizes = _item_sizes(costs, candidate, layers, rows)
+    parts = tuple(
+        {
+            **_state_bytes(costs, pp, candidate, layers, r, dp if zero else 1),
+            **_peak_parts(plan, r, sizes),
+            "recomputed tape": _recomputed_tape(costs, pp, candidate, layers, r, rows),
+        }
+        for r in range(pp)
+    )
+    peaks = tuple(sum(p.values()) for p in parts)
+    return Predicted(candidate, step_time, peaks, layers, op_costs, extra, parts)
+
+
+def _op_costs(costs: ModelCosts, candidate: Candidate, layers: Sequence[int], rows: float) -> OpCosts:
+    """The simulator's costs of each stage's forward and backward call, the preprocess and the
+    transfers, for micro-batches of ``rows`` times the calibrated size."""
     again = 1.0 if candidate.recompute else 0.0  # recompute: the backward runs the forward first
     work = compute_scale(costs, rows)
     extra = costs.op_overhead
@@ -172,7 +191,7 @@ def predict(
     backward[0] += (costs.first_stage_backward + again * costs.first_stage_forward) * work
     forward[-1] += costs.last_stage_forward * work  # fused: the last F is forward+loss+backward,
     backward[-1] -= extra  # one call: its overhead once
-    op_costs = OpCosts(
+    return OpCosts(
         forward=0.0,
         backward=0.0,
         stage_forward=tuple(forward),
@@ -186,8 +205,12 @@ def predict(
         preprocess_bytes=costs.preprocess_output_bytes * rows,
         fused_last_stage=True,
     )
-    step_time = simulate(plan, op_costs).step_time
-    sizes = ItemSizes(
+
+
+def _item_sizes(costs: ModelCosts, candidate: Candidate, layers: Sequence[int], rows: float) -> ItemSizes:
+    """Bytes of what a step keeps alive per micro-batch: each stage's tape and input, the
+    preprocess's output and tape."""
+    return ItemSizes(
         # recompute keeps a stage's input alone; otherwise every layer's tape
         activations={
             s: round(
@@ -200,16 +223,6 @@ def predict(
         preprocess_output=round(costs.preprocess_output_bytes * rows),
         preprocess_tape=round(costs.preprocess_tape_bytes * rows),
     )
-    parts = tuple(
-        {
-            **_state_bytes(costs, pp, candidate, layers, r, dp if zero else 1),
-            **_peak_parts(plan, r, sizes),
-            "recomputed tape": _recomputed_tape(costs, pp, candidate, layers, r, rows),
-        }
-        for r in range(pp)
-    )
-    peaks = tuple(sum(p.values()) for p in parts)
-    return Predicted(candidate, step_time, peaks, layers, op_costs, extra, parts)
 
 
 def tune(

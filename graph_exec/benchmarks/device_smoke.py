@@ -86,25 +86,9 @@ def reference(model: Any, inputs: tuple[Any, ...], labels: Any) -> tuple[list[fl
 def run_case(rank: int, pp: int, device: str, mode: str, case: tuple[str, str, str], steps: int) -> bool:
     """One case on this rank: the checked step, then the timed ones; returns whether it passed."""
     import numpy as np
-    from mindspore import nn
-
-    import graph_exec as ge
-    from graph_exec.examples import load
-    from graph_exec.transport import barrier
 
     name, schedule, backward = case
-    num_stages = 2 * pp
-    model = load("embed_lm").build(num_stages, trainable_preprocess=True, seed=0, size="tiny")
-    stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in range(rank, num_stages, pp)]
-    common = {"mode": mode, "loss_fn": model.loss_fn, "scale_grads": True, "timeout_s": 120.0}
-    if schedule == "baseline":
-        sched = ge.ScheduleInterleaved1F1B(
-            stages, MICRO, model.preprocess, model.num_transpose_layers, **common
-        )
-    else:
-        sched = ge.ScheduleMPipeTranspose(
-            stages, MICRO, model.preprocess, model.num_transpose_layers, backward=backward, **common
-        )
+    model, sched = _build(rank, pp, mode, schedule, backward)
     inputs, labels = model.batch(0, BATCH)
     ref_losses, ref_grads = reference(model, inputs, labels)
     atol, rtol = (1e-5, 1e-4) if device == "CPU" else (1e-4, 1e-3)
@@ -140,6 +124,40 @@ def run_case(rank: int, pp: int, device: str, mode: str, case: tuple[str, str, s
         error=max(errors.values(), default=0.0),
     )
     ok &= passed
+    seconds = _timed_steps(model, sched, steps)
+    p10, p50, p90 = p10_p50_p90(seconds[1:] or seconds)
+    report(
+        rank, case=where, timing={"p10_ms": p10 * 1e3, "p50_ms": p50 * 1e3, "p90_ms": p90 * 1e3}, steps=steps
+    )
+    return ok
+
+
+def _build(rank: int, pp: int, mode: str, schedule: str, backward: str) -> tuple[Any, Any]:
+    """The tiny ``embed_lm`` (seed 0) on ``2 * pp`` stages and this rank's ``schedule`` of it."""
+    import graph_exec as ge
+    from graph_exec.examples import load
+
+    num_stages = 2 * pp
+    model = load("embed_lm").build(num_stages, trainable_preprocess=True, seed=0, size="tiny")
+    stages = [ge.PipelineStage(model.stages[s], s, num_stages) for s in range(rank, num_stages, pp)]
+    common = {"mode": mode, "loss_fn": model.loss_fn, "scale_grads": True, "timeout_s": 120.0}
+    if schedule == "baseline":
+        sched = ge.ScheduleInterleaved1F1B(
+            stages, MICRO, model.preprocess, model.num_transpose_layers, **common
+        )
+    else:
+        sched = ge.ScheduleMPipeTranspose(
+            stages, MICRO, model.preprocess, model.num_transpose_layers, backward=backward, **common
+        )
+    return model, sched
+
+
+def _timed_steps(model: Any, sched: Any, steps: int) -> list[float]:
+    """Seconds of ``steps`` training steps, each after the optimizer's update and a barrier."""
+    from mindspore import nn
+
+    from graph_exec.transport import barrier
+
     optimizer = nn.Adam(sched.trainable_params(), learning_rate=1e-3)
     seconds = []
     for step in range(1, steps + 1):
@@ -151,11 +169,7 @@ def run_case(rank: int, pp: int, device: str, mode: str, case: tuple[str, str, s
         sched.run(*inputs, labels=labels)
         _wait_for_step(sched)
         seconds.append(time.perf_counter() - start)
-    p10, p50, p90 = p10_p50_p90(seconds[1:] or seconds)
-    report(
-        rank, case=where, timing={"p10_ms": p10 * 1e3, "p50_ms": p50 * 1e3, "p90_ms": p90 * 1e3}, steps=steps
-    )
-    return ok
+    return seconds
 
 
 def _wait_for_step(sched: Any) -> None:

@@ -234,11 +234,9 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
     """Taped backwards of chunk ``name`` whose weight gradients are added in different ways."""
     import mindspore as ms
     from mindspore import Parameter, ParameterTuple, Tensor, ops
-    from mindspore.common.api import _pynative_executor
 
     from graph_exec.executors.tape import Tape
-    from graph_exec.kernels import make_accumulate, make_stage_forward
-    from graph_exec.kernels.grad_buffers import make_host_accumulate
+    from graph_exec.kernels import make_stage_forward
 
     cell, shape = build_chunk(name)
     params = ParameterTuple(cell.trainable_params())
@@ -246,6 +244,44 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
     buffers = ParameterTuple(
         [Parameter(ops.zeros_like(p), name="cand." + p.name, requires_grad=False) for p in params]
     )
+    count = len(buffers)
+    candidates = _accumulation_ways(buffers)
+    rng = np.random.default_rng(1)
+
+    def case(add: Callable[[tuple], Any]) -> Callable[[], float]:
+        def run() -> float:
+            xs = [Tensor(rng.standard_normal(shape, dtype=np.float32)) for _ in range(MICRO)]
+            c = Tensor(rng.standard_normal(shape, dtype=np.float32))
+            start = time.perf_counter()
+            for x in xs:
+                tape(x)
+            for x in xs:
+                (dx,), dws = tape.backward((x,), (c,))
+                add(dws)
+                dx.asnumpy()
+            _sync(list(buffers))
+            return time.perf_counter() - start
+
+        return run
+
+    samples = _interleaved({label: case(add) for label, add in candidates.items()}, rounds, warmup)
+    return _print_table(
+        f"weight-gradient accumulation ({count} tensors), {name}, 4 taped fwd + 4 bwd",
+        samples,
+        "eager assign_add per parameter",
+    )
+
+
+def _accumulation_ways(buffers: Any) -> dict[str, Callable[[tuple], Any]]:
+    """``label -> add(one micro-batch's weight gradients)`` into ``buffers``, each way measured by
+    :func:`accumulation_candidates`."""
+    import mindspore as ms
+    from mindspore import ops
+    from mindspore.common.api import _pynative_executor
+
+    from graph_exec.kernels import make_accumulate
+    from graph_exec.kernels.grad_buffers import make_host_accumulate
+
     count = len(buffers)
 
     def eager(grads: tuple) -> None:
@@ -280,7 +316,7 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
             jit_held(*held)
             held.clear()
 
-    candidates: dict[str, Callable[[tuple], Any]] = {
+    return {
         "eager assign_add per parameter": eager,
         "numpy add through asnumpy() views": numpy_views,
         "C++ add by address (CPU; executors)": lambda grads: host_add(*grads),
@@ -289,30 +325,6 @@ def accumulation_candidates(name: str, rounds: int, warmup: int) -> dict[str, di
         f"one jitted add per {MICRO} micro-batches": batched,
         "no accumulation (floor)": lambda grads: None,
     }
-    rng = np.random.default_rng(1)
-
-    def case(add: Callable[[tuple], Any]) -> Callable[[], float]:
-        def run() -> float:
-            xs = [Tensor(rng.standard_normal(shape, dtype=np.float32)) for _ in range(MICRO)]
-            c = Tensor(rng.standard_normal(shape, dtype=np.float32))
-            start = time.perf_counter()
-            for x in xs:
-                tape(x)
-            for x in xs:
-                (dx,), dws = tape.backward((x,), (c,))
-                add(dws)
-                dx.asnumpy()
-            _sync(list(buffers))
-            return time.perf_counter() - start
-
-        return run
-
-    samples = _interleaved({label: case(add) for label, add in candidates.items()}, rounds, warmup)
-    return _print_table(
-        f"weight-gradient accumulation ({count} tensors), {name}, 4 taped fwd + 4 bwd",
-        samples,
-        "eager assign_add per parameter",
-    )
 
 
 def _last_stage(name: str, prefix: str) -> tuple[Any, Callable[..., Any], Any, Any]:
@@ -344,15 +356,44 @@ def _last_stage(name: str, prefix: str) -> tuple[Any, Callable[..., Any], Any, A
 
 def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, dict[str, float]]:
     """One last-stage micro-batch (forward, loss scaled by 1/4, backward, accumulation)."""
+    from graph_exec.executors import create_executor
+
+    fused_cell, loss_fn, hidden, labels = _last_stage(name, "fused.")
+    fused = _fused_in_graph_add(fused_cell, loss_fn)
+    fused_then_add = _fused_returning_then_add(name, loss_fn, hidden, labels)
+    executor_cell = _last_stage(name, "executor.")[0]
+    executor = create_executor("graph", {2: executor_cell}, loss_fn=loss_fn, loss_scale=0.25)
+    taped_then_add = _taped_then_host_add(name, loss_fn, hidden, labels)
+    cases = {
+        "fused jit, in-graph assign_add": _timed_call(lambda: fused(hidden, labels)),
+        "fused jit returning grads, eager add": _timed_call(fused_then_add),
+        "taped loss + bprop, host adds": _timed_call(taped_then_add),
+        "executor (one graph, host adds)": _timed_call(
+            lambda: executor.last_stage_step(2, 0, (hidden,), (labels,))
+        ),
+    }
+    samples = _interleaved(cases, rounds, warmup)
+    return _print_table(
+        f"last stage {name}, graph mode, one micro-batch", samples, "fused jit, in-graph assign_add"
+    )
+
+
+def _timed_call(step: Callable[[], Any]) -> Callable[[], float]:
+    """A sample of ``step``: its seconds until its results are computed."""
+
+    def run() -> float:
+        start = time.perf_counter()
+        _sync(step())
+        return time.perf_counter() - start
+
+    return run
+
+
+def _fused_in_graph_add(fused_cell: Any, loss_fn: Any) -> Callable[..., Any]:
+    """One jitted graph: forward, scaled loss, backward and the weight gradients' ``assign_add``."""
     import mindspore as ms
     from mindspore import Parameter, ParameterTuple, ops
 
-    from graph_exec.executors import create_executor
-    from graph_exec.executors.tape import Tape
-    from graph_exec.kernels import make_accumulate, make_stage_loss
-    from graph_exec.kernels.grad_buffers import make_host_accumulate
-
-    fused_cell, loss_fn, hidden, labels = _last_stage(name, "fused.")
     fused_params = ParameterTuple(fused_cell.trainable_params())
     fused_buffers = ParameterTuple(
         [Parameter(ops.zeros_like(p), name="facc." + p.name, requires_grad=False) for p in fused_params]
@@ -368,7 +409,16 @@ def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, d
             ops.assign_add(fused_buffers[index], dws[index])
         return loss, dx
 
-    fused = ms.jit(fused_step)
+    return ms.jit(fused_step)
+
+
+def _fused_returning_then_add(name: str, loss_fn: Any, hidden: Any, labels: Any) -> Callable[[], Any]:
+    """A jitted graph that returns the weight gradients, then a jitted add into buffers."""
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, ops
+
+    from graph_exec.kernels import make_accumulate
+
     returning_cell = _last_stage(name, "returning.")[0]
     returning_params = ParameterTuple(returning_cell.trainable_params())
 
@@ -390,8 +440,18 @@ def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, d
         returning_add(*dws)
         return [loss, dx, *returning_buffers]
 
-    executor_cell = _last_stage(name, "executor.")[0]
-    executor = create_executor("graph", {2: executor_cell}, loss_fn=loss_fn, loss_scale=0.25)
+    return fused_then_add
+
+
+def _taped_then_host_add(name: str, loss_fn: Any, hidden: Any, labels: Any) -> Callable[[], Any]:
+    """The taped loss and its bprop, the weight gradients added on the host."""
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, ops
+
+    from graph_exec.executors.tape import Tape
+    from graph_exec.kernels import make_stage_loss
+    from graph_exec.kernels.grad_buffers import make_host_accumulate
+
     taped_cell = _last_stage(name, "taped.")[0]
     taped_params = ParameterTuple(taped_cell.trainable_params())
     tape = Tape(make_stage_loss(taped_cell, 1, loss_fn), taped_params, True, ms.jit)
@@ -406,26 +466,7 @@ def last_stage_fused_vs_tape(name: str, rounds: int, warmup: int) -> dict[str, d
         taped_add(*dws)
         return [loss, dx]
 
-    def timed(step: Callable[[], Any]) -> Callable[[], float]:
-        def run() -> float:
-            start = time.perf_counter()
-            _sync(step())
-            return time.perf_counter() - start
-
-        return run
-
-    cases = {
-        "fused jit, in-graph assign_add": timed(lambda: fused(hidden, labels)),
-        "fused jit returning grads, eager add": timed(fused_then_add),
-        "taped loss + bprop, host adds": timed(taped_then_add),
-        "executor (one graph, host adds)": timed(
-            lambda: executor.last_stage_step(2, 0, (hidden,), (labels,))
-        ),
-    }
-    samples = _interleaved(cases, rounds, warmup)
-    return _print_table(
-        f"last stage {name}, graph mode, one micro-batch", samples, "fused jit, in-graph assign_add"
-    )
+    return taped_then_add
 
 
 def slow_mode_candidates(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
@@ -508,16 +549,52 @@ def recompute_backward(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
     import mindspore as ms
     from mindspore import ParameterTuple, Tensor
 
+    from graph_exec.executors.tape import Tape
+    from graph_exec.kernels import make_stage_forward
+
+    rng = np.random.default_rng(5)
+    subjects = _recompute_subjects(rng)
+    summary = {}
+    for in_flight in (False, True):
+        other, other_shape = build_chunk("dense32")
+        kept = Tape(make_stage_forward(other), ParameterTuple(other.trainable_params()), True, ms.jit)
+        held = [(Tensor(rng.standard_normal(other_shape, dtype=np.float32)),) for _ in range(2)]
+        if in_flight:
+            for args in held:
+                _sync(kept(*args))
+        for name, subject in subjects.items():
+            cases = {
+                "tape: record + bprop": _gradient_case(_taped_gradient, name, subject, rng),
+                "Tape.recompute (one graph)": _gradient_case(_one_go_gradient, name, subject, rng),
+            }
+            samples = _interleaved(cases, rounds, warmup)
+            where = "two taped forwards in flight" if in_flight else "idle"
+            summary[f"{name}, {where}"] = _print_table(
+                f"recompute backward, {name}, {where}", samples, "tape: record + bprop"
+            )
+        if in_flight:
+            for args in held:
+                _sync(kept.backward(args, (ms.ops.zeros(other_shape, ms.float32),)))
+    return summary
+
+
+def _recompute_subjects(
+    rng: np.random.Generator,
+) -> dict[str, tuple[Any, Callable[[], tuple], tuple[int, ...]]]:
+    """``name -> (jitted tape, a fresh sample's inputs, output shape)`` of what
+    :func:`recompute_backward` differentiates: the ``embed_lm`` tiny preprocess and dense32."""
+    import mindspore as ms
+    from mindspore import ParameterTuple, Tensor
+
     from graph_exec.examples.embed_lm import EmbeddingAndBlock
     from graph_exec.examples.lm import LMConfig
     from graph_exec.executors.tape import Tape
     from graph_exec.kernels import make_preprocess_forward, make_stage_forward
 
-    rng = np.random.default_rng(5)
     preprocess = EmbeddingAndBlock(LMConfig(vocab=128, width=32, heads=4, layers=2, seq=32))
     preprocess.update_parameters_name("rc_pre.")
     dense, dense_shape = build_chunk("dense32")
-    subjects = {
+    return {
         "embed_lm preprocess": (
             Tape(
                 make_preprocess_forward(preprocess, 1, (), {}),
@@ -534,52 +611,31 @@ def recompute_backward(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
             dense_shape,
         ),
     }
-    summary = {}
-    for in_flight in (False, True):
-        other, other_shape = build_chunk("dense32")
-        kept = Tape(make_stage_forward(other), ParameterTuple(other.trainable_params()), True, ms.jit)
-        held = [(Tensor(rng.standard_normal(other_shape, dtype=np.float32)),) for _ in range(2)]
-        if in_flight:
-            for args in held:
-                _sync(kept(*args))
-        for name, (tape, make_args, out_shape) in subjects.items():
 
-            def case(
-                differentiate: Callable[..., Any],
-                tape: Tape = tape,
-                make_args: Any = make_args,
-                out_shape: Any = out_shape,
-                name: str = name,
-            ) -> Callable[[], float]:
-                checked: list[bool] = []
 
-                def run() -> float:
-                    args = make_args()
-                    sens = (Tensor(rng.standard_normal(out_shape, dtype=np.float32)),)
-                    start = time.perf_counter()
-                    grads = differentiate(tape, args, sens)
-                    _sync(grads)
-                    elapsed = time.perf_counter() - start
-                    if differentiate is _one_go_gradient and not checked:  # same gradients both ways
-                        checked.append(True)
-                        _require_equal(name, grads, _taped_gradient(tape, args, sens))
-                    return elapsed
+def _gradient_case(
+    differentiate: Callable[..., Any], name: str, subject: tuple, rng: np.random.Generator
+) -> Callable[[], float]:
+    """One timed sample of ``differentiate`` on ``subject`` (fresh inputs and sensitivities);
+    the one-go way's first sample is checked against the taped way's gradients, bit for bit."""
+    from mindspore import Tensor
 
-                return run
+    tape, make_args, out_shape = subject
+    checked: list[bool] = []
 
-            cases = {
-                "tape: record + bprop": case(_taped_gradient),
-                "Tape.recompute (one graph)": case(_one_go_gradient),
-            }
-            samples = _interleaved(cases, rounds, warmup)
-            where = "two taped forwards in flight" if in_flight else "idle"
-            summary[f"{name}, {where}"] = _print_table(
-                f"recompute backward, {name}, {where}", samples, "tape: record + bprop"
-            )
-        if in_flight:
-            for args in held:
-                _sync(kept.backward(args, (ms.ops.zeros(other_shape, ms.float32),)))
-    return summary
+    def run() -> float:
+        args = make_args()
+        sens = (Tensor(rng.standard_normal(out_shape, dtype=np.float32)),)
+        start = time.perf_counter()
+        grads = differentiate(tape, args, sens)
+        _sync(grads)
+        elapsed = time.perf_counter() - start
+        if differentiate is _one_go_gradient and not checked:  # same gradients both ways
+            checked.append(True)
+            _require_equal(name, grads, _taped_gradient(tape, args, sens))
+        return elapsed
+
+    return run
 
 
 def _taped_gradient(tape: Any, args: tuple, sens: tuple) -> tuple:

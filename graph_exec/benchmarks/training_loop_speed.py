@@ -96,18 +96,14 @@ def _agreement_seconds(transport, calls: int) -> list[float]:
     return seconds
 
 
-def _worker(example: str, size: str, steps: int, mode: str) -> None:
+def _build_runs(example: str, size: str, mode: str, rank: int) -> dict:
+    """The three schedules of :data:`VARIANTS` on this rank: ``name -> (model, schedule, optimizer)``,
+    the same model and seed each, ``loop`` alone with a loss scaler."""
     from mindspore import amp, nn
-    from mindspore.communication import get_rank, init
 
     import graph_exec as ge
     from graph_exec.examples import load
-    from graph_exec.msenv import prepare_mindspore
-    from graph_exec.transport import all_gather_objects, barrier
 
-    prepare_mindspore("CPU")
-    init()
-    rank = get_rank()
     num_stages = VPP * RANKS
     family = load(example)
     runs = {}
@@ -126,7 +122,30 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
             loss_scaler=scaler,
         )
         runs[name] = (model, sched, nn.Adam(sched.trainable_params(), learning_rate=1e-3))
-    samples: dict[str, list[float]] = defaultdict(list)
+    return runs
+
+
+def _time_end_of_step(sched, name: str, ends: dict[str, float]) -> None:
+    """Wrap ``sched``'s end of step so ``ends[name]`` adds up its time; for ``loop`` also the
+    calls the loop adds (but for its meeting) into ``ends["own"]``. Done once set up, after warm-up."""
+    step_end = sched._setup.step_end
+    step_end.begin = timed(ends, name, step_end.begin)
+    step_end.finish = timed(ends, name, step_end.finish)
+    if name == "loop":  # the loop's own work, but for its meeting
+        for owner, method in (
+            (step_end.executor, "set_loss_scale"),
+            (step_end.executor, "unscale_and_check"),
+            (step_end.loss_scale, "value"),
+            (step_end.loss_scale, "adjust"),
+            (step_end.gate, "before_update"),  # step()'s verdict and clipping
+        ):
+            setattr(owner, method, timed(ends, "own", getattr(owner, method)))
+
+
+def _barrier_steps(runs: dict, steps: int, samples: dict[str, list[float]]) -> None:
+    """The first measurement: every step after a barrier, the schedules in rotating order."""
+    from graph_exec.transport import barrier
+
     ends: dict[str, float] = defaultdict(float)
     for index in range(WARMUP + steps):
         turn = index % len(VARIANTS)  # the order rotates: each schedule leads equally often
@@ -134,18 +153,7 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
             model, sched, optimizer = runs[name]
             inputs, labels = model.batch(index, 2 * MICRO)
             if index == WARMUP:  # set up by now: time every end of step from here on
-                step_end = sched._setup.step_end
-                step_end.begin = timed(ends, name, step_end.begin)
-                step_end.finish = timed(ends, name, step_end.finish)
-                if name == "loop":  # the loop's own work, but for its meeting
-                    for owner, method in (
-                        (step_end.executor, "set_loss_scale"),
-                        (step_end.executor, "unscale_and_check"),
-                        (step_end.loss_scale, "value"),
-                        (step_end.loss_scale, "adjust"),
-                        (step_end.gate, "before_update"),  # step()'s verdict and clipping
-                    ):
-                        setattr(owner, method, timed(ends, "own", getattr(owner, method)))
+                _time_end_of_step(sched, name, ends)
             ends[name] = ends["own"] = 0.0
             barrier()
             start = time.perf_counter()
@@ -157,10 +165,16 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
                 samples[name].append(end - start)
                 samples[f"{name} end"].append(ends[name] + end - middle)
                 if name == "plain":
-                    samples["forward"].append(_forward_seconds(sched.timeline, num_stages - 1))
+                    samples["forward"].append(_forward_seconds(sched.timeline, VPP * RANKS - 1))
                 if name == "loop":
                     samples["own"].append(ends["own"])
-    for index in range(max(1, steps // IN_A_ROW) * len(VARIANTS)):  # then steps in a row
+
+
+def _steps_in_a_row(runs: dict, steps: int, samples: dict[str, list[float]]) -> None:
+    """The second measurement: rounds of :data:`IN_A_ROW` steps with no barrier between them."""
+    from graph_exec.transport import barrier
+
+    for index in range(max(1, steps // IN_A_ROW) * len(VARIANTS)):
         name = VARIANTS[(index - index // len(VARIANTS)) % len(VARIANTS)]  # each first equally often
         model, sched, optimizer = runs[name]
         barrier()
@@ -170,66 +184,108 @@ def _worker(example: str, size: str, steps: int, mode: str) -> None:
             sched.run(*inputs, labels=labels)
             sched.step(optimizer, max_norm=1.0 if name == "loop" else None)
         samples[f"{name} in a row"].append((time.perf_counter() - start) / IN_A_ROW)
-    samples["agreement"] = _agreement_seconds(runs["loop"][1]._setup.step_end._pipeline, steps)
-    model, sched, _ = runs["plain"]
+
+
+def _evaluate_seconds(model, sched, steps: int) -> list[float]:
+    """Seconds of ``evaluate()`` (with labels) after a barrier, ``steps`` times after warm-up."""
+    from graph_exec.transport import barrier
+
+    seconds = []
     for index in range(WARMUP + steps):
         inputs, labels = model.batch(10_000 + index, 2 * MICRO)
         barrier()
         start = time.perf_counter()
         sched.evaluate(*inputs, labels=labels)
         if index >= WARMUP:
-            samples["evaluate"].append(time.perf_counter() - start)
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def _ms(values: list[float]) -> str:
+    """p10/p50/p90 of ``values`` (seconds) in milliseconds."""
+    return "/".join(f"{v * 1e3:.1f}" for v in p10_p50_p90(values))
+
+
+def _report_barrier_steps(everyone: list[dict], steps: int) -> dict[str, list[float]]:
+    """Print the barrier-started steps' figures; return each variant's (and ``evaluate``'s)
+    slowest-rank seconds step by step: a step lasts until its slowest rank is done."""
+    slowest = {k: [max(r[k][i] for r in everyone) for i in range(steps)] for k in (*VARIANTS, "evaluate")}
+    print(
+        f"RESULT step (slowest rank): {'  '.join(f'{k} {_ms(slowest[k])}' for k in VARIANTS)} ms",
+        flush=True,
+    )
+    for name in ("loop", "control"):
+        ratio = statistics.median(slowest[name]) / statistics.median(slowest["plain"])
+        paired = p10_p50_p90([a / b for a, b in zip(slowest[name], slowest["plain"], strict=True)])
+        print(
+            f"RESULT {name}/plain {ratio:.3f}; step by step (p10/p50/p90) "
+            f"{'/'.join(f'{r:.3f}' for r in paired)}",
+            flush=True,
+        )
+    return slowest
+
+
+def _report_in_a_row(everyone: list[dict]) -> None:
+    """Print the steps-in-a-row figures (a round's time over its steps, slowest rank)."""
+    rounds = len(everyone[0]["plain in a row"])
+    row = {k: [max(r[f"{k} in a row"][i] for r in everyone) for i in range(rounds)] for k in VARIANTS}
+    print(
+        f"RESULT steps in a row ({rounds} rounds of {IN_A_ROW}, no barrier between steps; ms a step, "
+        f"slowest rank): {'  '.join(f'{k} {_ms(row[k])}' for k in VARIANTS)}; "
+        + "  ".join(
+            f"{k}/plain {statistics.median(row[k]) / statistics.median(row['plain']):.3f}"
+            for k in ("loop", "control")
+        ),
+        flush=True,
+    )
+
+
+def _report_evaluate_and_own(everyone: list[dict], steps: int, slowest: dict[str, list[float]]) -> None:
+    """Print ``evaluate`` against ``run()``'s forward share, and the loop's own work against
+    ``plain``'s step."""
+    forward = statistics.median(max(r["forward"][i] for r in everyone) for i in range(steps))
+    print(
+        f"RESULT evaluate (slowest rank) {_ms(slowest['evaluate'])} ms against run()'s forward share "
+        f"(slowest rank, p50) {forward * 1e3:.1f} ms: {p10_p50_p90(slowest['evaluate'])[1] / forward:.2f}",
+        flush=True,
+    )
+    own = [
+        max(r["own"][i] for r in everyone) + statistics.median(everyone[0]["agreement"]) for i in range(steps)
+    ]
+    print(
+        f"RESULT loop's own work (the slowest rank's scale read and hand-over, unscale-check pass, "
+        f"scaler adjust and clip, plus the agreement's all-reduce when both ranks arrive together): "
+        f"{_ms(own)} ms, "
+        f"{statistics.median(own) / statistics.median(slowest['plain']):.1%} of plain's step (p50)",
+        flush=True,
+    )
+
+
+def _worker(example: str, size: str, steps: int, mode: str) -> None:
+    """One rank: train the three schedules both ways, time ``evaluate``, and print the figures."""
+    from mindspore.communication import get_rank, init
+
+    from graph_exec.msenv import prepare_mindspore
+    from graph_exec.transport import all_gather_objects
+
+    prepare_mindspore("CPU")
+    init()
+    rank = get_rank()
+    runs = _build_runs(example, size, mode, rank)
+    samples: dict[str, list[float]] = defaultdict(list)
+    _barrier_steps(runs, steps, samples)
+    _steps_in_a_row(runs, steps, samples)
+    samples["agreement"] = _agreement_seconds(runs["loop"][1]._setup.step_end._pipeline, steps)
+    samples["evaluate"] = _evaluate_seconds(*runs["plain"][:2], steps)
     everyone = all_gather_objects(dict(samples), 300.0, "gathering the timings")
-
-    def ms(values: list[float]) -> str:
-        return "/".join(f"{v * 1e3:.1f}" for v in p10_p50_p90(values))
-
     if rank == 0:  # a step lasts until its slowest rank is done (every step starts at a barrier)
-        slowest = {k: [max(r[k][i] for r in everyone) for i in range(steps)] for k in (*VARIANTS, "evaluate")}
-        forward = statistics.median(max(r["forward"][i] for r in everyone) for i in range(steps))
-        print(
-            f"RESULT step (slowest rank): {'  '.join(f'{k} {ms(slowest[k])}' for k in VARIANTS)} ms",
-            flush=True,
-        )
-        for name in ("loop", "control"):
-            ratio = statistics.median(slowest[name]) / statistics.median(slowest["plain"])
-            paired = p10_p50_p90([a / b for a, b in zip(slowest[name], slowest["plain"], strict=True)])
-            print(
-                f"RESULT {name}/plain {ratio:.3f}; step by step (p10/p50/p90) "
-                f"{'/'.join(f'{r:.3f}' for r in paired)}",
-                flush=True,
-            )
-        rounds = len(everyone[0]["plain in a row"])
-        row = {k: [max(r[f"{k} in a row"][i] for r in everyone) for i in range(rounds)] for k in VARIANTS}
-        print(
-            f"RESULT steps in a row ({rounds} rounds of {IN_A_ROW}, no barrier between steps; ms a step, "
-            f"slowest rank): {'  '.join(f'{k} {ms(row[k])}' for k in VARIANTS)}; "
-            + "  ".join(
-                f"{k}/plain {statistics.median(row[k]) / statistics.median(row['plain']):.3f}"
-                for k in ("loop", "control")
-            ),
-            flush=True,
-        )
-        print(
-            f"RESULT evaluate (slowest rank) {ms(slowest['evaluate'])} ms against run()'s forward share "
-            f"(slowest rank, p50) {forward * 1e3:.1f} ms: {p10_p50_p90(slowest['evaluate'])[1] / forward:.2f}",
-            flush=True,
-        )
-        own = [
-            max(r["own"][i] for r in everyone) + statistics.median(everyone[0]["agreement"])
-            for i in range(steps)
-        ]
-        print(
-            f"RESULT loop's own work (the slowest rank's scale read and hand-over, unscale-check pass, "
-            f"scaler adjust and clip, plus the agreement's all-reduce when both ranks arrive together): "
-            f"{ms(own)} ms, "
-            f"{statistics.median(own) / statistics.median(slowest['plain']):.1%} of plain's step (p50)",
-            flush=True,
-        )
-    ends_ms = "  ".join(f"{name} {ms(samples[f'{name} end'])}" for name in VARIANTS)
+        slowest = _report_barrier_steps(everyone, steps)
+        _report_in_a_row(everyone)
+        _report_evaluate_and_own(everyone, steps, slowest)
+    ends_ms = "  ".join(f"{name} {_ms(samples[f'{name} end'])}" for name in VARIANTS)
     print(
         f"RESULT rank {rank}: end of step (begin + finish + step(), waits for peers included): {ends_ms} ms; "
-        f"forward share {ms(samples['forward'])} ms",
+        f"forward share {_ms(samples['forward'])} ms",
         flush=True,
     )
 

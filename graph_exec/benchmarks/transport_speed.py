@@ -34,131 +34,185 @@ SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20)
 ROUNDS, REPEATS = 15, 20
 
 
-def _worker() -> None:
-    import mindspore as ms
-    import mindspore.mint.distributed as dist
-    import numpy as np
-    from mindspore.communication import init
+class _Exchanges:
+    """The round trips compared, on one rank: through the :class:`Transport`, through bare
+    ``mint.distributed``, through the transport's own p2p ops, and the floor any transport handing
+    out fresh tensors must pay. Received memory comes from the receive slots a pipeline uses."""
 
-    from graph_exec.device import policy, wait_until_run
-    from graph_exec.msenv import prepare_mindspore
-    from graph_exec.runtime.buffers import receive_slots
-    from graph_exec.transport import Transport
-    from graph_exec.transport.frames import PREFIX_BYTES
+    def __init__(self) -> None:
+        from graph_exec.device import policy
+        from graph_exec.runtime.buffers import receive_slots
+        from graph_exec.transport import Transport
 
-    prepare_mindspore("CPU")
-    init()
-    tp = Transport(timeout_s=60)
-    rank, peer = tp.rank, 1 - tp.rank
-    ops = tp._p2p
-    slots = receive_slots()  # what a pipeline's receives use on this path
-    host_path = policy().host_memory_aliasing
+        self.tp = Transport(timeout_s=60)
+        self.rank, self.peer = self.tp.rank, 1 - self.tp.rank
+        self.ops = self.tp._p2p
+        self.slots = receive_slots()  # what a pipeline's receives use on this path
+        self.host_path = policy().host_memory_aliasing
+        self.held: list = []
 
-    def alloc(nbytes: int):
-        slot, memory = slots.acquire(nbytes)
-        held.append(slot)
+    def alloc(self, nbytes: int):
+        slot, memory = self.slots.acquire(nbytes)
+        self.held.append(slot)
         return memory
 
-    def release_all() -> None:
-        while held:
-            slots.release(held.pop())
+    def release_all(self) -> None:
+        while self.held:
+            self.slots.release(self.held.pop())
 
-    held: list = []
-
+    @staticmethod
     def settle() -> None:
         """With asynchronous dispatch a bare exchange returns before it has run: wait, as the
         transport does, so that both sides time completed round trips."""
+        from graph_exec.device import policy, wait_until_run
+
         if not policy().synchronous_dispatch:
             wait_until_run()
 
-    def via_transport(tensor) -> None:
-        if rank == 0:
-            tp.send((tensor,), 1, "Fsend0.0")
-            tp.recv(1, "Bsend1.0", alloc)
+    def via_transport(self, tensor) -> None:
+        if self.rank == 0:
+            self.tp.send((tensor,), 1, "Fsend0.0")
+            self.tp.recv(1, "Bsend1.0", self.alloc)
         else:
-            got = tp.recv(0, "Fsend0.0", alloc)
-            tp.send(got, 0, "Bsend1.0")
-        release_all()
+            got = self.tp.recv(0, "Fsend0.0", self.alloc)
+            self.tp.send(got, 0, "Bsend1.0")
+        self.release_all()
 
-    def send_staged(tensor, frame: np.ndarray, frame_tensor, nbytes: int) -> None:
+    def raw(self, tensor, buffer) -> None:
+        import mindspore.mint.distributed as dist
+
+        if self.rank == 0:
+            dist.isend(tensor, dst=self.peer).wait()
+            dist.recv(buffer, src=self.peer)
+        else:
+            dist.recv(buffer, src=self.peer)
+            dist.isend(buffer, dst=self.peer).wait()
+        self.settle()
+
+    def raw_ops(self, tensor, buffer) -> None:
+        if self.rank == 0:
+            self.ops.isend(tensor, self.peer).wait()
+            self.ops.recv(buffer, self.peer)
+        else:
+            self.ops.recv(buffer, self.peer)
+            self.ops.isend(buffer, self.peer).wait()
+        self.settle()
+
+    def send_staged(self, tensor, frame, frame_tensor, nbytes: int) -> None:
+        from graph_exec.transport.frames import PREFIX_BYTES
+
         ctypes.memmove(frame.ctypes.data + PREFIX_BYTES, tensor.data_ptr(), nbytes)
-        ops.isend(frame_tensor, peer).wait()
+        self.ops.isend(frame_tensor, self.peer).wait()
 
-    def receive_fresh(nbytes: int):
-        memory = alloc(nbytes + PREFIX_BYTES)
-        ops.recv(ms.from_numpy(memory), peer)
+    def receive_fresh(self, nbytes: int):
+        import mindspore as ms
+        import numpy as np
+
+        from graph_exec.transport.frames import PREFIX_BYTES
+
+        memory = self.alloc(nbytes + PREFIX_BYTES)
+        self.ops.recv(ms.from_numpy(memory), self.peer)
         return ms.from_numpy(memory[PREFIX_BYTES:].view(np.float32))
 
-    for nbytes in SIZES:
+    def floor(self, tensor, frame, frame_tensor, nbytes: int) -> None:
+        """What any transport that hands out fresh tensors must do: copy into a frame, receive
+        into fresh pool memory, wrap the payload as a tensor (no checks, no bookkeeping)."""
+        if self.rank == 0:
+            self.send_staged(tensor, frame, frame_tensor, nbytes)
+            self.receive_fresh(nbytes)
+        else:
+            self.send_staged(self.receive_fresh(nbytes), frame, frame_tensor, nbytes)
+        self.release_all()
+
+    def variants(self, nbytes: int) -> tuple[object, list]:
+        """The payload of ``nbytes`` and the ``(name, round trip)`` pairs timed with it."""
+        import mindspore as ms
+        import numpy as np
+
+        from graph_exec.transport.frames import PREFIX_BYTES
+
         tensor = ms.from_numpy(np.ones(nbytes // 4, np.float32))
         buffer = ms.from_numpy(np.empty(nbytes // 4, np.float32))
-
-        def raw(tensor=tensor, buffer=buffer) -> None:
-            if rank == 0:
-                dist.isend(tensor, dst=peer).wait()
-                dist.recv(buffer, src=peer)
-            else:
-                dist.recv(buffer, src=peer)
-                dist.isend(buffer, dst=peer).wait()
-            settle()
-
-        def raw_ops(tensor=tensor, buffer=buffer) -> None:
-            if rank == 0:
-                ops.isend(tensor, peer).wait()
-                ops.recv(buffer, peer)
-            else:
-                ops.recv(buffer, peer)
-                ops.isend(buffer, peer).wait()
-            settle()
-
         frame = np.zeros(nbytes + PREFIX_BYTES, np.uint8)
         frame_tensor = ms.from_numpy(frame)
+        variants = [
+            ("transport", self.via_transport),
+            ("raw", lambda t: self.raw(t, buffer)),
+            ("ops", lambda t: self.raw_ops(t, buffer)),
+        ]
+        if self.host_path:
+            variants.append(("floor", lambda t: self.floor(t, frame, frame_tensor, nbytes)))
+        return tensor, variants
 
-        def floor(tensor=tensor, frame=frame, frame_tensor=frame_tensor, nbytes=nbytes) -> None:
-            """What any transport that hands out fresh tensors must do: copy into a frame, receive
-            into fresh pool memory, wrap the payload as a tensor (no checks, no bookkeeping)."""
-            if rank == 0:
-                send_staged(tensor, frame, frame_tensor, nbytes)
-                receive_fresh(nbytes)
-            else:
-                send_staged(receive_fresh(nbytes), frame, frame_tensor, nbytes)
-            release_all()
 
-        via_transport(tensor)  # the first transfer of a label carries its header
-        sent, headers = tp.stats.messages_sent, tp.stats.headers_sent
-        variants = [("transport", via_transport), ("raw", raw), ("ops", raw_ops)]
-        if host_path:
-            variants.append(("floor", floor))
-        times: dict[str, list[float]] = {name: [] for name, _ in variants}
-        for _ in range(ROUNDS):
-            for name, fn in variants:
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(REPEATS):
-                    fn(tensor)
-                times[name].append((time.perf_counter() - start) / REPEATS)
-        per_trip = (tp.stats.messages_sent - sent) / (ROUNDS * REPEATS)
-        header_trips = tp.stats.headers_sent - headers
-        inside: dict[str, float] = {"isend": 0.0, "recv": 0.0}
-        tp._p2p = CommTimed(ops, inside, tuple(inside))
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(ROUNDS * REPEATS):
-            via_transport(tensor)
-        own = (time.perf_counter() - start - sum(inside.values())) / (ROUNDS * REPEATS)
-        tp._p2p = ops
-        if rank == 0:
-            ours, bare, op = (p10_p50_p90(times[n]) for n in ("transport", "raw", "ops"))
-            least = p10_p50_p90(times["floor"]) if host_path else None
-            floor_text = f"floor {_ms(least)} ms = {least[1] / bare[1]:4.2f}x raw  " if least else ""
-            print(
-                f"RESULT {nbytes >> 10:>6} KiB  [{policy().describe()}]  transport {_ms(ours)} ms  raw "
-                f"{_ms(bare)} ms  ratio(p50) {ours[1] / bare[1]:5.2f}  raw ops ({type(ops).__name__}) "
-                f"{_ms(op)} ms  ratio(p50) {ours[1] / op[1]:5.2f}  {floor_text}"
-                f"messages sent/round trip {per_trip:.1f}, headers {header_trips}; "
-                f"rank 0's own Python {own * 1e6:.0f} us/round trip",
-                flush=True,
-            )
+def _round_trip_times(variants: list, tensor) -> dict[str, list[float]]:
+    """Seconds a round trip, :data:`ROUNDS` samples of :data:`REPEATS` each, every sample after
+    a barrier and the variants interleaved so machine noise hits them alike."""
+    import mindspore.mint.distributed as dist
+
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for _ in range(ROUNDS):
+        for name, fn in variants:
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(REPEATS):
+                fn(tensor)
+            times[name].append((time.perf_counter() - start) / REPEATS)
+    return times
+
+
+def _own_python_seconds(ex: _Exchanges, tensor) -> float:
+    """Seconds a transport round trip takes outside its p2p ops' ``isend``/``recv``."""
+    import mindspore.mint.distributed as dist
+
+    inside: dict[str, float] = {"isend": 0.0, "recv": 0.0}
+    ex.tp._p2p = CommTimed(ex.ops, inside, tuple(inside))
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(ROUNDS * REPEATS):
+        ex.via_transport(tensor)
+    own = (time.perf_counter() - start - sum(inside.values())) / (ROUNDS * REPEATS)
+    ex.tp._p2p = ex.ops
+    return own
+
+
+def _measure_size(ex: _Exchanges, nbytes: int) -> None:
+    """Time every variant at ``nbytes``; rank 0 prints the line."""
+    from graph_exec.device import policy
+
+    tensor, variants = ex.variants(nbytes)
+    ex.via_transport(tensor)  # the first transfer of a label carries its header
+    sent, headers = ex.tp.stats.messages_sent, ex.tp.stats.headers_sent
+    times = _round_trip_times(variants, tensor)
+    per_trip = (ex.tp.stats.messages_sent - sent) / (ROUNDS * REPEATS)
+    header_trips = ex.tp.stats.headers_sent - headers
+    own = _own_python_seconds(ex, tensor)
+    if ex.rank == 0:
+        ours, bare, op = (p10_p50_p90(times[n]) for n in ("transport", "raw", "ops"))
+        least = p10_p50_p90(times["floor"]) if ex.host_path else None
+        floor_text = f"floor {_ms(least)} ms = {least[1] / bare[1]:4.2f}x raw  " if least else ""
+        print(
+            f"RESULT {nbytes >> 10:>6} KiB  [{policy().describe()}]  transport {_ms(ours)} ms  raw "
+            f"{_ms(bare)} ms  ratio(p50) {ours[1] / bare[1]:5.2f}  raw ops ({type(ex.ops).__name__}) "
+            f"{_ms(op)} ms  ratio(p50) {ours[1] / op[1]:5.2f}  {floor_text}"
+            f"messages sent/round trip {per_trip:.1f}, headers {header_trips}; "
+            f"rank 0's own Python {own * 1e6:.0f} us/round trip",
+            flush=True,
+        )
+
+
+def _worker() -> None:
+    """One of the two ranks: every size in :data:`SIZES` in turn."""
+    import mindspore.mint.distributed as dist
+    from mindspore.communication import init
+
+    from graph_exec.msenv import prepare_mindspore
+
+    prepare_mindspore("CPU")
+    init()
+    ex = _Exchanges()
+    for nbytes in SIZES:
+        _measure_size(ex, nbytes)
     dist.barrier()  # a rank must not exit while its peer still waits for a message's acknowledgement
 
 

@@ -258,53 +258,74 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     points = []
     try:
         for micro, depth in zip(micros, depths, strict=True):
-            light = costs.tower(depth)
-            mean = light * image_mix.mean_weight(args.image_mix, micro)
-            rebalanced = rebalanced_layers(num_layers, pp, vpp, costs.layer_step, [mean])
-            job = checked_job(
-                args,
-                parser,
-                mix_runs(tower_orders, rebalanced, args.packing, mode),
-                micro=micro,
-                batch=rows * micro,
-                steps=args.steps,
-                warmup=args.warmup,
-                calibrate=True,
+            points.append(
+                _measure(args, parser, costs, micro, depth, num_layers, rows, tower_orders, padding, mode)
             )
-            options = {
-                "vision_depth": depth,
-                "image_mix": args.image_mix,
-                "mix_micro": micro,
-                "tower_unit": light / costs.chunk_forward,
-                "pad_per_micro": padding == "micro",
-            }
-            job = dataclasses.replace(job, model_options=options)
-            print(
-                f"M={micro}: {depth} vision blocks, rebalanced split {list(rebalanced)}: "
-                f"{len(job.runs)} runs x {job.total_steps} steps",
-                flush=True,
-            )
-            lines: list[dict] = []
-            with run_directory(args.log_dir / f"image_mix_M{micro}" if args.log_dir else None) as run_dir:
-                execute(job, run_dir, args.timeout, lines.append, "graph-exec bench", nodes_of(args, parser))
-                results = evaluate(job, run_dir)
-            measured = {r.variant: percentiles(r.summary.step_times) for r in results}
-            sims = (
-                simulated_ratio(
-                    results,
-                    args.image_mix,
-                    micro,
-                    pp,
-                    vpp,
-                    num_layers,
-                    light,
-                    range(job.warmup, job.total_steps),
-                )
-                if set(TOWER_ORDERS) <= set(tower_orders)
-                else {}
-            )
-            points.append((micro, depth, light, measured, sims, packed_figures(lines, job.warmup)))
     except JobFailed as failed:
         return failed.code
     sys.stdout.write("\n" + table(args.image_mix, padding, costs, points, pp))
     return 0
+
+
+def _measure(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    costs: StartupCosts,
+    micro: int,
+    depth: int,
+    num_layers: int,
+    rows: int,
+    tower_orders: Sequence[str],
+    padding: str,
+    mode: str,
+) -> tuple:
+    """One point of the table: the runs of ``micro`` micro-batches with ``depth`` vision blocks on
+    a split rebalanced for the mix's mean tower, launched and read back, with the simulator's
+    ratios when every tower order ran. Raises ``JobFailed`` when the job does."""
+    pp, vpp = args.ranks, args.vpp
+    light = costs.tower(depth)
+    mean = light * image_mix.mean_weight(args.image_mix, micro)
+    rebalanced = rebalanced_layers(num_layers, pp, vpp, costs.layer_step, [mean])
+    job = checked_job(
+        args,
+        parser,
+        mix_runs(tower_orders, rebalanced, args.packing, mode),
+        micro=micro,
+        batch=rows * micro,
+        steps=args.steps,
+        warmup=args.warmup,
+        calibrate=True,
+    )
+    options = {
+        "vision_depth": depth,
+        "image_mix": args.image_mix,
+        "mix_micro": micro,
+        "tower_unit": light / costs.chunk_forward,
+        "pad_per_micro": padding == "micro",
+    }
+    job = dataclasses.replace(job, model_options=options)
+    print(
+        f"M={micro}: {depth} vision blocks, rebalanced split {list(rebalanced)}: "
+        f"{len(job.runs)} runs x {job.total_steps} steps",
+        flush=True,
+    )
+    lines: list[dict] = []
+    with run_directory(args.log_dir / f"image_mix_M{micro}" if args.log_dir else None) as run_dir:
+        execute(job, run_dir, args.timeout, lines.append, "graph-exec bench", nodes_of(args, parser))
+        results = evaluate(job, run_dir)
+    measured = {r.variant: percentiles(r.summary.step_times) for r in results}
+    sims = (
+        simulated_ratio(
+            results,
+            args.image_mix,
+            micro,
+            pp,
+            vpp,
+            num_layers,
+            light,
+            range(job.warmup, job.total_steps),
+        )
+        if set(TOWER_ORDERS) <= set(tower_orders)
+        else {}
+    )
+    return (micro, depth, light, measured, sims, packed_figures(lines, job.warmup))

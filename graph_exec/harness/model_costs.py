@@ -64,14 +64,7 @@ def calibrate(
 
     from graph_exec.executors.graph import GraphExecutor
 
-    if len(stages) < 3 or len(layers_per_stage) != len(stages):
-        raise ValueError(
-            f"calibrate needs at least 3 stages (first, middle, last) with a layer count each, got "
-            f"{len(stages)} stages and {len(layers_per_stage)} counts"
-        )
-    middle = [s for s in range(1, len(stages) - 1) if layers_per_stage[s] > 0]
-    if not middle:
-        raise ValueError(f"no middle stage has a decoder layer to measure: {list(layers_per_stage)}")
+    middle = _measured_middle(stages, layers_per_stage)
     last = len(stages) - 1
     executor = GraphExecutor(
         dict(enumerate(stages)),
@@ -80,19 +73,13 @@ def calibrate(
         last_stage=last,
         first_stage_input_grads=False,
     )
-    inputs = [tuple(hidden)]
-    for cell in stages[:-1]:
-        out = cell(*inputs[-1])
-        inputs.append(out if isinstance(out, tuple) else (out,))
+    inputs = _stage_inputs(stages, hidden)
     seconds = {s: chunk_seconds(executor, s, inputs[s], repeats) for s in [0, *middle]}
     fwd = {s: statistics.median(f for f, _ in seconds[s]) for s in seconds}
     bwd = {s: statistics.median(t for _, t in seconds[s]) - fwd[s] for s in seconds}
     layer_forward = statistics.fmean(fwd[s] / layers_per_stage[s] for s in middle)
     layer_backward = statistics.fmean(bwd[s] / layers_per_stage[s] for s in middle)
-    steps = iter(range(10**9))
-    (last_step,) = timed(
-        [(lambda: executor.last_stage_step(last, next(steps), inputs[last], labels)[0], ())], repeats
-    )
+    last_step = _last_stage_seconds(executor, last, inputs[last], labels, repeats)
     # a layer's tape holds at least its input: the floor where memory grew by less than a page
     tape = max(
         _tape_bytes(executor, middle[0], inputs[middle[0]]) / layers_per_stage[middle[0]], _nbytes(inputs[1])
@@ -120,6 +107,40 @@ def calibrate(
         bandwidth=bandwidth,
         **pre,
     )
+
+
+def _measured_middle(stages: Sequence[Any], layers_per_stage: Sequence[int]) -> list[int]:
+    """The middle stages with decoder layers (where per-layer figures come from); a clear error
+    when there are fewer than 3 stages, a count is missing or no middle stage has a layer."""
+    if len(stages) < 3 or len(layers_per_stage) != len(stages):
+        raise ValueError(
+            f"calibrate needs at least 3 stages (first, middle, last) with a layer count each, got "
+            f"{len(stages)} stages and {len(layers_per_stage)} counts"
+        )
+    middle = [s for s in range(1, len(stages) - 1) if layers_per_stage[s] > 0]
+    if not middle:
+        raise ValueError(f"no middle stage has a decoder layer to measure: {list(layers_per_stage)}")
+    return middle
+
+
+def _stage_inputs(stages: Sequence[Any], hidden: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """Each stage's input for the micro-batch: ``hidden``, then every stage's forward output."""
+    inputs = [tuple(hidden)]
+    for cell in stages[:-1]:
+        out = cell(*inputs[-1])
+        inputs.append(out if isinstance(out, tuple) else (out,))
+    return inputs
+
+
+def _last_stage_seconds(
+    executor: Any, last: int, inputs: tuple[Any, ...], labels: tuple[Any, ...], repeats: int
+) -> float:
+    """Seconds of the last stage's fused forward, loss and backward (a fresh micro-batch id each run)."""
+    steps = iter(range(10**9))
+    (seconds,) = timed(
+        [(lambda: executor.last_stage_step(last, next(steps), inputs, labels)[0], ())], repeats
+    )
+    return seconds
 
 
 def _preprocess_costs(

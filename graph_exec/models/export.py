@@ -150,10 +150,7 @@ def export_pretrained(
     and leaves ``out_dir`` as it was.
     """
     out = check_out_dir(out_dir, overwrite)
-    if split.config is None:
-        raise ValueError("this SplitModel has no config: make it with split_model or load_split")
-    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 1:
-        raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+    _check_export(split, max_shard_size)
     stored = export_dtype(split.config, dtype)
     writes = replica == 0
     mine = written_here(split) if writes else []
@@ -175,16 +172,9 @@ def export_pretrained(
         temp.mkdir(parents=True)
     if exchange:
         exchange.gather(None)  # the temporary directory exists before anyone writes into it
-    error = None
-    weight_map: dict[str, str] = {}
-    try:
-        if writes:
-            mine_by_name = dict(mine)
-            for k, names in enumerate(plan[position]):
-                file = shard_file(first + k, count)
-                weight_map.update(write_shard(temp, file, names, mine_by_name, dtype=stored))
-    except Exception as exc:  # reported to every rank below, so none waits for a rank that failed
-        error = f"{type(exc).__name__}: {exc}"
+    error, weight_map = (
+        _write_shards(temp, plan[position], first, count, mine, stored) if writes else (None, {})
+    )
     results = exchange.gather((split.rank, error, weight_map)) if exchange else [(0, error, weight_map)]
     failed = [(rank, text) for rank, text, _ in results if text]
     if not failed and lead:
@@ -201,6 +191,31 @@ def export_pretrained(
         rank, text = failed[0]
         raise RuntimeError(f"export to {str(out)!r} failed on pipeline rank {rank}: {text}")
     return out
+
+
+def _check_export(split: SplitModel, max_shard_size: int) -> None:
+    """Refuse, before any rank communicates, a split without a config or a bad shard size."""
+    if split.config is None:
+        raise ValueError("this SplitModel has no config: make it with split_model or load_split")
+    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 1:
+        raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+
+
+def _write_shards(
+    temp: Path, shards: list[list[str]], first: int, count: int, mine: list[tuple[str, Any]], stored: str
+) -> tuple[str | None, dict[str, str]]:
+    """Write this rank's ``shards`` (numbered from ``first`` of ``count``) into ``temp``: the
+    error text (``None`` if all went well) and the weight map of what was written. An error is
+    returned, not raised, so that every rank hears of it and none waits for a rank that failed."""
+    weight_map: dict[str, str] = {}
+    try:
+        mine_by_name = dict(mine)
+        for k, names in enumerate(shards):
+            file = shard_file(first + k, count)
+            weight_map.update(write_shard(temp, file, names, mine_by_name, dtype=stored))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}", weight_map
+    return None, weight_map
 
 
 def sizes_of(everyone: list[tuple[int, bool, list[tuple[str, int]], Any]]) -> int:

@@ -102,21 +102,9 @@ def load_split(
     """
     _check_rank(num_stages, rank, pp)
     dtype = _load_dtype(dtype)
-    directory = None
-    if isinstance(source, str | Path):
-        config = load_config(source, attn_implementation)
-        cls = model_class(config)
-        directory = PretrainedDirectory(source)
-    else:
-        config, cls = source, model_class(source)
-    with no_init_parameters():
-        model = cls(config)
+    config, model, directory = _skeleton(source, attn_implementation)
     candidates = checkpoint_names(model)  # a tied pair once, under the embedding's name
-    shapes = {p.name: tuple(p.shape) for p in model.get_parameters()}
-    if directory is not None:
-        keys = directory.resolve({name: (names, shapes[name]) for name, names in candidates.items()})
-    else:
-        keys = {name: names[0] for name, names in candidates.items()}
+    keys = _source_keys(model, candidates, directory)
     split = split_model(
         model,
         num_stages,
@@ -129,13 +117,7 @@ def load_split(
     source_of = dict(keys)
     if split.tied_weights is not None:  # the head's copy is read (drawn) as the embedding
         source_of[split.tied_weights[1]] = keys[split.tied_weights[0]]
-    held: list[nn.Cell] = [split.stages[s] for s in range(rank, num_stages, pp)]
-    if split.preprocess is not None:
-        held.append(split.preprocess)
-    mine = {id(p): p for cell in held for p in cell.get_parameters()}
-    if rank == 0:
-        mine.update({id(p): p for p in split.unplaced.values()})
-    for param in mine.values():
+    for param in _held_parameters(split, rank, pp):
         key = source_of[param.name]
         if directory is not None:
             _give(param, directory.read(key, dtype), directory.tensors[key][2])
@@ -145,6 +127,46 @@ def load_split(
     split.checkpoint_names = {name: names[0] for name, names in candidates.items()}
     split.source = directory.path if directory is not None else None
     return split
+
+
+def _skeleton(
+    source: str | Path | Any, attn_implementation: str
+) -> tuple[Any, Any, PretrainedDirectory | None]:
+    """The config, the whole model with no parameter data yet, and the pretrained directory
+    (``None`` when ``source`` is a config)."""
+    directory = None
+    if isinstance(source, str | Path):
+        config = load_config(source, attn_implementation)
+        cls = model_class(config)
+        directory = PretrainedDirectory(source)
+    else:
+        config, cls = source, model_class(source)
+    with no_init_parameters():
+        model = cls(config)
+    return config, model, directory
+
+
+def _source_keys(
+    model: Any, candidates: dict[str, tuple[str, ...]], directory: PretrainedDirectory | None
+) -> dict[str, str]:
+    """``{parameter name: the name it is read (or seeded) under}``: from a directory the one of
+    its candidate names the files hold (the first present), shapes checked; else the first."""
+    if directory is None:
+        return {name: names[0] for name, names in candidates.items()}
+    shapes = {p.name: tuple(p.shape) for p in model.get_parameters()}
+    return directory.resolve({name: (names, shapes[name]) for name, names in candidates.items()})
+
+
+def _held_parameters(split: SplitModel, rank: int, pp: int) -> list:
+    """The parameters pipeline rank ``rank`` of ``pp`` gives data to: its stages', the
+    preprocess's (every rank runs it), and on rank 0 those no cell holds (so an export is complete)."""
+    held: list[nn.Cell] = [split.stages[s] for s in range(rank, len(split.stages), pp)]
+    if split.preprocess is not None:
+        held.append(split.preprocess)
+    mine = {id(p): p for cell in held for p in cell.get_parameters()}
+    if rank == 0:
+        mine.update({id(p): p for p in split.unplaced.values()})
+    return list(mine.values())
 
 
 def _load_dtype(dtype: str | None) -> str:

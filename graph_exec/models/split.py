@@ -151,44 +151,29 @@ def split_model(
     blocks = list(decoder.layers)
     counts = _check_layers(layers, len(blocks), num_stages)
     embed, head = decoder.embed_tokens, model.lm_head
-    tied = None
-    if _shares_weight(embed, head) and (kind != "none" or num_stages > 1):
-        tied = _untie(embed, head)
-        names[id(head.weight)] = tied[1]
+    tied = _untie_if_apart(embed, head, kind != "none" or num_stages > 1, names)
     # Qwen2-VL's own rotary embedding does not compile (see MultimodalRotary).
     rotary = MultimodalRotary(decoder.rotary_emb) if vlm else decoder.rotary_emb
     image_token = model.config.image_token_id if vlm else None
 
     padded = (vlm and image_grid is None) or packed
     pre, transpose_layers = _preprocess(kind, model, embed, padded, packed, image_grid)
-    trainable = (not vlm) if trainable_preprocess is None else bool(trainable_preprocess)
-    if pre is not None and not trainable:
-        for param in pre.get_parameters():
-            param.requires_grad = False
+    if pre is not None and not ((not vlm) if trainable_preprocess is None else trainable_preprocess):
+        _freeze(pre)
 
-    stages, start = [], 0
-    for s, count in enumerate(counts):
-        last = s == num_stages - 1
-        chunk = MaskedDecoderChunk if padded else DecoderChunk
-        stages.append(
-            chunk(
-                family,
-                blocks[start : start + count],
-                rotary,
-                decoder.norm.weight.dtype,
-                embed=embed if s == 0 and kind != "embedding" else None,
-                image_token_id=image_token if s == 0 else None,
-                norm=decoder.norm if last else None,
-                head=head if last else None,
-            )
-        )
-        start += count
-    placed = set()
-    for cell in [*stages, *([pre] if pre is not None else [])]:
-        for param in cell.get_parameters():
-            param.name = names.get(id(param), param.name)
-            placed.add(id(param))
-    unplaced = {names[id(p)]: p for p in model.get_parameters() if id(p) not in placed}
+    chunk = MaskedDecoderChunk if padded else DecoderChunk
+    stages = _stage_chunks(
+        chunk,
+        family,
+        decoder,
+        blocks,
+        counts,
+        rotary,
+        first_embed=embed if kind != "embedding" else None,
+        image_token=image_token,
+        head=head,
+    )
+    unplaced = _keep_names(model, names, [*stages, *([pre] if pre is not None else [])])
     return SplitModel(
         pre,
         transpose_layers,
@@ -201,6 +186,66 @@ def split_model(
         unplaced=unplaced,
         model=model,
     )
+
+
+def _untie_if_apart(embed: Any, head: Any, apart: bool, names: dict[int, str]) -> tuple[str, str] | None:
+    """Untie a shared embedding and head when they end up in different cells (``apart``), the
+    head's copy named in ``names``; the ``(embedding, head)`` names of the pair, else ``None``."""
+    if not (_shares_weight(embed, head) and apart):
+        return None
+    tied = _untie(embed, head)
+    names[id(head.weight)] = tied[1]
+    return tied
+
+
+def _freeze(cell: Any) -> None:
+    """A preprocess that is not trained: no gradients for its parameters."""
+    for param in cell.get_parameters():
+        param.requires_grad = False
+
+
+def _stage_chunks(
+    chunk: type,
+    family: Any,
+    decoder: Any,
+    blocks: list,
+    counts: Sequence[int],
+    rotary: Any,
+    *,
+    first_embed: Any,
+    image_token: int | None,
+    head: Any,
+) -> list:
+    """One ``chunk`` per stage over its ``counts`` of ``blocks``: the first stage holds the
+    embedding unless the preprocess does (``first_embed``), the last the final norm and head."""
+    stages, start = [], 0
+    for s, count in enumerate(counts):
+        last = s == len(counts) - 1
+        stages.append(
+            chunk(
+                family,
+                blocks[start : start + count],
+                rotary,
+                decoder.norm.weight.dtype,
+                embed=first_embed if s == 0 else None,
+                image_token_id=image_token if s == 0 else None,
+                norm=decoder.norm if last else None,
+                head=head if last else None,
+            )
+        )
+        start += count
+    return stages
+
+
+def _keep_names(model: Any, names: dict[int, str], cells: list) -> dict[str, Any]:
+    """Give the parameters of ``cells`` their names in the whole model (so checkpoints and
+    optimizers see the same names on every split); return the model's parameters no cell holds."""
+    placed = set()
+    for cell in cells:
+        for param in cell.get_parameters():
+            param.name = names.get(id(param), param.name)
+            placed.add(id(param))
+    return {names[id(p)]: p for p in model.get_parameters() if id(p) not in placed}
 
 
 def _checked_kind(

@@ -126,33 +126,9 @@ def zero_bubble(pp: int, vpp: int, micro: int) -> list[list[int]]:
     raised as a ``ScheduleError`` (it does not happen for any ``P``, ``V``, ``M``: the limit lets
     micro-batch 0 reach the last stage, and every ``I`` frees a ``W``).
     """
-    rounds = _rounds(pp, micro)
-    chunk_of, micro_of = _op_sequence(rounds, vpp)
+    fwd, inp, f_need, i_need = _zb_sequences(pp, vpp, micro)
     limit = zb_activation_limit(pp, vpp, micro)
     total = micro * vpp
-    last_stage = pp * vpp - 1
-    unit, f_to_i = codes.STAGE_UNIT, codes.I - codes.F
-    fwd = [
-        [codes.F | (c * pp + rank) << STAGE_SHIFT | m for c, m in zip(chunk_of, micro_of, strict=True)]
-        for rank in range(pp)
-    ]
-    inp = [
-        [
-            codes.I | ((vpp - 1 - c) * pp + rank) << STAGE_SHIFT | m
-            for c, m in zip(chunk_of, micro_of, strict=True)
-        ]
-        for rank in range(pp)
-    ]
-    # What each F / I waits for: the step on the neighbouring stage (None: stage 0's F reads the
-    # batch); the last stage's I waits for its own F, which its rank ran earlier.
-    f_need = [[code - unit if code >= unit else None for code in row] for row in fwd]
-    i_need = [
-        [
-            code - f_to_i if code >> STAGE_SHIFT & codes.FIELD_MASK == last_stage else code + unit
-            for code in row
-        ]
-        for row in inp
-    ]
     w_of = codes.W - codes.I
     done: dict[int, int] = {}  # F and I codes -> the slot they ran in
     n_f, n_i, n_w = [0] * pp, [0] * pp, [0] * pp
@@ -192,6 +168,39 @@ def zero_bubble(pp: int, vpp: int, micro: int) -> list[list[int]]:
         busy = [rank for rank in busy if n_w[rank] < total]
         slot += 1
     return rows
+
+
+def _zb_sequences(
+    pp: int, vpp: int, micro: int
+) -> tuple[list[list[int]], list[list[int]], list[list[int | None]], list[list[int]]]:
+    """Each rank's ``F`` codes in the interleaved body's forward order, its ``I`` codes in the
+    mirrored order, and what each of them waits for (see :func:`zero_bubble`)."""
+    rounds = _rounds(pp, micro)
+    chunk_of, micro_of = _op_sequence(rounds, vpp)
+    last_stage = pp * vpp - 1
+    unit, f_to_i = codes.STAGE_UNIT, codes.I - codes.F
+    fwd = [
+        [codes.F | (c * pp + rank) << STAGE_SHIFT | m for c, m in zip(chunk_of, micro_of, strict=True)]
+        for rank in range(pp)
+    ]
+    inp = [
+        [
+            codes.I | ((vpp - 1 - c) * pp + rank) << STAGE_SHIFT | m
+            for c, m in zip(chunk_of, micro_of, strict=True)
+        ]
+        for rank in range(pp)
+    ]
+    # What each F / I waits for: the step on the neighbouring stage (None: stage 0's F reads the
+    # batch); the last stage's I waits for its own F, which its rank ran earlier.
+    f_need = [[code - unit if code >= unit else None for code in row] for row in fwd]
+    i_need = [
+        [
+            code - f_to_i if code >> STAGE_SHIFT & codes.FIELD_MASK == last_stage else code + unit
+            for code in row
+        ]
+        for row in inp
+    ]
+    return fwd, inp, f_need, i_need
 
 
 def one_f_one_b(pp: int, micro: int) -> list[list[int]]:
