@@ -39,21 +39,6 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def config(layers: int):  # -> LlamaConfig
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=8192,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        max_position_embeddings=256,
-        attn_implementation="eager",
-    )
-
-
 def _child(kind: str, folder: str, rank: int, pp: int) -> None:
     """One measurement, in this (fresh) process; prints one ``LOAD_MEMORY`` JSON line."""
     from graph_exec.msenv import prepare_mindspore
@@ -164,7 +149,7 @@ def _resume(pairs: str, layers: int) -> int:
 
 
 _WRITE = """
-from graph_exec.benchmarks.load_memory import config
+from graph_exec.benchmarks.llama_202m import config
 from graph_exec.examples.make_pretrained import make_pretrained
 make_pretrained("llama", {folder!r}, config=config({layers}), max_shard_size=200 * 2**20, dtype="float32")
 """

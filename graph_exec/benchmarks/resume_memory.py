@@ -47,7 +47,7 @@ def _share(rank: int, pp: int, layers: int) -> tuple[dict, dict]:
     from mindspore import nn
 
     import graph_exec.models as gm
-    from graph_exec.benchmarks.load_memory import config
+    from graph_exec.benchmarks.llama_202m import config
     from graph_exec.checkpoint import state
     from graph_exec.device import assign_in_place
 
