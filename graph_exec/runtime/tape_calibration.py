@@ -98,14 +98,19 @@ def tape_stats(
 ) -> dict[str, Any]:
     """``stats()["memory"]``'s tape keys: ``tape_bytes_per_micro`` (measured per local stage),
     ``tape_peak`` (held at once, from the plan), ``base_in_use`` (memory in use before the first
-    step) and ``predicted_peak`` (``base_in_use`` + the library's ``held_peak`` + ``tape_peak``),
-    to set beside ``peak_rss`` / ``allocator_peak``; all ``None`` without ``measure_tape=True``."""
+    step), ``predicted_parts`` (each part of the prediction by name, so a miss can be traced to
+    the part that caused it: ``base_in_use``, the library's ``held`` peak, the ``tape`` peak) and
+    ``predicted_peak`` (their sum), to set beside ``peak_rss`` / ``allocator_peak``; all ``None``
+    without ``measure_tape=True``."""
+    keys = ("tape_bytes_per_micro", "tape_peak", "base_in_use", "predicted_parts", "predicted_peak")
     if calibration is None or calibration.base_in_use is None:
-        return dict.fromkeys(("tape_bytes_per_micro", "tape_peak", "base_in_use", "predicted_peak"))
+        return dict.fromkeys(keys)
     peak = tape_peak(plan, rank, calibration.tapes, recompute)
+    parts = {"base_in_use": calibration.base_in_use, "held": held_peak, "tape": peak}
     return {
         "tape_bytes_per_micro": dict(sorted(calibration.tapes.items())),
         "tape_peak": peak,
         "base_in_use": calibration.base_in_use,
-        "predicted_peak": calibration.base_in_use + held_peak + peak,
+        "predicted_parts": parts,
+        "predicted_peak": sum(parts.values()),
     }

@@ -39,7 +39,8 @@ def run_point(rows: int, recompute: bool) -> dict:
     labels = ms.Tensor(np.arange(MICRO * rows, dtype=np.int32) % 10)
     sched.run(x, labels=labels)
     memory = sched.stats()["memory"]
-    keys = ("tape_bytes_per_micro", "tape_peak", "base_in_use", "predicted_peak", "held_peak", "peak_rss")
+    keys = ("tape_bytes_per_micro", "tape_peak", "base_in_use", "predicted_parts", "predicted_peak")
+    keys += ("held_peak", "peak_rss")
     out = {key: memory[key] for key in keys}
     out["activation_bytes_per_micro"] = memory["activation_bytes_per_micro"]
     out["held_forwards"] = peak_counts(sched.plan, 0)["activations"]
@@ -82,6 +83,8 @@ def test_the_tape_is_measured_per_stage_scales_with_the_batch_and_recompute_hold
     # The prediction adds each held forward's tape (one rank holds every stage here).
     assert small["tape_peak"] >= tape
     assert small["predicted_peak"] == small["base_in_use"] + small["held_peak"] + small["tape_peak"]
+    parts = {"base_in_use": small["base_in_use"], "held": small["held_peak"], "tape": small["tape_peak"]}
+    assert small["predicted_parts"] == parts
     # recompute: the executor keeps the stage inputs only (rows x 512 floats for stage 1), and
     # of the tape only the one a backward records again.
     assert recompute["activation_bytes_per_micro"][1] == 1024 * WIDTH * 4
