@@ -68,6 +68,19 @@ class TextBody(nn.Cell):
         return self.chunk(ops.concat((image_tokens, self.embed(ids)), axis=1))
 
 
+def _text_body(config: LMConfig, chunk: nn.Cell) -> TextBody:
+    """Stage 0 around ``chunk``, its blocks keeping their split-independent names: MindSpore
+    renames a cell's parameters by their attribute path when the cell is set on another
+    (``chunk.blocks.0…``), which would name block 1 ``chunk.blocks.1`` at P = 2 and
+    ``lm.blocks.1`` at P = 4, so a checkpoint could not load under another split."""
+    names = {id(param): param.name for param in chunk.get_parameters()}
+    body = TextBody(config, chunk)
+    for param in chunk.get_parameters():
+        param.name = names[id(param)]
+    body.embed.update_parameters_name("lm.stage0.text.")
+    return body
+
+
 def text_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """Next-token loss over the text positions only (the image positions predict nothing)."""
     return lm_cross_entropy(logits[:, -labels.shape[1] :], labels)
@@ -103,8 +116,7 @@ def build(
         for param in tower.get_parameters():
             param.requires_grad = False
     chunks = build_lm_stages(config, num_stages, embedding=False, prefix="lm")
-    stages = [TextBody(config, chunks[0]), *chunks[1:]]
-    stages[0].embed.update_parameters_name("lm.stage0.text.")
+    stages = [_text_body(config, chunks[0]), *chunks[1:]]
     return ExampleModel(
         preprocess=tower,
         num_transpose_layers=1 + depth,
