@@ -74,6 +74,12 @@ def _parser():
         help="issue 53: whole per-rank peak, tape included, one launch per plan",
     )
     parser.add_argument("--plans", help="with --target: only these plans, comma-separated")
+    parser.add_argument(
+        "--example",
+        default="qwen2vl",
+        choices=("qwen2vl", "llama"),
+        help="with --target: the model (default qwen2vl; llama has no tower, so activations can dominate)",
+    )
     return parser
 
 
@@ -199,7 +205,7 @@ def measure_target(pp: int, args: Any) -> list[dict[str, Any]]:
             continue
         spec = RunSpec(name=f"{name}.{args.mode}", mode=args.mode, measure_tape=True, **fields)
         job = JobSpec(
-            example="qwen2vl",
+            example=args.example,
             size=args.size,
             ranks=pp,
             vpp=args.stages // pp,
