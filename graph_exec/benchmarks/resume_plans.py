@@ -4,10 +4,12 @@ uninterrupted run.
 ``python -m graph_exec.benchmarks.resume_plans --model llama`` (or ``embed_lm``) runs, through
 ``graph-exec run`` as a user does, 6 steps at (D 2, P 2, V 2) with ``--micro 4 --batch 16``
 saving at steps 3 and 6, then resumes step 3 at (D 1, P 4, V 1) and at (D 1, P 2, V 2, split
-``--layers 2,1,1,0``), graph mode. Prints, per resumed plan, the largest relative difference of
+``--layers 2,1,1,0``) and at (D 2, P 2, V 1) with ZeRO-1 (``--zero 1``: an unsharded checkpoint into a
+sharded run); ``--zero`` runs the uninterrupted job sharded instead, so the first two resume a
+ZeRO checkpoint into unsharded runs. Graph mode. Prints, per resumed plan, the largest relative difference of
 steps 4-6's losses and of a tensor after step 6 (every parameter and Adam moment, ‖Δ‖/‖x‖ per
 tensor, as tests/multirank/test_checkpoint.py) against the uninterrupted run, the target
-(1e-5) and each launch's wall time. Three launches of 4, 4 and 2 ranks: minutes, so not in CI
+(1e-5) and each launch's wall time. Launches of 4, 4, 2 (and 4) ranks: minutes, so not in CI
 (the embed_lm case is, in test_checkpoint.py); docs/restarts.md keeps the figures.
 """
 
@@ -30,6 +32,8 @@ PLANS = {
     "D1 P4 V1": (4, ("--vpp", "1")),
     "D1 P2 V2 rebalanced 2,1,1,0": (2, ("--vpp", "2", "--layers", "2,1,1,0")),
 }
+#: The resumed run that shards the optimizer state, from an unsharded checkpoint (not with ``--zero``).
+SHARDED = {"D2 P2 V1 --zero 1": (4, ("--dp", "2", "--vpp", "1", "--zero", "1"))}
 
 
 def run(model: str, ranks: int, *flags: str) -> float:
@@ -83,17 +87,23 @@ def gaps(resumed: dict, reference: dict) -> tuple[float, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graph_exec.benchmarks.resume_plans")
     parser.add_argument("--model", choices=("llama", "embed_lm"), default="llama")
+    parser.add_argument("--zero", action="store_true", help="the uninterrupted run with --zero 1 (D 2)")
     args = parser.parse_args(argv)
+    sharded = ("--zero", "1") if args.zero else ()
+    plans = PLANS if args.zero else {**PLANS, **SHARDED}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="resume_plans_") as tmp:
         root = Path(tmp)
         whole = root / "whole"
-        seconds = run(args.model, 4, "--dp", "2", "--vpp", "2", "--save-every", "3",
+        seconds = run(args.model, 4, "--dp", "2", "--vpp", "2", *sharded, "--save-every", "3",
                       "--checkpoint-dir", str(whole), "--log-dir", str(root / "log_whole"))  # fmt: skip
-        print(f"{args.model}: uninterrupted 6 steps at D2 P2 V2 (4 ranks): {seconds:.0f} s", flush=True)
+        print(
+            f"{args.model}: uninterrupted 6 steps at D2 P2 V2 {' '.join(sharded)} (4 ranks): {seconds:.0f} s",
+            flush=True,
+        )
         reference, uninterrupted = tensors(whole / "step_6"), losses(root / "log_whole", 4)
         worst = 0.0
-        for name, (ranks, flags) in PLANS.items():
+        for name, (ranks, flags) in plans.items():
             folder, log = root / name.replace(" ", "_"), root / f"log_{name.replace(' ', '_')}"
             shutil.copytree(whole, folder, ignore=shutil.ignore_patterns("step_6"))
             seconds = run(args.model, ranks, *flags, "--checkpoint-dir", str(folder), "--resume",
