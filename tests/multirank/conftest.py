@@ -157,12 +157,15 @@ def crashed_only_at_exit(result: LaunchResult, nproc: int, done: str = _DONE) ->
 def _worker_env(env: dict[str, str] | None, device_path: bool) -> dict[str, str]:
     """The workers' environment: this process's, the repository on the path, the switch."""
     # Workers import shared test models as `tests.…`: put the repository root on their path. The
-    # back end's wait limit comes from the workers' own time-outs unless a test passes one, and
-    # host-blocking dispatch from the workers' own device path: this process may have set either
-    # for itself (an in-process transport, prepare_mindspore on the fast path).
+    # back end's wait limit comes from the workers' own time-outs unless a test passes one.
+    # Host-blocking dispatch is set, not inherited: device-path workers used to get it from this
+    # process whenever an earlier test here had prepared MindSpore on the fast path, so the
+    # multi-rank device-path suites have always run with it; without it (MindSpore's asynchronous
+    # host pipeline) two failure-report scenarios fail — docs/testing.md, open.
     own = (BACKEND_TIMEOUT_ENV, HOST_BLOCKING_ENV)
     return {
         **{k: v for k, v in os.environ.items() if k not in own},
+        HOST_BLOCKING_ENV: "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **({FAST_PATHS_ENV: "0"} if device_path else {}),
         **(env or {}),
