@@ -162,9 +162,8 @@ def _worker_env(env: dict[str, str] | None, device_path: bool) -> dict[str, str]
     # process whenever an earlier test here had prepared MindSpore on the fast path, so the
     # multi-rank device-path suites have always run with it; without it (MindSpore's asynchronous
     # host pipeline) two failure-report scenarios fail — docs/testing.md, open.
-    own = (BACKEND_TIMEOUT_ENV, HOST_BLOCKING_ENV)
     return {
-        **{k: v for k, v in os.environ.items() if k not in own},
+        **{k: v for k, v in os.environ.items() if k != BACKEND_TIMEOUT_ENV},
         HOST_BLOCKING_ENV: "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **({FAST_PATHS_ENV: "0"} if device_path else {}),
