@@ -19,7 +19,7 @@ from graph_exec.data.collate import (
 from graph_exec.data.conversations import Conversation, ConversationError, read_conversations
 from graph_exec.data.errors import DataError, SampleError
 from graph_exec.data.loader import DataLoader
-from graph_exec.data.packing import Packing, SampleCost, pack, spread
+from graph_exec.data.packing import Packing, SampleCost, pack, row_buckets_upto, spread
 
 __all__ = [
     "ChatProcessor",
@@ -37,6 +37,7 @@ __all__ = [
     "packing_collate",
     "pad_text_samples",
     "read_conversations",
+    "row_buckets_upto",
     "spread",
     "stack_samples",
 ]

@@ -10,6 +10,12 @@ micro-batches. It sees two costs per sample: its tokens (the decoder's work, bou
 micro-batch; ``balance="tower"`` spreads the images first (largest first, each to the
 micro-batch with the least tower cost where it still fits) and then fills with text.
 
+The rows per micro-batch are the same in every micro-batch of a step (one input shape): fixed
+(``rows=R``), the fewest this packing needs, or that rounded up to a bucket of ``row_buckets``
+(:func:`row_buckets_upto`: 1, 2, 3, 4, 6, 8, ...). Buckets keep both the packed rows' padding and
+the number of shapes a run meets low: in graph mode every new shape compiles graphs whose
+memory the process keeps, and a fixed ``rows`` large enough for every step leaves most rows empty.
+
 Pure Python and numpy, decided on the host from the sizes alone and deterministically from
 ``seed`` (ties broken by a seeded permutation): every rank that holds the same samples computes
 the same packing without communicating; a data-parallel replica packs its own shard.
@@ -17,6 +23,7 @@ the same packing without communicating; a data-parallel replica packs its own sh
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -92,10 +99,12 @@ def pack(
     balance: str = "tower",
     seed: int = 0,
     rows: int | None = None,
+    row_buckets: Sequence[int] | None = None,
 ) -> Packing:
     """Pack samples of ``costs`` into rows of at most ``max_length`` tokens, in ``micro``
     micro-batches of equal row counts: ``rows`` each (so every step has the same shapes and
-    nothing compiles per step), or the fewest this strategy needs (``None``).
+    nothing compiles per step), the fewest this strategy needs rounded up to the smallest of
+    ``row_buckets`` that holds them (few shapes, little padding), or the fewest (both ``None``).
 
     ``balance="tower"``: samples by patches (largest first), each to the micro-batch with the
     least tower cost so far (text-only samples: the fewest tokens), best-fit into its rows; or,
@@ -108,6 +117,9 @@ def pack(
         raise ValueError(f"micro must be a positive int (the number of micro-batches), got {micro!r}")
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ValueError(f"rows must be a positive int (rows per micro-batch) or None, got {rows!r}")
+    if rows is not None and row_buckets is not None:
+        raise ValueError(f"give rows={rows!r} or row_buckets={row_buckets!r}, not both")
+    buckets = None if row_buckets is None else checked_row_buckets(row_buckets)
     if balance not in BALANCES:
         raise ValueError(f"balance={balance!r}; choose one of {BALANCES}")
     if not costs:
@@ -133,8 +145,49 @@ def pack(
             f"{len(costs)} samples of {sum(c.tokens for c in costs)} tokens need {need} rows of max_length "
             f"{max_length} in some micro-batch, above rows={rows}: raise rows or max_length, or pass fewer samples"
         )
-    width = rows or need
+    width = rows or (need if buckets is None else row_bucket(need, buckets, f"{len(costs)} samples"))
     return Packing(tuple(tuple(tuple(r) for r in g) + ((),) * (width - len(g)) for g in groups))
+
+
+def checked_row_buckets(row_buckets: Sequence[int]) -> tuple[int, ...]:
+    """``row_buckets`` as a tuple, if it is a non-empty increasing sequence of positive ints."""
+    buckets = tuple(row_buckets) if isinstance(row_buckets, (tuple, list)) else None
+    if (
+        not buckets
+        or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in buckets)
+        or any(a >= b for a, b in itertools.pairwise(buckets))
+    ):
+        raise ValueError(
+            f"row_buckets={row_buckets!r}: a non-empty increasing tuple of positive ints (rows per "
+            "micro-batch), e.g. (1, 2, 3, 4, 6, 8) or row_buckets_upto(n)"
+        )
+    return tuple(int(b) for b in buckets)
+
+
+def row_bucket(need: int, row_buckets: Sequence[int], what: str = "the samples") -> int:
+    """The smallest of ``row_buckets`` (increasing) that is at least ``need`` rows.
+
+    Raises ``ValueError`` naming ``what`` needs more rows than the largest bucket."""
+    for bucket in row_buckets:
+        if bucket >= need:
+            return bucket
+    raise ValueError(
+        f"{what} need {need} rows in some micro-batch, above the largest of row_buckets="
+        f"{tuple(row_buckets)}: add a bucket of at least {need}, or raise max_length"
+    )
+
+
+def row_buckets_upto(most: int) -> tuple[int, ...]:
+    """1, 2, 3, 4, 6, 8, 12, 16, ...: powers of two and 1.5 times them, up to the first at least
+    ``most``. A row count is rounded up by less than half (packed padding stays low) and a run
+    meets about ``2 log2(most)`` row shapes at most."""
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise ValueError(f"most must be a positive int (rows per micro-batch), got {most!r}")
+    buckets, power = [1], 2
+    while buckets[-1] < most:
+        buckets += [b for b in (power, power * 3 // 2) if b > buckets[-1]]
+        power *= 2
+    return tuple(b for k, b in enumerate(buckets) if k == 0 or buckets[k - 1] < most)
 
 
 def _fill_rows(order: Sequence[int], costs: Sequence[SampleCost], max_length: int) -> list[list[int]]:

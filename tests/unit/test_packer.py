@@ -5,10 +5,12 @@ tests/runtime/test_packing.py."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
-from graph_exec.data.packing import SampleCost, check_budget, pack, spread
+from graph_exec.data.packing import SampleCost, check_budget, pack, row_buckets_upto, spread
 from graph_exec.report import image_mix
 
 
@@ -109,3 +111,49 @@ def test_bad_budgets_name_the_sample_and_the_smallest_budget():
         pack([SampleCost(20)], 32, 1, balance="patches")
     with pytest.raises(ValueError, match=r"micro must be a positive int .* got 0"):
         pack([SampleCost(20)], 32, 0)
+
+
+def test_row_buckets_round_the_rows_up_to_few_shapes():
+    """Rows per micro-batch are what the packing needs rounded up to the smallest bucket that
+    holds them: 16 draws of 8-96 long-tailed samples meet fewer row shapes than without
+    buckets, each rounded up by less than half."""
+    buckets = row_buckets_upto(16)
+    seen, bucketed = set(), set()
+    for step in range(16):
+        rng = np.random.default_rng(step)
+        costs = [SampleCost(long_tailed_text(rng)) for _ in range(int(rng.integers(8, 97)))]
+        need = pack(costs, 512, 4, seed=step)
+        rounded = pack(costs, 512, 4, seed=step, row_buckets=buckets)
+        check_rows(rounded, costs, 512)
+        assert rounded.rows == min(b for b in buckets if b >= need.rows)
+        assert [[r for r in mb if r] for mb in rounded.micro_batches] == [
+            [r for r in mb if r] for mb in need.micro_batches
+        ]  # the same rows, only empty ones added
+        assert rounded.rows < need.rows * 1.5
+        seen.add(need.rows)
+        bucketed.add(rounded.rows)
+    assert bucketed <= set(buckets) and len(bucketed) < len(seen)
+
+
+def test_row_buckets_upto_are_powers_of_two_and_halfway():
+    assert row_buckets_upto(1) == (1,)
+    assert row_buckets_upto(5) == (1, 2, 3, 4, 6)
+    assert row_buckets_upto(16) == (1, 2, 3, 4, 6, 8, 12, 16)
+    with pytest.raises(ValueError, match=r"most must be a positive int .* got 0"):
+        row_buckets_upto(0)
+
+
+def test_bad_row_buckets_are_named():
+    costs = [SampleCost(30), SampleCost(30), SampleCost(30)]
+    allowed = r"a non-empty increasing tuple of positive ints \(rows per micro-batch\)"
+    for bad in ((), (2, 1), (0, 1), (1, 1, 2), (1.5, 2), "12", (True, 2)):
+        with pytest.raises(ValueError, match=rf"row_buckets={re.escape(repr(bad))}: {allowed}"):
+            pack(costs, 32, 1, row_buckets=bad)
+    with pytest.raises(
+        ValueError,
+        match=r"3 samples need 3 rows in some micro-batch, above the largest of row_buckets=\(1, 2\): "
+        r"add a bucket of at least 3",
+    ):
+        pack(costs, 32, 1, row_buckets=(1, 2))
+    with pytest.raises(ValueError, match=r"give rows=2 or row_buckets=\(1, 2\), not both"):
+        pack(costs, 32, 1, rows=2, row_buckets=(1, 2))
