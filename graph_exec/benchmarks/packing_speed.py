@@ -1,55 +1,51 @@
 """Sequence packing: real tokens per second packed against padded (and balanced against token-only rows).
 
 Each repeat is one msrun launch of two ranks pinned as the harness pins them (``pin_cores``: one
-core each on 2 cores), each holding one stage of a random Qwen2-VL (``--size``, P = 2,
-``ScheduleMPipeTranspose``, ``loss_reduction="token"``, ``--mode``, ``--shapes``), and
-trains the same samples per step in each way of ``--ways``, the ways alternating every step so
-that machine noise hits them alike:
+core each on 2 cores), each holding one stage of a random Qwen2-VL (``--size``'s tower and
+images, ``--hidden`` wide, P = 2, ``ScheduleMPipeTranspose``, ``loss_reduction="token"``,
+``--mode``), and trains the same samples per step in each way of ``--ways``, the ways alternating
+every step so that machine noise hits them alike:
 
-* ``padded``: ``vlm_micro_batches`` of the samples in the order drawn (each micro-batch padded
-  to its own longest sample and its largest patch count, both bucketed);
+* ``padded``: ``vlm_micro_batches`` of the samples in the order drawn, each micro-batch padded to
+  its own longest sample and patch count (graph mode: to ``--max-length`` / 2 or ``--max-length``
+  tokens and a power of four from 256 patches, few shapes);
 * ``packed``: ``pack(..., balance="tower")`` into rows of ``--max-length`` tokens,
-  ``vlm_packed_micro_batches``;
+  ``vlm_packed_micro_batches``: as many rows as the packing needs (graph mode: rounded up to a
+  bucket of ``row_buckets_upto``, few shapes);
 * ``tokens``: ``pack(..., balance="tokens")``: rows filled by tokens alone (the balance target,
   with ``--mix skewed``).
 
-A step's time is the slower rank's ``run()``. Graph mode compiles every new input shape, so
-the shapes are kept few: padded micro-batches are padded to ``--max-length`` / 2 or
-``--max-length`` tokens and every micro-batch's patches to a power of four from 256; packed rows
-are ``--max-length`` long, as many per micro-batch as the fullest packing of any step the launch
-draws needs (one row shape). A step in which some way
-meets a shape it has not run before compiles (``--shapes static``): it runs but is not measured,
-and neither is any way of that step, so that every way is measured on the same samples; the
-launch goes on until ``--steps`` steps are measured or ``--warmup + 4 x --steps`` steps have run.
-Per repeat and way: real tokens/s (real tokens over the measured steps' summed time), the padding
-fraction of its token slots, ms per 1,000 token slots (equal across ways: the step's time follows
-its slots) and the micro-batches' tower costs (patches) max/mean; then packed / padded real
-tokens/s against the ideals ``1 / (1 - padding padded)`` (the issue's figure: packed rows
-without padding) and ``(1 - padding packed) / (1 - padding padded)`` (the packed rows' own
-padding counted), and the ratio over each. Last, the spread (min-max) over the repeats.
+A step's time is the slower rank's ``run()``. In graph mode a step in which some way meets a shape
+it has not run before compiles (``--shapes static``): it runs but is not measured, and neither is
+any way of that step; the launch goes on until ``--steps`` steps are measured or ``--warmup + 4 x
+--steps`` steps have run. Per repeat and way: real tokens/s (real tokens over the measured steps'
+summed time), the padding fraction of its token slots, ms per 1,000 token slots (equal across ways
+when the step's time follows its slots, which the ideal assumes) and the micro-batches' tower costs
+(patches) max/mean; then packed / padded real tokens/s against the ideals ``1 / (1 - padding
+padded)`` (the issue's figure: packed rows without padding) and ``(1 - padding packed) / (1 -
+padding padded)`` (the packed rows' own padding counted), and the ratio over each. Last, the
+spread (min-max) over the repeats.
 
 The mix (``--mix``): ``long-tailed`` (text 16-512 tokens log-uniform, 0-2 images per sample of
 three sizes: the throughput target) or ``skewed`` (one image per sample, the samples of one group
-in four with 4x the patches, as ``bench qwen2vl --image-mix skewed`` draws them).
+in four with 4x the patches, as ``bench qwen2vl --image-mix skewed`` draws them). ``--max-length``
+must hold the longest sample (512 text tokens and two images of the preset's largest size: 588
+for ``tiny``, 804 for ``small``).
 
-Why the defaults (graph mode, ``--size tiny``, static shapes, batch 16, M = 4, rows of 640
-tokens, 3 measured steps after 1), from short sizing runs on the shared 2-core, 23 GB machine
-(2026-12-06, one repeat each, ranks stopped past 7 GB): the ratio is meaningful only where a
-step's time follows its token slots. In pynative ``tiny`` it did not (a step of padded
-micro-batches took the time of the packed one with 2.6x fewer slots: 0.98x against an ideal
-2.56x), so graph mode; but in graph mode every compiled shape keeps its graphs' memory, and the
-memory decides the rest. ``--size small`` (hidden 128, a 4-layer tower on 32 px images) at rows
-of 1024 did not fit: a rank grew to 12.7 GB and the kernel killed it (batch 8: past 7.7 GB).
-``tiny`` at rows of 1024 passed 7 GB too, static or dynamic shapes; at 640 (the longest sample is
-588 tokens) it passed 7 GB with dynamic shapes, with power-of-two buckets, with packed rows free
-to vary in number, and with M = 2 (larger micro-batches). What fitted (under 6 GB a rank): the
-defaults, 185 s for one repeat, of which only 1 of 13 steps met no new shape; it gave 445 against
-525 ms per 1k slots (padded, packed): the time follows the slots within about 15 %, where
-pynative's did not at all; and, the packed rows being as many as the fullest of the 13 draws
-needs, packed rows were 75 % padding against 71 % padded (0.74x, 0.85 of the ideal with that
-padding counted, 0.21 of ``1 / (1 - padding padded)``).
-``--max-length`` must hold the longest sample (text up to 512 tokens plus two images of the
-preset's largest size).
+Why the defaults (pynative, ``tiny`` 256 wide, batch 32, M = 2, rows of 640 tokens, 3 measured
+steps after 1): the ratio means something only where a step's time follows its token slots.
+Pynative ``tiny`` (64 wide) did not: launch overhead dominated, a padded step took the time of a
+packed one with 2.6x fewer slots. Graph mode did, but every compiled shape keeps its graphs'
+memory: ``small`` at rows of 1024 grew a rank to 12.7 GB, and what fitted (``tiny``, one fixed row
+count per launch) left packed rows 75 % padding. So pynative at a width where the matmuls dominate
+(no compile memory at all; the attention, dense with a block-diagonal mask, grows with the row
+length, so packed rows of 640 cost a little more per slot than shorter padded ones): a sizing run
+on the shared machine (2026-12-06, load 5-11, 1 repeat of 2 measured steps) gave 3,041 against
+3,192 ms per 1k slots (padded, packed: within 5 %), padding 63 % padded and 17 % packed, packed
+2.13x = 0.79 of the ideal 1 / (1 - padding) and 0.95 of it with the packed rows' padding, a rank
+under 3.3 GB. Packing needs many samples per micro-batch for full rows (hence M = 2, 16 samples
+each); ``small`` in pynative at rows of 1024 and M = 4 ran a rank out of memory (13 GB: the
+attention's square over M micro-batches in flight).
 
 Usage: ``python -m graph_exec.benchmarks.packing_speed [--repeats 3] [--help]`` (run under the
 machine's lock, ``flock /tmp/ge-dist.lock ...``, on an otherwise quiet machine).
@@ -85,13 +81,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--size", choices=("tiny", "small"), default="tiny", help="Qwen2-VL preset (default tiny)"
     )
-    parser.add_argument("--batch", type=int, default=16, help="samples per step (default 16)")
-    parser.add_argument("--micro", type=int, default=4, help="micro-batches per step (default 4)")
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=256,
+        help="the decoder's width, in place of the preset's (0: the preset's; default 256)",
+    )
+    parser.add_argument("--batch", type=int, default=32, help="samples per step (default 32)")
+    parser.add_argument("--micro", type=int, default=2, help="micro-batches per step (default 2)")
     parser.add_argument("--max-length", type=int, default=640, help="tokens per packed row (default 640)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per repeat (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured first steps (default 1)")
     parser.add_argument("--repeats", type=int, default=3, help="launches, one after another (default 3)")
-    parser.add_argument("--mode", choices=("pynative", "graph"), default="graph")
+    parser.add_argument("--mode", choices=("pynative", "graph"), default="pynative")
     parser.add_argument(
         "--shapes",
         choices=("static", "dynamic"),
@@ -145,15 +147,17 @@ def _buckets(largest: int, smallest: int = 256) -> tuple[int, ...]:
     return (*sizes, largest)
 
 
-def _made(split, samples: list[dict], args: argparse.Namespace, seed: int, rows: int) -> dict[str, tuple]:
-    """Per way of ``args.ways``: ``(micro-batches, real tokens, token slots, tower costs)``;
-    packed ways in ``rows`` rows per micro-batch (one row shape for every step)."""
+def _made(split, samples: list[dict], args: argparse.Namespace, seed: int) -> dict[str, tuple]:
+    """Per way of ``args.ways``: ``(micro-batches, real tokens, token slots, tower costs)``.
+    Graph mode pads to few shapes (each compiles); pynative pads each micro-batch to its own
+    sizes. Packed rows per micro-batch: what the packing needs, rounded up to a row bucket."""
     import graph_exec.models as gm
-    from graph_exec.data import pack
+    from graph_exec.data import pack, row_buckets_upto
 
     costs = gm.vlm_sample_costs(split, samples)
     real = sum(c.tokens for c in costs)
-    patch_buckets = _buckets(max(4096, max(c.patches for c in costs)))
+    graph = args.mode == "graph"
+    patch_buckets = _buckets(max(4096, max(c.patches for c in costs))) if graph else None
     out = {}
     if "padded" in args.ways:  # in the order drawn, as a loader gives them
         rows = len(samples) // args.micro
@@ -161,33 +165,22 @@ def _made(split, samples: list[dict], args: argparse.Namespace, seed: int, rows:
             split,
             samples,
             args.micro,
-            pad_to=(args.max_length // 2, args.max_length),
+            pad_to=(args.max_length // 2, args.max_length) if graph else None,
             patch_pad_to=patch_buckets,
         )
         tower = [float(sum(c.patches for c in costs[m * rows : (m + 1) * rows])) for m in range(args.micro)]
         out["padded"] = (padded, real, sum(b.inputs[3].size for b in padded), tower)
     for way, balance in (("packed", "tower"), ("tokens", "tokens")):
         if way in args.ways:
-            packing = pack(costs, args.max_length, args.micro, balance=balance, seed=seed, rows=rows)
+            buckets = row_buckets_upto(len(samples)) if graph else None
+            packing = pack(
+                costs, args.max_length, args.micro, balance=balance, seed=seed, row_buckets=buckets
+            )
             batches = gm.vlm_packed_micro_batches(
                 split, samples, packing, args.max_length, patch_pad_to=patch_buckets
             )
             out[way] = (batches, real, sum(b.inputs[3].size for b in batches), packing.tower_costs(costs))
     return out
-
-
-def _packed_rows(split, drawn: list[list[dict]], args: argparse.Namespace) -> int:
-    """The most rows per micro-batch any drawn step's packings need: packed rows get one shape."""
-    import graph_exec.models as gm
-    from graph_exec.data import pack
-
-    balances = [b for way, b in (("packed", "tower"), ("tokens", "tokens")) if way in args.ways]
-    needs = [
-        pack(gm.vlm_sample_costs(split, samples), args.max_length, args.micro, balance=b, seed=k).rows
-        for k, samples in enumerate(drawn)
-        for b in balances
-    ]
-    return max(needs, default=1)
 
 
 def _signature(batches) -> tuple:
@@ -206,6 +199,27 @@ def _step(sched, batches) -> float:
     return time.perf_counter() - start
 
 
+def _preset(args: argparse.Namespace):
+    """The ``--size`` preset, ``--hidden`` wide (the tower and images as the preset's)."""
+    import dataclasses
+
+    from graph_exec.examples import qwen2vl
+
+    preset = qwen2vl.SIZES[args.size]
+    return dataclasses.replace(preset, hidden=args.hidden) if args.hidden else preset
+
+
+def _model(preset, layers: int):
+    """A random whole Qwen2-VL of ``preset`` (seeded: the same on every rank)."""
+    import mindspore as ms
+
+    import graph_exec.models as gm
+    from graph_exec.examples import qwen2vl
+
+    ms.set_seed(0)
+    return gm.mindone().Qwen2VLForConditionalGeneration(qwen2vl.config(preset, layers, preset.vision_depth))
+
+
 def _worker(args: argparse.Namespace) -> int:
     """One rank: build its stage, run the ways step by step, print one ``RESULT`` line."""
     from graph_exec.harness.worker import pin_cores
@@ -220,11 +234,10 @@ def _worker(args: argparse.Namespace) -> int:
     import graph_exec as ge
     import graph_exec.models as gm
     from graph_exec.data import spread
-    from graph_exec.examples import qwen2vl
 
     rank, pp = get_rank(), get_group_size()
-    preset = qwen2vl.SIZES[args.size]
-    split = gm.split_model(qwen2vl.model(args.size, max(preset.layers, pp)), pp)
+    preset = _preset(args)
+    split = gm.split_model(_model(preset, max(preset.layers, pp)), pp)
     sched = ge.ScheduleMPipeTranspose(
         [ge.PipelineStage(split.stages[rank], rank, pp)],
         args.micro,
@@ -242,15 +255,13 @@ def _worker(args: argparse.Namespace) -> int:
         else (lambda step: skewed(np.random.default_rng(step), args.batch, args.micro, step, preset))
     )
     limit = args.warmup + 4 * args.steps
-    rows = _packed_rows(split, [draw(step) for step in range(limit)], args)
+    compiles = args.mode == "graph" and args.shapes == "static"
     seen: set[tuple] = set()
     steps: list[dict] = []
     step = 0
     while len([s for s in steps if s["measured"]]) < args.steps and step < limit:
-        made = _made(split, draw(step), args, step, rows)
-        fresh = args.shapes == "static" and any(
-            (way, _signature(made[way][0])) not in seen for way in args.ways
-        )
+        made = _made(split, draw(step), args, step)
+        fresh = compiles and any((way, _signature(made[way][0])) not in seen for way in args.ways)
         record = {"measured": step >= args.warmup and not fresh}
         for way in args.ways if step % 2 == 0 else reversed(args.ways):
             batches, real, slots, tower = made[way]
@@ -324,15 +335,18 @@ def _print_spread(runs: list[dict[str, dict[str, float]]], ways: tuple[str, ...]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.hidden < 0 or args.hidden % 32:
+        parser.error(f"--hidden {args.hidden}: 0 (the preset's) or a positive multiple of 32 (4 heads of 8+)")
     if args.as_rank:
         return _worker(args)
-    keys = ("mix", "size", "batch", "micro", "max_length", "steps", "warmup", "mode", "shapes")
+    keys = ("mix", "size", "hidden", "batch", "micro", "max_length", "steps", "warmup", "mode", "shapes")
     forwarded = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in keys] + [
         f"--ways={','.join(args.ways)}"
     ]
     print(
-        f"packing_speed: Qwen2-VL {args.size}, P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
+        f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
         f"{args.mix} mix, "
         f"batch {args.batch}, M={args.micro}, max_length {args.max_length}, {args.steps} measured steps "
         f"(first {args.warmup} unmeasured; static: also those compiling), {args.repeats} repeats"
