@@ -123,11 +123,14 @@ class ConversationSource:
         cost, seeded by the step and the replica), made into micro-batches by ``make(samples, packing)``.
 
         Every rank holds the whole global batch (replicated input), so it packs every replica's
-        shard from the sizes alone and gives its own the most rows any replica needs: the
-        replicas' micro-batches have one shape without exchanging anything. The global batch's
+        shard from the sizes alone and gives its own the most rows any replica needs, rounded up
+        to a bucket of :func:`graph_exec.data.row_buckets_upto` (1, 2, 3, 4, 6, 8, ...): the
+        replicas' micro-batches have one shape without exchanging anything, and a run meets few
+        row shapes (in graph mode each compiles). The global batch's
         real tokens and row slots are kept for :meth:`token_counts`, the spread of every
         replica's micro-batches' tower costs for :meth:`tower_spread`."""
-        from graph_exec.data import pack, spread
+        from graph_exec.data import pack, row_buckets_upto, spread
+        from graph_exec.data.packing import row_bucket
 
         if replicas < 1 or not 0 <= replica < replicas or batch_size % replicas:
             raise ValueError(
@@ -142,7 +145,7 @@ class ConversationSource:
         packings = [
             pack(c, max_length, micro, balance=balance, seed=k) for c, k in zip(costs, seeds, strict=True)
         ]
-        rows = max(p.rows for p in packings)
+        rows = row_bucket(max(p.rows for p in packings), row_buckets_upto(max(share, 1)))
         mine = pack(costs[replica], max_length, micro, balance=balance, seed=seeds[replica], rows=rows)
         real = sum(c.tokens for shard in costs for c in shard)
         self._counts = {(step, batch_size): (real, replicas * micro * rows * max_length)}
