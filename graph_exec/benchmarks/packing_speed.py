@@ -32,7 +32,7 @@ in four with 4x the patches, as ``bench qwen2vl --image-mix skewed`` draws them)
 must hold the longest sample (512 text tokens and two images of the preset's largest size: 588
 for ``tiny``, 804 for ``small``).
 
-Why the defaults (pynative, ``tiny`` 256 wide, batch 32, M = 2, rows of 640 tokens, 3 measured
+Why the defaults (pynative, ``tiny`` 256 wide, batch 32, M = 2, rows of 640 tokens, 4 measured
 steps after 1): the ratio means something only where a step's time follows its token slots.
 Pynative ``tiny`` (64 wide) did not: launch overhead dominated, a padded step took the time of a
 packed one with 2.6x fewer slots. Graph mode did, but every compiled shape keeps its graphs'
@@ -43,9 +43,10 @@ length, so packed rows of 640 cost a little more per slot than shorter padded on
 on the shared machine (2026-12-06, load 5-11, 1 repeat of 2 measured steps) gave 3,041 against
 3,192 ms per 1k slots (padded, packed: within 5 %), padding 63 % padded and 17 % packed, packed
 2.13x = 0.79 of the ideal 1 / (1 - padding) and 0.95 of it with the packed rows' padding, a rank
-under 3.3 GB. Packing needs many samples per micro-batch for full rows (hence M = 2, 16 samples
-each); ``small`` in pynative at rows of 1024 and M = 4 ran a rank out of memory (13 GB: the
-attention's square over M micro-batches in flight).
+under 3.3 GB. Packed padding varies by draw: the packer gives 9 % on average over the draws of
+steps 0-7 (padded 63 %), hence 4 measured steps. Packing needs many samples per micro-batch for
+full rows (hence M = 2, 16 samples each); ``small`` in pynative at rows of 1024 and M = 4 ran a
+rank out of memory (13 GB: the attention's square over M micro-batches in flight).
 
 Usage: ``python -m graph_exec.benchmarks.packing_speed [--repeats 3] [--help]`` (run under the
 machine's lock, ``flock /tmp/ge-dist.lock ...``, on an otherwise quiet machine).
@@ -90,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=32, help="samples per step (default 32)")
     parser.add_argument("--micro", type=int, default=2, help="micro-batches per step (default 2)")
     parser.add_argument("--max-length", type=int, default=640, help="tokens per packed row (default 640)")
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per repeat (default 3)")
+    parser.add_argument("--steps", type=int, default=4, help="measured steps per repeat (default 4)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured first steps (default 1)")
     parser.add_argument("--repeats", type=int, default=3, help="launches, one after another (default 3)")
     parser.add_argument("--mode", choices=("pynative", "graph"), default="pynative")

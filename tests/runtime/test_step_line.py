@@ -8,7 +8,8 @@ import json
 from types import SimpleNamespace
 
 from graph_exec.cli.run import progress_text
-from graph_exec.examples.common import ConversationSource
+from graph_exec.data import SampleCost
+from graph_exec.examples.common import ConversationSource, GeneratedSource
 from graph_exec.harness.training import Trainer
 from graph_exec.report.job import PROGRESS
 from graph_exec.report.records import StepRecord
@@ -81,3 +82,17 @@ def test_with_replicas_the_step_loss_is_the_global_per_token_mean():
         all_reduce_sum=lambda tensors: tensors[0].assign_value(tensors[0] + ms.Tensor([5.0, 1.0], ms.float32))
     )
     assert Trainer._mean_loss(plain, losses) == (2.0 + 5.0) / 2  # the mean loss: the replicas' mean
+
+
+def test_run_packing_rounds_the_rows_up_to_a_bucket():
+    """``run --packing``'s source (``ConversationSource.packed``): ten samples of 8 tokens in one
+    micro-batch of rows of 16 need 5 rows, given 6 (``row_buckets_upto(10)``), the sixth empty;
+    the step line's slots count it."""
+    source = GeneratedSource(lambda step, batch: [{"input_ids": [7] * 8} for _ in range(batch)], "")
+    made = []
+    source.packed(
+        0, 10, 1, 16, lambda s: [SampleCost(len(x["input_ids"])) for x in s], lambda s, p: made.append(p)
+    )
+    (packing,) = made
+    assert packing.rows == 6 and [len(row) for row in packing.micro_batches[0]] == [2, 2, 2, 2, 2, 0]
+    assert source.token_counts(0, 10) == (80, 6 * 16)
