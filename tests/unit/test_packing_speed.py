@@ -39,3 +39,10 @@ def test_ways_are_a_subset_named_once():
             argparse.ArgumentTypeError, match="comma-separated subset of padded,packed,tokens"
         ):
             ps._ways(bad)
+
+
+def test_a_bad_width_is_refused_before_anything_launches(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ps.main(["--hidden", "48"])
+    assert exit_info.value.code == 2
+    assert "--hidden 48: 0 (the preset's) or a positive multiple of 32" in capsys.readouterr().err
