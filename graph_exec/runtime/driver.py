@@ -165,8 +165,9 @@ class RankRuntime:
         return losses
 
     def abort(self, reason: str) -> None:
-        """Drop every cache, return every buffer and tell the peers (best effort). While a
-        timed-out communication call may still run, no MindSpore op is started here."""
+        """Drop every cache, return every buffer and tell the peers (best effort; the transport
+        then lets this rank's abandoned communication end). While a timed-out communication
+        call may still run, no MindSpore op is started here."""
         self.caches.clear()
         self.executor.drop_kept(consume=self.transport is None or not self.transport.call_in_flight)
         self._contribution = None

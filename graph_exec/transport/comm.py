@@ -12,6 +12,7 @@ gradients) act in place.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,9 +32,10 @@ from graph_exec.errors import (
     silent_peers_note,
 )
 from graph_exec.idle_buffers import DEFAULT_BUFFER_CACHE_BYTES
-from graph_exec.transport.comm_thread import CommWorker
+from graph_exec.transport.comm_thread import DEADLINE_SLACK_S, CommWorker
 from graph_exec.transport.cpu_workarounds import (
     backend_ends_waits,
+    backend_limit_is_process_wide,
     backend_wait_limit,
     bound_backend_waits,
     rebind_default_groups,
@@ -425,6 +427,23 @@ class Transport:
         their time-out)."""
         return self._worker.broken is not None and not self.direct
 
+    def settle(self) -> bool:
+        """After a failed step: if a call of this rank timed out on its communication thread,
+        wait until it has ended and the ops dispatched before it have run, so that its late error
+        (a collective a peer never joined fails at the back end's limit) is absorbed here instead
+        of surfacing at the next op that waits for MindSpore's pipeline (a parameter read, say).
+        Bounded: the back end's wait limit where it holds process-wide, else the transport's
+        time-out; what still runs then is left (the job must restart either way). Nothing to do
+        without such a call: the notices just posted are not waited for. Whether it settled."""
+        if not self.call_in_flight:
+            return True
+        limit = backend_wait_limit() if backend_limit_is_process_wide() else self.timeout_s
+        if not self._worker.settle(limit + DEADLINE_SLACK_S):
+            return False
+        with contextlib.suppress(RuntimeError):  # the abandoned call's own failure, already reported
+            wait_until_run()
+        return True
+
     # -- point to point -------------------------------------------------------------------
 
     def set_step_tag(self, tag: int, describe: Callable[[int], str] = str) -> None:
@@ -725,14 +744,19 @@ class Transport:
     # -- failure --------------------------------------------------------------------------
 
     def abort(self, reason: str, grace_s: float = 2.0) -> None:
-        """Best effort: tell every peer why this rank is giving up, then give them time to read it.
+        """Best effort: tell every peer why this rank is giving up, give them time to read it,
+        then let this rank's own abandoned communication end (:meth:`settle`).
 
         A peer blocked on a receive from this rank reports ``reason`` instead of timing out.
         The grace period matters under msrun, which kills every worker once one has exited.
         """
         self.aborted = True
-        if self._worker.broken is not None:
-            return
+        if self._worker.broken is None and self._post_abort_notices(reason):
+            time.sleep(grace_s)
+        self.settle()
+
+    def _post_abort_notices(self, reason: str) -> bool:
+        """Send ``reason`` to every peer; whether the sends were handed over."""
         notice = self.frames.control_tensor(encode_abort(f"rank {self.rank}: {reason}", self.epoch))
 
         def post() -> None:
@@ -743,5 +767,5 @@ class Transport:
         try:
             self._worker.run(post, min(self.timeout_s, 10.0), "sending abort notices")
         except Exception:  # best effort: the failure being reported matters more
-            return
-        time.sleep(grace_s)
+            return False
+        return True

@@ -87,6 +87,14 @@ class CommWorker:
             self._raise(call.error, time.monotonic() - start, timeout_s, what)
         return call.value
 
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until every call handed to the thread has ended (a timed-out
+        one included, however it ends); whether they have. Bypasses :meth:`require_usable`: this
+        is the wait a failed step makes before it returns, not new communication."""
+        marker = _Call(lambda: None)
+        self._queue.put(marker)
+        return marker.done.wait(timeout_s)
+
     def run_here(self, fn: Callable[..., Any], timeout_s: float, what: Doing, *args: Any) -> Any:
         """Run ``fn(*args)`` on the caller's thread, for a call that the back end itself ends
         after ``timeout_s``; its failure at the deadline becomes :class:`PeerTimeoutError`."""

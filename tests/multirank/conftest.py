@@ -154,21 +154,22 @@ def crashed_only_at_exit(result: LaunchResult, nproc: int, done: str = _DONE) ->
     )
 
 
-def _worker_env(env: dict[str, str] | None, device_path: bool) -> dict[str, str]:
-    """The workers' environment: this process's, the repository on the path, the switch."""
+def _worker_env(env: dict[str, str | None] | None, device_path: bool) -> dict[str, str]:
+    """The workers' environment: this process's, the repository on the path, the switch, then
+    ``env`` (a ``None`` value removes its variable)."""
     # Workers import shared test models as `tests.…`: put the repository root on their path. The
     # back end's wait limit comes from the workers' own time-outs unless a test passes one.
-    # Host-blocking dispatch is set, not inherited: device-path workers used to get it from this
-    # process whenever an earlier test here had prepared MindSpore on the fast path, so the
-    # multi-rank device-path suites have always run with it; without it (MindSpore's asynchronous
-    # host pipeline) two failure-report scenarios fail — docs/testing.md, open.
-    return {
+    # Host-blocking dispatch is set, not inherited, as the multi-rank suites have always run
+    # (device-path workers used to get it from this process); the device-path failure reports
+    # also run without it, MindSpore's asynchronous host pipeline (docs/testing.md).
+    chosen = {
         **{k: v for k, v in os.environ.items() if k != BACKEND_TIMEOUT_ENV},
         HOST_BLOCKING_ENV: "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **({FAST_PATHS_ENV: "0"} if device_path else {}),
         **(env or {}),
     }
+    return {k: v for k, v in chosen.items() if v is not None}
 
 
 def _launch(
@@ -199,7 +200,7 @@ def run_launch(
     *args: str,
     timeout_s: float = 240,
     expect_ok: bool = True,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     device_path: bool = False,
 ) -> LaunchResult:
     """Launch ``workers/script`` on ``nproc`` ranks and fail the test on any :func:`launch_problems`

@@ -36,7 +36,13 @@ SCENARIOS = {
 
 
 def step_checks(name: str) -> set[str]:
-    return {f"{name}.healthy_step_first", name, f"{name}.released", f"{name}.refuses_after_failure"}
+    return {
+        f"{name}.healthy_step_first",
+        name,
+        f"{name}.settled",
+        f"{name}.released",
+        f"{name}.refuses_after_failure",
+    }
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

@@ -61,3 +61,16 @@ def test_calls_run_on_the_callers_thread_only_with_run_here() -> None:
     caller = threading.get_ident()
     assert worker.run_here(threading.get_ident, TIMEOUT_S, "x") == caller
     assert worker.run(threading.get_ident, TIMEOUT_S, "x") != caller
+
+
+def test_settle_waits_for_a_timed_out_call_to_end_within_its_bound() -> None:
+    """A failed step settles its transport: the call that timed out is still running on the
+    thread; settle is bounded while it runs and returns once it has ended (its error absorbed)."""
+    worker = CommWorker()
+    with pytest.raises(PeerTimeoutError):
+        worker.run(failing_after(TIMEOUT_S, "AllReduce failed."), TIMEOUT_S / 3, "in all-reduce")
+    began = time.monotonic()
+    assert not worker.settle(0.2)  # still running: not settled, and not waited for past the bound
+    assert time.monotonic() - began < 1.0
+    assert worker.settle(2 * TIMEOUT_S)
+    assert worker.broken is not None  # settling does not make the worker usable again
