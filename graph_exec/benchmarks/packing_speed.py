@@ -9,9 +9,10 @@ every step so that machine noise hits them alike:
 * ``padded``: ``vlm_micro_batches`` of the samples in the order drawn, each micro-batch padded to
   its own longest sample and patch count (graph mode: to ``--max-length`` / 2 or ``--max-length``
   tokens and a power of four from 256 patches, few shapes);
-* ``packed``: ``pack(..., balance="tower")`` into rows of ``--max-length`` tokens,
-  ``vlm_packed_micro_batches``: as many rows as the packing needs (graph mode: rounded up to a
-  bucket of ``row_buckets_upto``, few shapes);
+* ``packed``: ``pack(..., balance="tower", ragged=True)`` into rows of ``--max-length`` tokens,
+  ``vlm_packed_micro_batches``: each micro-batch as many rows as it holds (the batch's best-fit
+  rows dealt whole; graph mode: each rounded up to its own bucket of ``row_buckets_upto``, few
+  shapes); ``--even-rows``: every micro-batch padded to the fullest one's count (the old way);
 * ``tokens``: ``pack(..., balance="tokens")``: rows filled by tokens alone (the balance target,
   with ``--mix skewed``).
 
@@ -43,8 +44,9 @@ length, so packed rows of 640 cost a little more per slot than shorter padded on
 on the shared machine (2026-12-06, load 5-11, 1 repeat of 2 measured steps) gave 3,041 against
 3,192 ms per 1k slots (padded, packed: within 5 %), padding 63 % padded and 17 % packed, packed
 2.13x = 0.79 of the ideal 1 / (1 - padding) and 0.95 of it with the packed rows' padding, a rank
-under 3.3 GB. Packed padding varies by draw: the packer gives 9 % on average over the draws of
-steps 0-7 (padded 63 %), hence 4 measured steps. Packing needs many samples per micro-batch for
+under 3.3 GB (rows then even: every micro-batch padded to the fullest one's row count). Packed
+padding varies by draw: over the draws of steps 0-7 the packer gives 10.5 % on average with even
+rows and 7.1 % ragged (``tests/unit/test_packer.py``; padded 63 %), hence 4 measured steps. Packing needs many samples per micro-batch for
 full rows (hence M = 2, 16 samples each); ``small`` in pynative at rows of 1024 and M = 4 ran a
 rank out of memory (13 GB: the attention's square over M micro-batches in flight).
 
@@ -104,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ways", type=_ways, default=("padded", "packed"), help="comma-separated, of padded,packed,tokens"
     )
+    parser.add_argument(
+        "--even-rows",
+        action="store_true",
+        help="packed micro-batches all padded to the fullest one's row count (default: each its own)",
+    )
     parser.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -151,7 +158,8 @@ def _buckets(largest: int, smallest: int = 256) -> tuple[int, ...]:
 def _made(split, samples: list[dict], args: argparse.Namespace, seed: int) -> dict[str, tuple]:
     """Per way of ``args.ways``: ``(micro-batches, real tokens, token slots, tower costs)``.
     Graph mode pads to few shapes (each compiles); pynative pads each micro-batch to its own
-    sizes. Packed rows per micro-batch: what the packing needs, rounded up to a row bucket."""
+    sizes. Packed rows per micro-batch: what each holds (``--even-rows``: the fullest one's), in
+    graph mode rounded up to a row bucket."""
     import graph_exec.models as gm
     from graph_exec.data import pack, row_buckets_upto
 
@@ -175,7 +183,13 @@ def _made(split, samples: list[dict], args: argparse.Namespace, seed: int) -> di
         if way in args.ways:
             buckets = row_buckets_upto(len(samples)) if graph else None
             packing = pack(
-                costs, args.max_length, args.micro, balance=balance, seed=seed, row_buckets=buckets
+                costs,
+                args.max_length,
+                args.micro,
+                balance=balance,
+                seed=seed,
+                row_buckets=buckets,
+                ragged=not args.even_rows,
             )
             batches = gm.vlm_packed_micro_batches(
                 split, samples, packing, args.max_length, patch_pad_to=patch_buckets
@@ -346,10 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     forwarded = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in keys] + [
         f"--ways={','.join(args.ways)}"
     ]
+    forwarded += ["--even-rows"] if args.even_rows else []
     print(
         f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
         f"{args.mix} mix, "
-        f"batch {args.batch}, M={args.micro}, max_length {args.max_length}, {args.steps} measured steps "
+        f"batch {args.batch}, M={args.micro}, max_length {args.max_length} "
+        f"({'even' if args.even_rows else 'ragged'} rows), {args.steps} measured steps "
         f"(first {args.warmup} unmeasured; static: also those compiling), {args.repeats} repeats"
     )
     runs = []
