@@ -90,6 +90,18 @@ def _parser() -> argparse.ArgumentParser:
         default=256,
         help="the decoder's width, in place of the preset's (0: the preset's; default 256)",
     )
+    parser.add_argument(
+        "--vision-width",
+        type=int,
+        default=0,
+        help="the vision tower's width, in place of the preset's (0: the preset's; default 0)",
+    )
+    parser.add_argument(
+        "--vision-depth",
+        type=int,
+        default=0,
+        help="the vision tower's blocks, in place of the preset's (0: the preset's; default 0)",
+    )
     parser.add_argument("--batch", type=int, default=32, help="samples per step (default 32)")
     parser.add_argument("--micro", type=int, default=2, help="micro-batches per step (default 2)")
     parser.add_argument("--max-length", type=int, default=640, help="tokens per packed row (default 640)")
@@ -215,13 +227,15 @@ def _step(sched, batches) -> float:
 
 
 def _preset(args: argparse.Namespace):
-    """The ``--size`` preset, ``--hidden`` wide (the tower and images as the preset's)."""
+    """The ``--size`` preset, ``--hidden`` wide, its tower ``--vision-width`` wide and
+    ``--vision-depth`` deep (each 0: the preset's; the images as the preset's)."""
     import dataclasses
 
     from graph_exec.examples import qwen2vl
 
     preset = qwen2vl.SIZES[args.size]
-    return dataclasses.replace(preset, hidden=args.hidden) if args.hidden else preset
+    given = {"hidden": args.hidden, "vision_width": args.vision_width, "vision_depth": args.vision_depth}
+    return dataclasses.replace(preset, **{k: v for k, v in given.items() if v})
 
 
 def _model(preset, layers: int):
@@ -302,6 +316,7 @@ def _summarise(reports: list[dict], ways: tuple[str, ...]) -> dict[str, dict[str
             "tokens_s": real / seconds,
             "padding": 1 - real / slots,
             "ms_per_1k_slots": 1e6 * seconds / slots,
+            "step_ms": 1e3 * seconds / max(len(measured), 1),
             "tower": float(np.mean([per_rank[0][k][way]["spread"] for k in measured])),
             "steps": len(measured),
         }
@@ -322,9 +337,12 @@ def _ratios(run: dict[str, dict[str, float]]) -> tuple[float, float, float]:
 def _print_run(k: int, run: dict[str, dict[str, float]]) -> None:
     for way, m in run.items():
         print(
-            f"  repeat {k + 1} {way:7s} {m['tokens_s']:9,.0f} real tokens/s  padding {m['padding']:.0%}  "
+            f"  repeat {k + 1} {way:7s} {m['step_ms']:8,.0f} ms/step {m['tokens_s']:9,.0f} real tokens/s  "
+            f"padding {m['padding']:.0%}  "
             f"{m['ms_per_1k_slots']:7.2f} ms per 1k slots  tower max/mean {m['tower']:.2f}  ({m['steps']} steps)"
         )
+    if {"packed", "tokens"} <= set(run):
+        print(f"  repeat {k + 1} {_balance_line(run)}")
     if {"packed", "padded"} <= set(run):
         ratio, ideal, own = _ratios(run)
         print(
@@ -333,13 +351,28 @@ def _print_run(k: int, run: dict[str, dict[str, float]]) -> None:
         )
 
 
+def _balance_line(run: dict[str, dict[str, float]]) -> str:
+    """Rows packed by tokens alone against balanced rows: step time and tower max/mean."""
+    tokens, packed = run["tokens"], run["packed"]
+    return (
+        f"tokens/packed step time {tokens['step_ms'] / packed['step_ms']:.3f}x "
+        f"(tower max/mean {tokens['tower']:.2f} against {packed['tower']:.2f})"
+    )
+
+
 def _print_spread(runs: list[dict[str, dict[str, float]]], ways: tuple[str, ...]) -> None:
     def span(values: list[float], fmt: str) -> str:
         return f"{format(min(values), fmt)}-{format(max(values), fmt)}"
 
     print(f"spread over {len(runs)} repeats (min-max):")
     for way in ways:
-        print(f"  {way:7s} real tokens/s {span([r[way]['tokens_s'] for r in runs], ',.0f')}")
+        print(
+            f"  {way:7s} ms/step {span([r[way]['step_ms'] for r in runs], ',.0f')}, "
+            f"real tokens/s {span([r[way]['tokens_s'] for r in runs], ',.0f')}"
+        )
+    if {"packed", "tokens"} <= set(ways):
+        slower = [r["tokens"]["step_ms"] / r["packed"]["step_ms"] for r in runs]
+        print(f"  tokens/packed step time {span(slower, '.3f')}x")
     if {"packed", "padded"} <= set(ways):
         ratios = [_ratios(r) for r in runs]
         print(
@@ -352,17 +385,34 @@ def _print_spread(runs: list[dict[str, dict[str, float]]], ways: tuple[str, ...]
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.hidden < 0 or args.hidden % 32:
-        parser.error(f"--hidden {args.hidden}: 0 (the preset's) or a positive multiple of 32 (4 heads of 8+)")
+    for flag, value in (("--hidden", args.hidden), ("--vision-width", args.vision_width)):
+        if value < 0 or value % 32:
+            parser.error(f"{flag} {value}: 0 (the preset's) or a positive multiple of 32 (4 heads of 8+)")
+    if args.vision_depth < 0:
+        parser.error(f"--vision-depth {args.vision_depth}: 0 (the preset's) or a positive number of blocks")
     if args.as_rank:
         return _worker(args)
-    keys = ("mix", "size", "hidden", "batch", "micro", "max_length", "steps", "warmup", "mode", "shapes")
+    keys = (
+        "mix",
+        "size",
+        "hidden",
+        "vision_width",
+        "vision_depth",
+        "batch",
+        "micro",
+        "max_length",
+        "steps",
+        "warmup",
+        "mode",
+        "shapes",
+    )
     forwarded = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in keys] + [
         f"--ways={','.join(args.ways)}"
     ]
     forwarded += ["--even-rows"] if args.even_rows else []
     print(
-        f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
+        f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}, tower "
+        f"{_preset(args).vision_width} wide x {_preset(args).vision_depth}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
         f"{args.mix} mix, "
         f"batch {args.batch}, M={args.micro}, max_length {args.max_length} "
         f"({'even' if args.even_rows else 'ragged'} rows), {args.steps} measured steps "
