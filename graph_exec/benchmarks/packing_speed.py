@@ -2,8 +2,8 @@
 
 Each repeat is one msrun launch of two ranks pinned as the harness pins them (``pin_cores``: one
 core each on 2 cores), each holding one stage of a random Qwen2-VL (``--size``'s tower and
-images, ``--hidden`` wide, P = 2, ``ScheduleMPipeTranspose``, ``loss_reduction="token"``,
-``--mode``), and trains the same samples per step in each way of ``--ways``, the ways alternating
+images, ``--hidden`` wide, P = 2, ``ScheduleMPipeTranspose`` with ``tower_order="balanced"``
+placing by each way's micro-batches' patches, ``loss_reduction="token"``, ``--mode``), and trains the same samples per step in each way of ``--ways``, the ways alternating
 every step so that machine noise hits them alike:
 
 * ``padded``: ``vlm_micro_batches`` of the samples in the order drawn, each micro-batch padded to
@@ -49,6 +49,17 @@ padding varies by draw: over the draws of steps 0-7 the packer gives 10.5 % on a
 rows and 7.1 % ragged (``tests/unit/test_packer.py``; padded 63 %), hence 4 measured steps. Packing needs many samples per micro-batch for
 full rows (hence M = 2, 16 samples each); ``small`` in pynative at rows of 1024 and M = 4 ran a
 rank out of memory (13 GB: the attention's square over M micro-batches in flight).
+
+The balance target's step time (``--mix skewed --ways packed,tokens``): each way prints its ms per
+step and the tokens/packed step-time line beside both tower max/mean. It shows only where the
+tower is a visible share of the step, hence ``--vision-width`` / ``--vision-depth``: with ``--hidden
+0`` (the preset's 64) and a tower 256 wide x 12 blocks, one process on one core (2026-12-06, load
+6) ran a packed micro-batch's frozen tower forward in 0.8-3.3 s against its decoder forward's
+0.8-1.3 s; step 0's balanced rows put 2.1 and 1.3 s of tower in the two micro-batches, token-only
+rows 0.8 and 3.3 s (the tower runs each row padded to its fullest row's patches, so it follows
+rows x most patches more than the real patches). A sizing launch under load (1 repeat, 3 measured
+steps) gave 10.6 s per step balanced and 10.3 s token-only (0.97x: within that load's noise),
+ranks under 1.5 GB.
 
 Usage: ``python -m graph_exec.benchmarks.packing_speed [--repeats 3] [--help]`` (run under the
 machine's lock, ``flock /tmp/ge-dist.lock ...``, on an otherwise quiet machine).
@@ -214,13 +225,15 @@ def _signature(batches) -> tuple:
     return tuple(tuple(np.shape(a) for a in b.inputs) for b in batches)
 
 
-def _step(sched, batches) -> float:
+def _step(sched, batches, tower: list[float]) -> float:
+    """One step's seconds; ``tower``: the micro-batches' patches, what ``tower_order="balanced"``
+    places the towers by."""
     import mindspore as ms
 
     tensors = [(tuple(ms.Tensor(a) for a in b.inputs), ms.Tensor(b.labels)) for b in batches]
     sched.zero_grad()
     start = time.perf_counter()
-    losses = sched.run(micro_batches=tensors)
+    losses = sched.run(micro_batches=tensors, tower_costs=tower)
     for loss in losses or ():
         loss.asnumpy()
     return time.perf_counter() - start
@@ -275,6 +288,7 @@ def _worker(args: argparse.Namespace) -> int:
         mode=args.mode,
         loss_fn=gm.causal_lm_token_loss,
         loss_reduction="token",
+        tower_order="balanced",
         shapes=args.shapes,
         timeout_s=600,
     )
@@ -295,7 +309,12 @@ def _worker(args: argparse.Namespace) -> int:
         for way in args.ways if step % 2 == 0 else reversed(args.ways):
             batches, real, slots, tower = made[way]
             seen.add((way, _signature(batches)))
-            record[way] = {"s": _step(sched, batches), "real": real, "slots": slots, "spread": spread(tower)}
+            record[way] = {
+                "s": _step(sched, batches, tower),
+                "real": real,
+                "slots": slots,
+                "spread": spread(tower),
+            }
         steps.append(record)
         step += 1
     print(RESULT + json.dumps({"rank": rank, "steps": steps}), flush=True)
