@@ -58,7 +58,7 @@ tower is a visible share of the step, hence ``--vision-width`` / ``--vision-dept
 0.8-1.3 s; step 0's balanced rows put 2.1 and 1.3 s of tower in the two micro-batches, token-only
 rows 0.8 and 3.3 s (the tower runs each row padded to its fullest row's patches, so it follows
 rows x most patches more than the real patches). A sizing launch under load (1 repeat, 3 measured
-steps) gave 10.6 s per step balanced and 10.3 s token-only (0.97x: within that load's noise),
+steps, before the towers were placed ``balanced``) gave 10.6 s per step balanced and 10.3 s token-only (0.97x: within that load's noise),
 ranks under 1.5 GB.
 
 Usage: ``python -m graph_exec.benchmarks.packing_speed [--repeats 3] [--help]`` (run under the
