@@ -2,16 +2,17 @@
 
 Each repeat is one msrun launch of two ranks pinned as the harness pins them (``pin_cores``: one
 core each on 2 cores), each holding one stage of a random Qwen2-VL (``--size``'s tower and
-images, ``--hidden`` wide, P = 2, ``ScheduleMPipeTranspose``, ``loss_reduction="token"``,
-``--mode``), and trains the same samples per step in each way of ``--ways``, the ways alternating
+images, ``--hidden`` wide, P = 2, ``ScheduleMPipeTranspose`` with ``tower_order="balanced"``
+placing by each way's micro-batches' patches, ``loss_reduction="token"``, ``--mode``), and trains the same samples per step in each way of ``--ways``, the ways alternating
 every step so that machine noise hits them alike:
 
 * ``padded``: ``vlm_micro_batches`` of the samples in the order drawn, each micro-batch padded to
   its own longest sample and patch count (graph mode: to ``--max-length`` / 2 or ``--max-length``
   tokens and a power of four from 256 patches, few shapes);
-* ``packed``: ``pack(..., balance="tower")`` into rows of ``--max-length`` tokens,
-  ``vlm_packed_micro_batches``: as many rows as the packing needs (graph mode: rounded up to a
-  bucket of ``row_buckets_upto``, few shapes);
+* ``packed``: ``pack(..., balance="tower", ragged=True)`` into rows of ``--max-length`` tokens,
+  ``vlm_packed_micro_batches``: each micro-batch as many rows as it holds (the batch's best-fit
+  rows dealt whole; graph mode: each rounded up to its own bucket of ``row_buckets_upto``, few
+  shapes); ``--even-rows``: every micro-batch padded to the fullest one's count (the old way);
 * ``tokens``: ``pack(..., balance="tokens")``: rows filled by tokens alone (the balance target,
   with ``--mix skewed``).
 
@@ -43,10 +44,22 @@ length, so packed rows of 640 cost a little more per slot than shorter padded on
 on the shared machine (2026-12-06, load 5-11, 1 repeat of 2 measured steps) gave 3,041 against
 3,192 ms per 1k slots (padded, packed: within 5 %), padding 63 % padded and 17 % packed, packed
 2.13x = 0.79 of the ideal 1 / (1 - padding) and 0.95 of it with the packed rows' padding, a rank
-under 3.3 GB. Packed padding varies by draw: the packer gives 9 % on average over the draws of
-steps 0-7 (padded 63 %), hence 4 measured steps. Packing needs many samples per micro-batch for
+under 3.3 GB (rows then even: every micro-batch padded to the fullest one's row count). Packed
+padding varies by draw: over the draws of steps 0-7 the packer gives 10.5 % on average with even
+rows and 7.1 % ragged (``tests/unit/test_packer.py``; padded 63 %), hence 4 measured steps. Packing needs many samples per micro-batch for
 full rows (hence M = 2, 16 samples each); ``small`` in pynative at rows of 1024 and M = 4 ran a
 rank out of memory (13 GB: the attention's square over M micro-batches in flight).
+
+The balance target's step time (``--mix skewed --ways packed,tokens``): each way prints its ms per
+step and the tokens/packed step-time line beside both tower max/mean. It shows only where the
+tower is a visible share of the step, hence ``--vision-width`` / ``--vision-depth``: with ``--hidden
+0`` (the preset's 64) and a tower 256 wide x 12 blocks, one process on one core (2026-12-06, load
+6) ran a packed micro-batch's frozen tower forward in 0.8-3.3 s against its decoder forward's
+0.8-1.3 s; step 0's balanced rows put 2.1 and 1.3 s of tower in the two micro-batches, token-only
+rows 0.8 and 3.3 s (the tower runs each row padded to its fullest row's patches, so it follows
+rows x most patches more than the real patches). A sizing launch under load (1 repeat, 3 measured
+steps, before the towers were placed ``balanced``) gave 10.6 s per step balanced and 10.3 s token-only (0.97x: within that load's noise),
+ranks under 1.5 GB.
 
 Usage: ``python -m graph_exec.benchmarks.packing_speed [--repeats 3] [--help]`` (run under the
 machine's lock, ``flock /tmp/ge-dist.lock ...``, on an otherwise quiet machine).
@@ -88,6 +101,18 @@ def _parser() -> argparse.ArgumentParser:
         default=256,
         help="the decoder's width, in place of the preset's (0: the preset's; default 256)",
     )
+    parser.add_argument(
+        "--vision-width",
+        type=int,
+        default=0,
+        help="the vision tower's width, in place of the preset's (0: the preset's; default 0)",
+    )
+    parser.add_argument(
+        "--vision-depth",
+        type=int,
+        default=0,
+        help="the vision tower's blocks, in place of the preset's (0: the preset's; default 0)",
+    )
     parser.add_argument("--batch", type=int, default=32, help="samples per step (default 32)")
     parser.add_argument("--micro", type=int, default=2, help="micro-batches per step (default 2)")
     parser.add_argument("--max-length", type=int, default=640, help="tokens per packed row (default 640)")
@@ -103,6 +128,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ways", type=_ways, default=("padded", "packed"), help="comma-separated, of padded,packed,tokens"
+    )
+    parser.add_argument(
+        "--even-rows",
+        action="store_true",
+        help="packed micro-batches all padded to the fullest one's row count (default: each its own)",
     )
     parser.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
     return parser
@@ -151,7 +181,8 @@ def _buckets(largest: int, smallest: int = 256) -> tuple[int, ...]:
 def _made(split, samples: list[dict], args: argparse.Namespace, seed: int) -> dict[str, tuple]:
     """Per way of ``args.ways``: ``(micro-batches, real tokens, token slots, tower costs)``.
     Graph mode pads to few shapes (each compiles); pynative pads each micro-batch to its own
-    sizes. Packed rows per micro-batch: what the packing needs, rounded up to a row bucket."""
+    sizes. Packed rows per micro-batch: what each holds (``--even-rows``: the fullest one's), in
+    graph mode rounded up to a row bucket."""
     import graph_exec.models as gm
     from graph_exec.data import pack, row_buckets_upto
 
@@ -175,7 +206,13 @@ def _made(split, samples: list[dict], args: argparse.Namespace, seed: int) -> di
         if way in args.ways:
             buckets = row_buckets_upto(len(samples)) if graph else None
             packing = pack(
-                costs, args.max_length, args.micro, balance=balance, seed=seed, row_buckets=buckets
+                costs,
+                args.max_length,
+                args.micro,
+                balance=balance,
+                seed=seed,
+                row_buckets=buckets,
+                ragged=not args.even_rows,
             )
             batches = gm.vlm_packed_micro_batches(
                 split, samples, packing, args.max_length, patch_pad_to=patch_buckets
@@ -188,26 +225,30 @@ def _signature(batches) -> tuple:
     return tuple(tuple(np.shape(a) for a in b.inputs) for b in batches)
 
 
-def _step(sched, batches) -> float:
+def _step(sched, batches, tower: list[float]) -> float:
+    """One step's seconds; ``tower``: the micro-batches' patches, what ``tower_order="balanced"``
+    places the towers by."""
     import mindspore as ms
 
     tensors = [(tuple(ms.Tensor(a) for a in b.inputs), ms.Tensor(b.labels)) for b in batches]
     sched.zero_grad()
     start = time.perf_counter()
-    losses = sched.run(micro_batches=tensors)
+    losses = sched.run(micro_batches=tensors, tower_costs=tower)
     for loss in losses or ():
         loss.asnumpy()
     return time.perf_counter() - start
 
 
 def _preset(args: argparse.Namespace):
-    """The ``--size`` preset, ``--hidden`` wide (the tower and images as the preset's)."""
+    """The ``--size`` preset, ``--hidden`` wide, its tower ``--vision-width`` wide and
+    ``--vision-depth`` deep (each 0: the preset's; the images as the preset's)."""
     import dataclasses
 
     from graph_exec.examples import qwen2vl
 
     preset = qwen2vl.SIZES[args.size]
-    return dataclasses.replace(preset, hidden=args.hidden) if args.hidden else preset
+    given = {"hidden": args.hidden, "vision_width": args.vision_width, "vision_depth": args.vision_depth}
+    return dataclasses.replace(preset, **{k: v for k, v in given.items() if v})
 
 
 def _model(preset, layers: int):
@@ -247,6 +288,7 @@ def _worker(args: argparse.Namespace) -> int:
         mode=args.mode,
         loss_fn=gm.causal_lm_token_loss,
         loss_reduction="token",
+        tower_order="balanced",
         shapes=args.shapes,
         timeout_s=600,
     )
@@ -267,7 +309,12 @@ def _worker(args: argparse.Namespace) -> int:
         for way in args.ways if step % 2 == 0 else reversed(args.ways):
             batches, real, slots, tower = made[way]
             seen.add((way, _signature(batches)))
-            record[way] = {"s": _step(sched, batches), "real": real, "slots": slots, "spread": spread(tower)}
+            record[way] = {
+                "s": _step(sched, batches, tower),
+                "real": real,
+                "slots": slots,
+                "spread": spread(tower),
+            }
         steps.append(record)
         step += 1
     print(RESULT + json.dumps({"rank": rank, "steps": steps}), flush=True)
@@ -288,6 +335,7 @@ def _summarise(reports: list[dict], ways: tuple[str, ...]) -> dict[str, dict[str
             "tokens_s": real / seconds,
             "padding": 1 - real / slots,
             "ms_per_1k_slots": 1e6 * seconds / slots,
+            "step_ms": 1e3 * seconds / max(len(measured), 1),
             "tower": float(np.mean([per_rank[0][k][way]["spread"] for k in measured])),
             "steps": len(measured),
         }
@@ -308,9 +356,12 @@ def _ratios(run: dict[str, dict[str, float]]) -> tuple[float, float, float]:
 def _print_run(k: int, run: dict[str, dict[str, float]]) -> None:
     for way, m in run.items():
         print(
-            f"  repeat {k + 1} {way:7s} {m['tokens_s']:9,.0f} real tokens/s  padding {m['padding']:.0%}  "
+            f"  repeat {k + 1} {way:7s} {m['step_ms']:8,.0f} ms/step {m['tokens_s']:9,.0f} real tokens/s  "
+            f"padding {m['padding']:.0%}  "
             f"{m['ms_per_1k_slots']:7.2f} ms per 1k slots  tower max/mean {m['tower']:.2f}  ({m['steps']} steps)"
         )
+    if {"packed", "tokens"} <= set(run):
+        print(f"  repeat {k + 1} {_balance_line(run)}")
     if {"packed", "padded"} <= set(run):
         ratio, ideal, own = _ratios(run)
         print(
@@ -319,13 +370,28 @@ def _print_run(k: int, run: dict[str, dict[str, float]]) -> None:
         )
 
 
+def _balance_line(run: dict[str, dict[str, float]]) -> str:
+    """Rows packed by tokens alone against balanced rows: step time and tower max/mean."""
+    tokens, packed = run["tokens"], run["packed"]
+    return (
+        f"tokens/packed step time {tokens['step_ms'] / packed['step_ms']:.3f}x "
+        f"(tower max/mean {tokens['tower']:.2f} against {packed['tower']:.2f})"
+    )
+
+
 def _print_spread(runs: list[dict[str, dict[str, float]]], ways: tuple[str, ...]) -> None:
     def span(values: list[float], fmt: str) -> str:
         return f"{format(min(values), fmt)}-{format(max(values), fmt)}"
 
     print(f"spread over {len(runs)} repeats (min-max):")
     for way in ways:
-        print(f"  {way:7s} real tokens/s {span([r[way]['tokens_s'] for r in runs], ',.0f')}")
+        print(
+            f"  {way:7s} ms/step {span([r[way]['step_ms'] for r in runs], ',.0f')}, "
+            f"real tokens/s {span([r[way]['tokens_s'] for r in runs], ',.0f')}"
+        )
+    if {"packed", "tokens"} <= set(ways):
+        slower = [r["tokens"]["step_ms"] / r["packed"]["step_ms"] for r in runs]
+        print(f"  tokens/packed step time {span(slower, '.3f')}x")
     if {"packed", "padded"} <= set(ways):
         ratios = [_ratios(r) for r in runs]
         print(
@@ -338,18 +404,37 @@ def _print_spread(runs: list[dict[str, dict[str, float]]], ways: tuple[str, ...]
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.hidden < 0 or args.hidden % 32:
-        parser.error(f"--hidden {args.hidden}: 0 (the preset's) or a positive multiple of 32 (4 heads of 8+)")
+    for flag, value in (("--hidden", args.hidden), ("--vision-width", args.vision_width)):
+        if value < 0 or value % 32:
+            parser.error(f"{flag} {value}: 0 (the preset's) or a positive multiple of 32 (4 heads of 8+)")
+    if args.vision_depth < 0:
+        parser.error(f"--vision-depth {args.vision_depth}: 0 (the preset's) or a positive number of blocks")
     if args.as_rank:
         return _worker(args)
-    keys = ("mix", "size", "hidden", "batch", "micro", "max_length", "steps", "warmup", "mode", "shapes")
+    keys = (
+        "mix",
+        "size",
+        "hidden",
+        "vision_width",
+        "vision_depth",
+        "batch",
+        "micro",
+        "max_length",
+        "steps",
+        "warmup",
+        "mode",
+        "shapes",
+    )
     forwarded = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in keys] + [
         f"--ways={','.join(args.ways)}"
     ]
+    forwarded += ["--even-rows"] if args.even_rows else []
     print(
-        f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
+        f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}, tower "
+        f"{_preset(args).vision_width} wide x {_preset(args).vision_depth}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
         f"{args.mix} mix, "
-        f"batch {args.batch}, M={args.micro}, max_length {args.max_length}, {args.steps} measured steps "
+        f"batch {args.batch}, M={args.micro}, max_length {args.max_length} "
+        f"({'even' if args.even_rows else 'ragged'} rows), {args.steps} measured steps "
         f"(first {args.warmup} unmeasured; static: also those compiling), {args.repeats} repeats"
     )
     runs = []

@@ -12,7 +12,11 @@ micro-batch with the least tower cost where it still fits) and then fills with t
 
 The rows per micro-batch are the same in every micro-batch of a step (one input shape): fixed
 (``rows=R``), the fewest this packing needs, or that rounded up to a bucket of ``row_buckets``
-(:func:`row_buckets_upto`: 1, 2, 3, 4, 6, 8, ...). Buckets keep both the packed rows' padding and
+(:func:`row_buckets_upto`: 1, 2, 3, 4, 6, 8, ...); or, with ``ragged=True`` (for
+``run(micro_batches=...)``, which takes micro-batches of different row counts), each micro-batch
+keeps the rows it holds (or its own bucket): the rows are then filled best fit over the whole
+batch and dealt whole, so only about one row of the batch is part empty, not one per micro-batch
+plus every micro-batch padded to the fullest one's count. Buckets keep both the packed rows' padding and
 the number of shapes a run meets low: in graph mode every new shape compiles graphs whose
 memory the process keeps, and a fixed ``rows`` large enough for every step leaves most rows empty.
 
@@ -24,12 +28,14 @@ the same packing without communicating; a data-parallel replica packs its own sh
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 BALANCES = ("tower", "tokens")
+#: Tower costs max/mean that count as even when ``ragged=True`` weighs fewer rows against balance.
+EVEN = 1.1
 
 
 class SampleCost(NamedTuple):
@@ -42,24 +48,29 @@ class SampleCost(NamedTuple):
 
 class Packing(NamedTuple):
     """``micro_batches[m][r]``: the indices of the samples of row ``r`` of micro-batch ``m``, in
-    the order they sit in the row. Every micro-batch has the same number of rows (an empty
-    row is all padding), so the micro-batches keep one shape."""
+    the order they sit in the row (an empty row is all padding). Every micro-batch has the same
+    number of rows (one shape), unless packed with ``ragged=True``."""
 
     micro_batches: tuple[tuple[tuple[int, ...], ...], ...]
 
     @property
     def rows(self) -> int:
-        """Rows per micro-batch."""
-        return len(self.micro_batches[0])
+        """Rows per micro-batch (ragged: the most any micro-batch has)."""
+        return max(len(mb) for mb in self.micro_batches)
+
+    @property
+    def row_counts(self) -> list[int]:
+        """Each micro-batch's rows."""
+        return [len(mb) for mb in self.micro_batches]
 
     def tower_costs(self, costs: Sequence[SampleCost]) -> list[float]:
         """Each micro-batch's patches: its tower's work (``vlm_tower_costs`` scale)."""
         return [float(sum(costs[i].patches for row in mb for i in row)) for mb in self.micro_batches]
 
     def padding_fraction(self, costs: Sequence[SampleCost], max_length: int) -> float:
-        """The share of the ``micro × rows × max_length`` token slots that hold padding."""
+        """The share of the micro-batches' ``rows × max_length`` token slots that hold padding."""
         real = sum(costs[i].tokens for mb in self.micro_batches for row in mb for i in row)
-        return 1.0 - real / (len(self.micro_batches) * self.rows * max_length)
+        return 1.0 - real / (sum(self.row_counts) * max_length)
 
 
 def spread(values: Sequence[float]) -> float:
@@ -100,6 +111,7 @@ def pack(
     seed: int = 0,
     rows: int | None = None,
     row_buckets: Sequence[int] | None = None,
+    ragged: bool = False,
 ) -> Packing:
     """Pack samples of ``costs`` into rows of at most ``max_length`` tokens, in ``micro``
     micro-batches of equal row counts: ``rows`` each (so every step has the same shapes and
@@ -112,6 +124,13 @@ def pack(
     has fewer rows per micro-batch, then the smaller tower spread).
     ``balance="tokens"``: rows filled best-fit by tokens alone (largest first), dealt to the
     micro-batches in consecutive groups (the baseline balanced rows are measured against).
+
+    ``ragged=True`` (not with ``rows``): each micro-batch keeps its own row count (at least one;
+    with ``row_buckets``, its own bucket), for ``run(micro_batches=...)``. The rows are filled
+    best fit over the whole batch and dealt whole, ``⌊N/M⌋`` or ``⌈N/M⌉`` to each micro-batch
+    (the body's work stays even); ``"tower"`` deals them heaviest tower first to the lightest
+    micro-batch, then swaps samples between micro-batches' rows while that evens the tower costs
+    (keeping the sample-dealt packing instead where it has as few rows and a smaller spread).
     """
     if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
         raise ValueError(f"micro must be a positive int (the number of micro-batches), got {micro!r}")
@@ -119,6 +138,10 @@ def pack(
         raise ValueError(f"rows must be a positive int (rows per micro-batch) or None, got {rows!r}")
     if rows is not None and row_buckets is not None:
         raise ValueError(f"give rows={rows!r} or row_buckets={row_buckets!r}, not both")
+    if rows is not None and ragged:
+        raise ValueError(
+            f"give rows={rows!r} (every micro-batch that many) or ragged=True (each its own), not both"
+        )
     buckets = None if row_buckets is None else checked_row_buckets(row_buckets)
     if balance not in BALANCES:
         raise ValueError(f"balance={balance!r}; choose one of {BALANCES}")
@@ -126,13 +149,20 @@ def pack(
         raise ValueError("nothing to pack: no samples")
     check_budget(costs, max_length)
     tie = np.random.default_rng(seed).permutation(len(costs))
+    by_tokens = sorted(range(len(costs)), key=lambda i: (-costs[i].tokens, tie[i]))
+    if ragged:
+        what = f"{len(costs)} samples"
+
+        def width(need: int) -> int:
+            return max(1, need) if buckets is None else row_bucket(max(1, need), buckets, what)
+
+        groups = _ragged_groups(by_tokens, costs, max_length, micro, balance, tie, width)
+        return Packing(tuple(tuple(tuple(r) for r in g) + ((),) * (width(len(g)) - len(g)) for g in groups))
     if balance == "tokens":
-        order = sorted(range(len(costs)), key=lambda i: (-costs[i].tokens, tie[i]))
-        filled = _fill_rows(order, costs, max_length)
+        filled = _fill_rows(by_tokens, costs, max_length)
         size = -(-len(filled) // micro)
         groups = [filled[m * size : (m + 1) * size] for m in range(micro)]
     else:
-        by_tokens = sorted(range(len(costs)), key=lambda i: (-costs[i].tokens, tie[i]))
         order = sorted(range(len(costs)), key=lambda i: (-costs[i].patches, -costs[i].tokens, tie[i]))
         candidates = (
             _balanced(order, costs, max_length, micro),
@@ -147,6 +177,96 @@ def pack(
         )
     width = rows or (need if buckets is None else row_bucket(need, buckets, f"{len(costs)} samples"))
     return Packing(tuple(tuple(tuple(r) for r in g) + ((),) * (width - len(g)) for g in groups))
+
+
+def _ragged_groups(
+    by_tokens: Sequence[int],
+    costs: Sequence[SampleCost],
+    max_length: int,
+    micro: int,
+    balance: str,
+    tie: np.ndarray,
+    width: Callable[[int], int],
+) -> list[list[list[int]]]:
+    """The micro-batches' rows for ``ragged=True``: the batch's best-fit rows dealt whole (in
+    consecutive runs for ``"tokens"``; for ``"tower"`` by tower cost and then evened by swaps).
+    ``"tower"`` keeps the sample-dealt rows of :func:`_balanced` instead where those fill fewer
+    row slots (``width`` of each micro-batch's rows) at a spread within :data:`EVEN` or the
+    better one's, or the dealt rows are spread beyond both: fewer rows never cost balance."""
+    filled = _fill_rows(by_tokens, costs, max_length)
+    if balance == "tokens":
+        edges = [len(filled) * m // micro for m in range(micro + 1)]
+        return [filled[edges[m] : edges[m + 1]] for m in range(micro)]
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i].patches, -costs[i].tokens, tie[i]))
+    candidates = (
+        _even_swaps(_rows_dealt(filled, costs, micro), costs, max_length),
+        _balanced(order, costs, max_length, micro),
+    )
+    spreads = [_tower_spread(g, costs) for g in candidates]
+    even = max(EVEN, min(spreads))
+    best = min(
+        range(len(candidates)),
+        key=lambda k: (spreads[k] > even, sum(width(len(g)) for g in candidates[k]), spreads[k]),
+    )
+    return candidates[best]
+
+
+def _rows_dealt(filled: list[list[int]], costs: Sequence[SampleCost], micro: int) -> list[list[list[int]]]:
+    """``filled`` dealt heaviest tower first to the lightest micro-batch that may take another
+    row: ``⌊N/M⌋`` rows each and one more for ``N mod M`` of them."""
+    floor, extra = divmod(len(filled), micro)
+    weight = [sum(costs[i].patches for i in row) for row in filled]
+    groups: list[list[list[int]]] = [[] for _ in range(micro)]
+    patches = [0] * micro
+    for r in sorted(
+        range(len(filled)), key=lambda r: (-weight[r], -sum(costs[i].tokens for i in filled[r]), r)
+    ):
+        longer = sum(len(g) > floor for g in groups)
+        room = [
+            m for m in range(micro) if len(groups[m]) < floor or (len(groups[m]) == floor and longer < extra)
+        ]
+        m = min(room, key=lambda m: (patches[m], len(groups[m]), m))
+        groups[m].append(filled[r])
+        patches[m] += weight[r]
+    return groups
+
+
+def _even_swaps(
+    groups: list[list[list[int]]], costs: Sequence[SampleCost], max_length: int
+) -> list[list[list[int]]]:
+    """Swap two samples of different micro-batches' rows (each row still within
+    ``max_length``, no row emptied) while a swap lowers the sum of squared tower costs, the best
+    swap first: the rows and their count stay, the tower costs even out."""
+    where = {i: (m, r) for m, g in enumerate(groups) for r, row in enumerate(g) for i in row}
+    used = [[sum(costs[i].tokens for i in row) for row in g] for g in groups]
+    tower = [sum(costs[i].patches for row in g for i in row) for g in groups]
+    for _ in range(4 * len(where)):
+        best, swap = 0, None
+        for i, (a, ra) in where.items():
+            for j, (b, rb) in where.items():
+                moved = costs[i].patches - costs[j].patches
+                if not 0 < moved < tower[a] - tower[b]:  # a lowers the sum of squares: a is heavier
+                    continue
+                grow = costs[j].tokens - costs[i].tokens
+                if used[a][ra] + grow > max_length or used[b][rb] - grow > max_length:
+                    continue
+                gain = moved * (tower[a] - tower[b] - moved)
+                if gain > best:
+                    best, swap = gain, (i, j)
+        if swap is None:
+            break
+        i, j = swap
+        (a, ra), (b, rb) = where[i], where[j]
+        groups[a][ra][groups[a][ra].index(i)] = j
+        groups[b][rb][groups[b][rb].index(j)] = i
+        grow = costs[j].tokens - costs[i].tokens
+        used[a][ra] += grow
+        used[b][rb] -= grow
+        moved = costs[i].patches - costs[j].patches
+        tower[a] -= moved
+        tower[b] += moved
+        where[i], where[j] = (b, rb), (a, ra)
+    return groups
 
 
 def checked_row_buckets(row_buckets: Sequence[int]) -> tuple[int, ...]:

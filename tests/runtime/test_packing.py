@@ -112,14 +112,17 @@ def test_a_packed_row_matches_the_whole_model_on_each_sample_alone(
     assert_matches(sched, losses, ref_losses, ref_grads)
 
 
-def test_packed_llama_text_rows_match_the_whole_model_on_each_sample():
+@pytest.mark.parametrize("ragged", [False, True], ids=["even", "ragged"])
+def test_packed_llama_text_rows_match_the_whole_model_on_each_sample(ragged):
     """Five samples of 3..11 tokens in rows of 16: losses and every gradient as the whole Llama
-    on each sample alone (pynative; the masked chunks compile in the Qwen2-VL graph case)."""
+    on each sample alone (pynative; the masked chunks compile in the Qwen2-VL graph case); with
+    ``ragged=True`` the micro-batches hold 1 and 2 rows (the batch's three best-fit rows)."""
     model, ref = mm.whole("llama", 2), mm.whole("llama", 2)
     parts = gm.split_model(model, 2, packed=True)
     samples = mm.text_samples([11, 5, 9, 3, 7])
-    packing = pack(gm.text_sample_costs(samples), 16, 2)
+    packing = pack(gm.text_sample_costs(samples), 16, 2, ragged=ragged)
     assert max(len(row) for mb in packing.micro_batches for row in mb) >= 2
+    assert sorted(packing.row_counts) == ([1, 2] if ragged else [2, 2])
     batches = gm.text_packed_micro_batches(samples, packing, 16)
     sched = schedule(parts, "pynative")
     losses = sched.run(micro_batches=batches)

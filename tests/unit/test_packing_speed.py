@@ -27,7 +27,7 @@ def test_a_launch_is_summarised_from_the_slower_rank_of_its_measured_steps():
     assert run["packed"]["tokens_s"] == pytest.approx(1200 / (1.5 + 1.0))
     assert run["padded"]["padding"] == pytest.approx(0.5) and run["packed"]["padding"] == pytest.approx(0.25)
     assert run["packed"]["ms_per_1k_slots"] == pytest.approx(1e6 * 2.5 / 1600)
-    assert run["padded"]["steps"] == 2
+    assert run["padded"]["steps"] == 2 and run["packed"]["step_ms"] == pytest.approx(1e3 * 2.5 / 2)
     ratio, ideal, own = ps._ratios(run)
     assert ratio == pytest.approx(2.0) and ideal == pytest.approx(2.0) and own == pytest.approx(1.5)
 
@@ -46,3 +46,12 @@ def test_a_bad_width_is_refused_before_anything_launches(capsys):
         ps.main(["--hidden", "48"])
     assert exit_info.value.code == 2
     assert "--hidden 48: 0 (the preset's) or a positive multiple of 32" in capsys.readouterr().err
+
+
+def test_the_balance_line_sets_token_only_rows_against_balanced_ones():
+    way = {"tokens_s": 1.0, "padding": 0.1, "ms_per_1k_slots": 1.0, "steps": 2}
+    run = {
+        "packed": {**way, "step_ms": 100.0, "tower": 1.0},
+        "tokens": {**way, "step_ms": 125.0, "tower": 1.43},
+    }
+    assert ps._balance_line(run) == "tokens/packed step time 1.250x (tower max/mean 1.43 against 1.00)"
