@@ -33,6 +33,8 @@ from graph_exec.schedule.plan import Plan
 FORWARDS = 4
 #: Micro-batch keys of the calibration forwards (no real micro-batch is negative).
 _KEYS = tuple(-1 - k for k in range(FORWARDS))
+#: The key of the backward measured apart from those (the last stage's fused step, a recompute).
+_BACKWARD_KEY = -1 - FORWARDS
 
 
 def _growth(forward: Any) -> tuple[float, list[Any]]:
@@ -48,27 +50,92 @@ def _growth(forward: Any) -> tuple[float, list[Any]]:
     return float(statistics.median(b - a for a, b in itertools.pairwise(seen[1:]))), held
 
 
-def measure_stage_tape(executor: Any, stage: int, inputs: tuple[Any, ...]) -> int:
-    """Bytes one recorded forward of ``stage`` on ``inputs`` keeps beyond its inputs and outputs
-    (0 when nothing is recorded: no trained weight and no input gradient)."""
+def measure_stage_tape(
+    executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any = None, split: bool = False
+) -> tuple[int, int]:
+    """``(tape, transient)`` of ``stage`` on ``inputs``: the bytes one recorded forward keeps
+    beyond its inputs and outputs (0 when nothing is recorded: no trained weight and no input
+    gradient), and the high-water growth of one backward run while the measured forwards are
+    still held (:func:`backward_transient`). ``labels`` (not ``None``) marks the last stage;
+    ``split``: the backward is ``I`` then ``W`` (``body="zb"``)."""
     recompute = executor.recompute
     executor.recompute = False  # the tape a recompute's backward records is the same one
     try:
-        taped, _ = _growth(lambda k: executor.stage_forward(stage, _KEYS[k], inputs))
+        taped, held = _growth(lambda k: executor.stage_forward(stage, _KEYS[k], inputs))
         plain, _ = _growth(lambda k: executor.stage_forward_only(stage, inputs))
+        executor.recompute = recompute
+        transient = backward_transient(executor, stage, inputs, labels, held[0], split)
     finally:
         executor.recompute = recompute
-        for key in _KEYS:
+        for key in (*_KEYS, _BACKWARD_KEY):
             executor.release_forward(stage, key)
-    return max(0, round(taped - plain))
+    return max(0, round(taped - plain)), transient
+
+
+def backward_transient(
+    executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any, outputs: tuple[Any, ...], split: bool
+) -> int:
+    """The high-water growth of memory in use while one backward of ``stage`` runs, through the
+    executor's own path, above the level before it: the cotangents of its activations and its
+    temporaries, which nothing holds between steps. With ``recompute`` it includes the rebuilt
+    forward (a forward keeping only its inputs is made first); ``split``: ``I`` then ``W``; the
+    last stage (``labels`` not ``None``): its fused forward, loss and backward. The cotangent
+    is ones of ``outputs``' shapes (floating outputs; the others take none). The gradients it
+    accumulates are then put back as they were, exactly."""
+    from graph_exec.device import memory_high_water, reset_memory_high_water, wait_for
+
+    saved = {name: grad.copy() for name, grad in executor.grads().items()}
+    wait_for(saved.values())
+    key = _KEYS[0]  # a taped forward measured above, still held
+    if labels is not None:
+        key = _BACKWARD_KEY
+        level = reset_memory_high_water()
+        _, grads = executor.last_stage_step(stage, key, inputs, labels, hold_weight_grads=split)
+    else:
+        cotangents = _ones_like(outputs)
+        if executor.recompute:
+            key = _BACKWARD_KEY
+            executor.stage_forward(stage, key, inputs)
+        wait_for(cotangents)
+        level = reset_memory_high_water()
+        backward = executor.stage_backward_input if split else executor.stage_backward
+        grads = backward(stage, key, cotangents)
+    wait_for(grads)
+    if split:
+        executor.stage_backward_weight(stage, key)
+    wait_for(executor.grads().values())
+    transient = memory_high_water() - level
+    _restore(executor, saved)
+    return max(0, transient)
+
+
+def _ones_like(outputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A cotangent of ones for each floating output, ``None`` (no gradient) for the others."""
+    import mindspore as ms
+
+    from graph_exec.kernels import is_float
+
+    return tuple(ms.ops.ones_like(t) if is_float(t) else None for t in outputs)
+
+
+def _restore(executor: Any, saved: Mapping[str, Any]) -> None:
+    """Every gradient accumulator back to ``saved`` (what calibration added is gone)."""
+    from graph_exec.device import assign_in_place, wait_for
+
+    grads = executor.grads()
+    for name, value in saved.items():
+        assign_in_place(grads[name], value)
+    wait_for(grads.values())
 
 
 class TapeCalibration:
-    """The measured tape per local stage and the memory in use when the first step began (the
-    framework, the parameters, the gradient accumulators and whatever the caller made before)."""
+    """The measured tape and backward transient per local stage and the memory in use when the
+    first step began (the framework, the parameters, the gradient accumulators and whatever the
+    caller made before)."""
 
     def __init__(self) -> None:
         self.tapes: dict[int, int] = {}
+        self.transients: dict[int, int] = {}
         self.base_in_use: int | None = None
 
     def begin_step(self) -> None:
@@ -78,38 +145,61 @@ class TapeCalibration:
         if self.base_in_use is None:
             self.base_in_use = memory_in_use()
 
-    def before_forward(self, executor: Any, stage: int, inputs: tuple[Any, ...]) -> None:
-        """Measure ``stage``'s tape on its first forward's inputs (once per stage)."""
+    def before_forward(
+        self, executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any = None, split: bool = False
+    ) -> None:
+        """Measure ``stage``'s tape and backward transient on its first forward's inputs (once
+        per stage; ``labels``: the last stage's, for its loss; ``split``: ``body="zb"``)."""
         if stage not in self.tapes:
-            self.tapes[stage] = measure_stage_tape(executor, stage, inputs)
+            self.tapes[stage], self.transients[stage] = measure_stage_tape(
+                executor, stage, inputs, labels, split
+            )
 
 
 def tape_peak(plan: Plan, rank: int, tapes: Mapping[int, int], recompute: bool) -> int:
     """The most tape bytes ``rank`` holds at once under ``plan``: each held forward its stage's
-    tape (the plan's memory model says which are held when); with ``recompute`` none is held,
-    but a backward records one stage again: the largest."""
+    tape (the plan's memory model says which are held when); with ``recompute`` none is held
+    (the one a backward rebuilds is part of that backward's transient)."""
     if recompute:
-        return max(tapes.values(), default=0)
+        return 0
     return peak_bytes(plan, rank, ItemSizes(activations=dict(tapes), stage_inputs={}))
+
+
+#: ``stats()["memory"]``'s keys from the calibration, in the order they are reported.
+KEYS = (
+    "tape_bytes_per_micro",
+    "tape_peak",
+    "backward_transient_bytes",
+    "base_in_use",
+    "predicted_parts",
+    "predicted_peak",
+)
 
 
 def tape_stats(
     calibration: TapeCalibration | None, plan: Plan, rank: int, recompute: bool, held_peak: int
 ) -> dict[str, Any]:
-    """``stats()["memory"]``'s tape keys: ``tape_bytes_per_micro`` (measured per local stage),
-    ``tape_peak`` (held at once, from the plan), ``base_in_use`` (memory in use before the first
-    step), ``predicted_parts`` (each part of the prediction by name, so a miss can be traced to
-    the part that caused it: ``base_in_use``, the library's ``held`` peak, the ``tape`` peak) and
-    ``predicted_peak`` (their sum), to set beside ``peak_rss`` / ``allocator_peak``; all ``None``
-    without ``measure_tape=True``."""
-    keys = ("tape_bytes_per_micro", "tape_peak", "base_in_use", "predicted_parts", "predicted_peak")
+    """``stats()["memory"]``'s calibration keys (:data:`KEYS`): ``tape_bytes_per_micro``
+    (measured per local stage), ``tape_peak`` (held at once, from the plan),
+    ``backward_transient_bytes`` (measured per local stage), ``base_in_use`` (memory in use
+    before the first step), ``predicted_parts`` (each part of the prediction by name, so a miss
+    can be traced to the part that caused it: ``base_in_use``, the library's ``held`` peak, the
+    ``tape`` peak and the largest ``backward_transient`` of the rank's stages: one backward
+    runs at a time) and ``predicted_peak`` (their sum), to set beside ``peak_rss`` /
+    ``allocator_peak``; all ``None`` without ``measure_tape=True``."""
     if calibration is None or calibration.base_in_use is None:
-        return dict.fromkeys(keys)
+        return dict.fromkeys(KEYS)
     peak = tape_peak(plan, rank, calibration.tapes, recompute)
-    parts = {"base_in_use": calibration.base_in_use, "held": held_peak, "tape": peak}
+    parts = {
+        "base_in_use": calibration.base_in_use,
+        "held": held_peak,
+        "tape": peak,
+        "backward_transient": max(calibration.transients.values(), default=0),
+    }
     return {
         "tape_bytes_per_micro": dict(sorted(calibration.tapes.items())),
         "tape_peak": peak,
+        "backward_transient_bytes": dict(sorted(calibration.transients.items())),
         "base_in_use": calibration.base_in_use,
         "predicted_parts": parts,
         "predicted_peak": sum(parts.values()),
