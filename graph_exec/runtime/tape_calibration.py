@@ -3,20 +3,27 @@ per-rank peak the plan predicts with it (issue 53, part 1).
 
 The library's own account (:mod:`graph_exec.runtime.memory_account`) sees only the tensors at a
 stage's boundary; a recorded forward also keeps every layer's saved activations inside the tape.
-With ``measure_tape=True`` the runtime measures them once per stage, on the first step's first
-forward of that stage (the real micro-batch shapes): memory in use
-(:func:`graph_exec.device.memory_in_use`: the allocator where the device keeps one, else RSS)
-grown per held forward under the tape, minus the same forwards run untaped with their outputs
-held the same way. Several forwards are held at once and the median growth from the third on is
-taken: the first ones may land in memory the allocator already holds (and compile), and RSS moves
-in blocks. Nothing is freed between the untaped and the taped forwards, so no freed memory is
-reused. The calibration forwards are released (without touching any gradient) before the step
-goes on; their cost is a few forwards per stage on the first step.
+With ``measure_tape=True`` the runtime measures, once per stage, on the first step's first
+forward of that stage (the real micro-batch shapes):
 
-The tape is measured recorded even with ``recompute=True`` (the executor then keeps only inputs,
-but its backward records the forward again, one stage at a time). With ``body="zb"`` the stage's
-forward is the split one, so the measure is what it keeps for ``I`` and ``W`` (the linear layers'
-saved inputs); what ``I`` then holds for ``W`` is the library's own count (``held_weight_gradients``).
+- the tape: memory in use (:func:`graph_exec.device.memory_in_use`: the allocator where the
+  device keeps one, else RSS) grown by a second recorded forward held beside the first, minus
+  the same for untaped forwards whose outputs are held the same way (the first forward of each
+  may compile and land in memory the allocator already holds). Only where the plan holds tapes:
+  not for the last stage (its fused step keeps nothing after it) nor with ``recompute=True``.
+  With ``body="zb"`` the forward is the split one, so the measure is what it keeps for ``I``
+  and ``W``; what ``I`` then holds for ``W`` is the library's own count
+  (``held_weight_gradients``);
+- the backward transient: the high-water growth of memory in use
+  (:func:`graph_exec.device.memory_high_water`) while one backward runs through the executor's
+  own path (the last stage: its fused step, loss included; ``recompute``: the rebuilt forward
+  included), its accumulated gradients then put back exactly.
+
+The calibration forwards are released (without touching any gradient) before the step goes
+on. Its footprint is kept small (two tapes and one backward beside what the step holds):
+MindSpore's CPU pool keeps what it takes, so a calibration larger than the step would itself be
+the measured peak. On a rank with two stages, the second one's calibration can land in pool
+memory the first one's freed, which hides part of its growth (``docs/memory.md``).
 """
 
 from __future__ import annotations
@@ -29,8 +36,12 @@ from typing import Any
 from graph_exec.schedule.memory import ItemSizes, peak_bytes
 from graph_exec.schedule.plan import Plan
 
-#: Forwards held per measurement (taped and untaped each); the growth is the median from the third.
-FORWARDS = 4
+#: Forwards held per tape measurement (taped and untaped each): the growth of each after the
+#: first is taken (the first compiles and may land in memory the allocator already holds), the
+#: median if several. Two keep the calibration's own footprint (two tapes held beside what the
+#: step holds) near the step's: the CPU pool keeps what the calibration took, so a larger one
+#: would be the measured peak.
+FORWARDS = 2
 #: Micro-batch keys of the calibration forwards (no real micro-batch is negative).
 _KEYS = tuple(-1 - k for k in range(FORWARDS))
 #: The key of the backward measured apart from those (the last stage's fused step, a recompute).
@@ -39,7 +50,7 @@ _BACKWARD_KEY = -1 - FORWARDS
 
 def _growth(forward: Any) -> tuple[float, list[Any]]:
     """Median growth of memory in use per call of ``forward(k)``, ``k < FORWARDS``, every result
-    held, from the third call on; and the results (the caller decides when they go)."""
+    held, from the second call on; and the results (the caller decides when they go)."""
     from graph_exec.device import memory_in_use, wait_for
 
     held, seen = [], []
@@ -47,64 +58,72 @@ def _growth(forward: Any) -> tuple[float, list[Any]]:
         held.append(forward(k))
         wait_for(held[-1])
         seen.append(memory_in_use())
-    return float(statistics.median(b - a for a, b in itertools.pairwise(seen[1:]))), held
+    return float(statistics.median(b - a for a, b in itertools.pairwise(seen))), held
 
 
 def measure_stage_tape(
     executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any = None, split: bool = False
-) -> tuple[int, int]:
+) -> tuple[int | None, int]:
     """``(tape, transient)`` of ``stage`` on ``inputs``: the bytes one recorded forward keeps
     beyond its inputs and outputs (0 when nothing is recorded: no trained weight and no input
-    gradient), and the high-water growth of one backward run while the measured forwards are
-    still held (:func:`backward_transient`). ``labels`` (not ``None``) marks the last stage;
-    ``split``: the backward is ``I`` then ``W`` (``body="zb"``)."""
-    recompute = executor.recompute
-    executor.recompute = False  # the tape a recompute's backward records is the same one
+    gradient), and the high-water growth of one backward (:func:`backward_transient`), run
+    while the measured forwards are still held. ``labels`` (not ``None``) marks the last stage;
+    ``split``: the backward is ``I`` then ``W`` (``body="zb"``). The tape is ``None``, not
+    measured, where the plan holds none: the last stage (its fused step keeps nothing after it)
+    and ``recompute`` (only inputs are kept); there the tape the step builds is in the
+    transient."""
+    if labels is not None or executor.recompute:
+        return None, backward_transient(executor, stage, inputs, labels, split)
     try:
         taped, held = _growth(lambda k: executor.stage_forward(stage, _KEYS[k], inputs))
         plain, _ = _growth(lambda k: executor.stage_forward_only(stage, inputs))
-        executor.recompute = recompute
-        transient = backward_transient(executor, stage, inputs, labels, held[0], split)
+        transient = backward_transient(executor, stage, inputs, None, split, (_KEYS[0], held[0]))
     finally:
-        executor.recompute = recompute
-        for key in (*_KEYS, _BACKWARD_KEY):
+        for key in _KEYS:
             executor.release_forward(stage, key)
     return max(0, round(taped - plain)), transient
 
 
 def backward_transient(
-    executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any, outputs: tuple[Any, ...], split: bool
+    executor: Any,
+    stage: int,
+    inputs: tuple[Any, ...],
+    labels: Any,
+    split: bool,
+    kept: tuple[int, tuple[Any, ...]] | None = None,
 ) -> int:
     """The high-water growth of memory in use while one backward of ``stage`` runs, through the
     executor's own path, above the level before it: the cotangents of its activations and its
-    temporaries, which nothing holds between steps. With ``recompute`` it includes the rebuilt
-    forward (a forward keeping only its inputs is made first); ``split``: ``I`` then ``W``; the
-    last stage (``labels`` not ``None``): its fused forward, loss and backward. The cotangent
-    is ones of ``outputs``' shapes (floating outputs; the others take none). The gradients it
-    accumulates are then put back as they were, exactly."""
+    temporaries, which nothing holds between steps. ``kept``: ``(key, outputs)`` of a forward
+    of ``stage`` already kept; else one is made here (with ``recompute`` it keeps only its
+    inputs and the transient includes the forward the backward rebuilds). ``split``: ``I`` then
+    ``W``; the last stage (``labels`` not ``None``): its fused forward, loss and backward. The
+    cotangent is ones of the outputs' shapes (floating outputs; the others take none). The
+    gradients it accumulates are then put back as they were, exactly."""
     from graph_exec.device import memory_high_water, reset_memory_high_water, wait_for
 
     saved = {name: grad.copy() for name, grad in executor.grads().items()}
     wait_for(saved.values())
-    key = _KEYS[0]  # a taped forward measured above, still held
-    if labels is not None:
-        key = _BACKWARD_KEY
-        level = reset_memory_high_water()
-        _, grads = executor.last_stage_step(stage, key, inputs, labels, hold_weight_grads=split)
-    else:
-        cotangents = _ones_like(outputs)
-        if executor.recompute:
-            key = _BACKWARD_KEY
-            executor.stage_forward(stage, key, inputs)
-        wait_for(cotangents)
-        level = reset_memory_high_water()
-        backward = executor.stage_backward_input if split else executor.stage_backward
-        grads = backward(stage, key, cotangents)
-    wait_for(grads)
-    if split:
-        executor.stage_backward_weight(stage, key)
-    wait_for(executor.grads().values())
-    transient = memory_high_water() - level
+    key, outputs = kept or (_BACKWARD_KEY, None)
+    try:
+        if labels is not None:
+            level = reset_memory_high_water()
+            _, grads = executor.last_stage_step(stage, key, inputs, labels, hold_weight_grads=split)
+        else:
+            if outputs is None:
+                outputs = executor.stage_forward(stage, key, inputs)
+            cotangents = _ones_like(outputs)
+            wait_for(cotangents)
+            level = reset_memory_high_water()
+            backward = executor.stage_backward_input if split else executor.stage_backward
+            grads = backward(stage, key, cotangents)
+        wait_for(grads)
+        if split:
+            executor.stage_backward_weight(stage, key)
+        wait_for(executor.grads().values())
+        transient = memory_high_water() - level
+    finally:
+        executor.release_forward(stage, key)
     _restore(executor, saved)
     return max(0, transient)
 
@@ -150,10 +169,10 @@ class TapeCalibration:
     ) -> None:
         """Measure ``stage``'s tape and backward transient on its first forward's inputs (once
         per stage; ``labels``: the last stage's, for its loss; ``split``: ``body="zb"``)."""
-        if stage not in self.tapes:
-            self.tapes[stage], self.transients[stage] = measure_stage_tape(
-                executor, stage, inputs, labels, split
-            )
+        if stage not in self.transients:
+            tape, self.transients[stage] = measure_stage_tape(executor, stage, inputs, labels, split)
+            if tape is not None:
+                self.tapes[stage] = tape
 
 
 def tape_peak(plan: Plan, rank: int, tapes: Mapping[int, int], recompute: bool) -> int:

@@ -108,11 +108,12 @@ def test_the_tape_and_backward_transient_are_measured_per_stage_and_change_no_gr
     # layer's input gradient, tanh derivative and weight gradient alive at once.
     transient = small["backward_transient_bytes"][1]
     assert 0 < transient <= LAYERS * (2 * 1024 * WIDTH + WIDTH * WIDTH) * 4, small
-    # recompute: the executor keeps the stage inputs only (rows x 512 floats for stage 1) and no
-    # tape; the backward's transient now includes the forward it rebuilds (its tape, 20 %).
+    # Nothing of the last stage is held between steps (its fused step): no tape measured there.
+    assert 2 not in small["tape_bytes_per_micro"] and small["backward_transient_bytes"][2] > 0
+    # recompute: the executor keeps the stage inputs only (rows x 512 floats for stage 1), no
+    # tape is held or measured; the backward's transient holds the forward it rebuilds.
     assert recompute["activation_bytes_per_micro"][1] == 1024 * WIDTH * 4
-    assert recompute["tape_bytes_per_micro"][1] == pytest.approx(tape, rel=0.2)
-    assert recompute["tape_peak"] == 0
+    assert recompute["tape_bytes_per_micro"] == {} and recompute["tape_peak"] == 0
     assert recompute["backward_transient_bytes"][1] >= 0.8 * tape + transient * 0.5, recompute
     assert recompute["predicted_peak"] < small["predicted_peak"]
     # Calibrating runs backwards that accumulate into the gradient buffers; they are put back:
