@@ -96,8 +96,9 @@ def backward_transient(
     executor's own path, above the level before it: the cotangents of its activations and its
     temporaries, which nothing holds between steps. ``kept``: ``(key, outputs)`` of a forward
     of ``stage`` already kept; else one is made here (with ``recompute`` it keeps only its
-    inputs and the transient includes the forward the backward rebuilds). ``split``: ``I`` then
-    ``W``; the last stage (``labels`` not ``None``): its fused forward, loss and backward. The
+    inputs and the transient includes the forward the backward rebuilds). The last stage
+    (``labels`` not ``None``): its fused forward, loss and backward. ``split``: the larger of
+    ``I``'s growth less what it holds for ``W`` (the library counts that) and ``W``'s own. The
     cotangent is ones of the outputs' shapes (floating outputs; the others take none). The
     gradients it accumulates are then put back as they were, exactly."""
     from graph_exec.device import memory_high_water, reset_memory_high_water, wait_for
@@ -118,14 +119,34 @@ def backward_transient(
             backward = executor.stage_backward_input if split else executor.stage_backward
             grads = backward(stage, key, cotangents)
         wait_for(grads)
-        if split:
-            executor.stage_backward_weight(stage, key)
-        wait_for(executor.grads().values())
         transient = memory_high_water() - level
+        if split:
+            transient = max(
+                transient - _held_for_w(executor, stage, key), _weight_backward(executor, stage, key)
+            )
     finally:
         executor.release_forward(stage, key)
     _restore(executor, saved)
     return max(0, transient)
+
+
+def _held_for_w(executor: Any, stage: int, key: int) -> int:
+    """What ``I`` holds for ``W`` under ``(stage, key)``, by the library's own count: the plan's
+    prediction counts it already (``held_weight_gradients``), so the transient leaves it out."""
+    from graph_exec.runtime.memory_account import held_bytes
+
+    held = executor.held_state().weight_grads.get((stage, key))
+    return 0 if held is None else held_bytes(held)
+
+
+def _weight_backward(executor: Any, stage: int, key: int) -> int:
+    """``W`` of ``(stage, key)``: its own high-water growth above the level before it."""
+    from graph_exec.device import memory_high_water, reset_memory_high_water, wait_for
+
+    level = reset_memory_high_water()
+    executor.stage_backward_weight(stage, key)
+    wait_for(executor.grads().values())
+    return memory_high_water() - level
 
 
 def _ones_like(outputs: tuple[Any, ...]) -> tuple[Any, ...]:
