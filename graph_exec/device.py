@@ -279,15 +279,67 @@ def memory_peaks() -> dict[str, int | None]:
     import sys
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_bytes = int(rss) if sys.platform == "darwin" else int(rss) * 1024  # Linux: KiB
     peaks: dict[str, int | None] = {
-        "peak_rss": int(rss) if sys.platform == "darwin" else int(rss) * 1024,  # Linux: KiB
+        "peak_rss": max(rss_bytes, _peaks_before_reset["rss"]),
         "allocator_peak": None,
     }
     if policy().allocator_reports_peak:
         import mindspore as ms
 
-        peaks["allocator_peak"] = int(ms.runtime.max_memory_allocated())
+        peaks["allocator_peak"] = max(
+            int(ms.runtime.max_memory_allocated()), _peaks_before_reset["allocator"]
+        )
     return peaks
+
+
+#: The process's peaks before the last :func:`reset_memory_high_water` (it lowers the counters
+#: :func:`memory_peaks` reads: Linux's ``ru_maxrss`` is VmHWM), so the whole-run peak stays whole.
+_peaks_before_reset = {"rss": 0, "allocator": 0}
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _vm_hwm() -> int:
+    """The resident set's high-water mark (``VmHWM`` of ``/proc/self/status``), in bytes."""
+    for line in _STATUS.read_text(encoding="ascii").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"{_STATUS} has no VmHWM line")
+
+
+def reset_memory_high_water() -> int:
+    """Start a new high-water mark of memory in use from now (what :func:`memory_high_water`
+    then reads); returns the memory in use now. The peaks so far are kept for
+    :func:`memory_peaks`.
+
+    The same decision as :func:`memory_in_use`, :attr:`DevicePolicy.allocator_reports_peak`:
+    where the device keeps an allocator account, MindSpore's
+    ``mindspore.runtime.reset_peak_memory_stats`` (then ``max_memory_allocated``); on CPU, the
+    resident set's high-water mark, reset by writing ``5`` to ``/proc/self/clear_refs`` (Linux)
+    and read from ``VmHWM``: MindSpore's CPU pool takes host memory as it grows, so its peak is
+    the resident set's.
+    """
+    previous = memory_peaks()
+    _peaks_before_reset["rss"] = int(previous["peak_rss"] or 0)
+    _peaks_before_reset["allocator"] = int(previous["allocator_peak"] or 0)
+    if policy().allocator_reports_peak:
+        import mindspore as ms
+
+        ms.runtime.reset_peak_memory_stats()
+    else:
+        _CLEAR_REFS.write_text("5", encoding="ascii")
+    return memory_in_use()
+
+
+def memory_high_water() -> int:
+    """The most memory in use since the last :func:`reset_memory_high_water` (bytes): the
+    allocator's peak where the device keeps one, else the resident set's ``VmHWM``."""
+    if policy().allocator_reports_peak:
+        import mindspore as ms
+
+        return int(ms.runtime.max_memory_allocated())
+    return _vm_hwm()
 
 
 def memory_in_use() -> int:

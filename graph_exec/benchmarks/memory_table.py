@@ -22,7 +22,8 @@ contention does not change it.
 plan of :data:`TARGET_PLANS` is a launch of its own (MindSpore's CPU pool never gives memory
 back, so a process's peak RSS is that of everything it ran) with ``measure_tape=True``; per rank
 the schedule's ``stats()["memory"]["predicted_peak"]`` (memory in use before the first step +
-the library's held peak + the tapes the plan holds) is set against the measured peak
+the library's held peak + the tapes the plan holds + the largest backward transient of the
+rank's stages) is set against the measured peak
 (``allocator_peak`` where the device keeps one, else ``peak_rss``), with the share of the peak
 that activations and tapes are, the error per plan, and whether the plans ordered by their
 largest predicted rank peak are ordered as by the largest measured one. Nothing is fitted to
@@ -238,7 +239,9 @@ def _target_row(pp: int, vpp: int, plan: str, rank: int, memory: dict[str, Any])
         "base": memory["base_in_use"],
         "held": memory["held_peak"],
         "tapes": memory["tape_peak"],
+        "transient": memory["predicted_parts"]["backward_transient"],
         "tape_per_micro": memory["tape_bytes_per_micro"],
+        "transient_per_stage": memory["backward_transient_bytes"],
         "activation_share": held / measured,
     }
 
@@ -249,12 +252,13 @@ def target_table(rows: list[dict[str, Any]]) -> str:
 
     lines = [
         f"{'P':>2} {'V':>2} {'plan':<14} {'rank':>4} {'base':>10} {'held':>10} {'tapes':>10} "
-        f"{'predicted':>10} {'measured':>10} {'error':>7} {'act/peak':>8}"
+        f"{'transient':>10} {'predicted':>10} {'measured':>10} {'error':>7} {'act/peak':>8}"
     ]
     for r in rows:
         lines.append(
             f"{r['pp']:>2} {r['vpp']:>2} {r['plan']:<14} {r['rank']:>4} {size_text(r['base']):>10} "
-            f"{size_text(r['held']):>10} {size_text(r['tapes']):>10} {size_text(r['predicted']):>10} "
+            f"{size_text(r['held']):>10} {size_text(r['tapes']):>10} {size_text(r['transient']):>10} "
+            f"{size_text(r['predicted']):>10} "
             f"{size_text(r['measured']):>10} {r['error']:>+7.1%} {r['activation_share']:>8.2f}"
         )
     for pp in sorted({r["pp"] for r in rows}):

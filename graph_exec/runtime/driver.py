@@ -263,10 +263,11 @@ class RankRuntime:
         if self._forward_only:
             self._forward_only_step(stage, micro, inputs)
             return
+        labels = () if self._batch.labels is None else self._batch.labels[micro]
         if self.tape is not None:
-            self.tape.before_forward(self.executor, stage, inputs)
+            last = stage == self._last_stage
+            self.tape.before_forward(self.executor, stage, inputs, labels if last else None, self._split)
         if stage == self._last_stage:
-            labels = () if self._batch.labels is None else self._batch.labels[micro]
             loss, grads = self.executor.last_stage_step(
                 stage, micro, inputs, labels, hold_weight_grads=self._split
             )

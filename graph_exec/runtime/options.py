@@ -160,9 +160,11 @@ class ScheduleOptions:
         default=False,
         metadata=_doc(
             """opt-in: on the first step, measure what each local stage's recorded forward keeps
-            in MindSpore's tape (a few extra forwards per stage, released at once), so that
-            ``stats()["memory"]`` shows ``tape_bytes_per_micro`` and a ``predicted_peak`` that
-            includes the tapes the plan holds (``docs/memory.md``, "At run time")."""
+            in MindSpore's tape and what one of its backwards needs while it runs (a few extra
+            forwards and one backward per stage, released at once, their gradients put back), so
+            that ``stats()["memory"]`` shows ``tape_bytes_per_micro``,
+            ``backward_transient_bytes`` and a ``predicted_peak`` that includes the tapes the
+            plan holds and the largest transient (``docs/memory.md``, "At run time")."""
         ),
     )
     loss_reduction: str = field(

@@ -3,20 +3,27 @@ per-rank peak the plan predicts with it (issue 53, part 1).
 
 The library's own account (:mod:`graph_exec.runtime.memory_account`) sees only the tensors at a
 stage's boundary; a recorded forward also keeps every layer's saved activations inside the tape.
-With ``measure_tape=True`` the runtime measures them once per stage, on the first step's first
-forward of that stage (the real micro-batch shapes): memory in use
-(:func:`graph_exec.device.memory_in_use`: the allocator where the device keeps one, else RSS)
-grown per held forward under the tape, minus the same forwards run untaped with their outputs
-held the same way. Several forwards are held at once and the median growth from the third on is
-taken: the first ones may land in memory the allocator already holds (and compile), and RSS moves
-in blocks. Nothing is freed between the untaped and the taped forwards, so no freed memory is
-reused. The calibration forwards are released (without touching any gradient) before the step
-goes on; their cost is a few forwards per stage on the first step.
+With ``measure_tape=True`` the runtime measures, once per stage, on the first step's first
+forward of that stage (the real micro-batch shapes):
 
-The tape is measured recorded even with ``recompute=True`` (the executor then keeps only inputs,
-but its backward records the forward again, one stage at a time). With ``body="zb"`` the stage's
-forward is the split one, so the measure is what it keeps for ``I`` and ``W`` (the linear layers'
-saved inputs); what ``I`` then holds for ``W`` is the library's own count (``held_weight_gradients``).
+- the tape: memory in use (:func:`graph_exec.device.memory_in_use`: the allocator where the
+  device keeps one, else RSS) grown by a second recorded forward held beside the first, minus
+  the same for untaped forwards whose outputs are held the same way (the first forward of each
+  may compile and land in memory the allocator already holds). Only where the plan holds tapes:
+  not for the last stage (its fused step keeps nothing after it) nor with ``recompute=True``.
+  With ``body="zb"`` the forward is the split one, so the measure is what it keeps for ``I``
+  and ``W``; what ``I`` then holds for ``W`` is the library's own count
+  (``held_weight_gradients``);
+- the backward transient: the high-water growth of memory in use
+  (:func:`graph_exec.device.memory_high_water`) while one backward runs through the executor's
+  own path (the last stage: its fused step, loss included; ``recompute``: the rebuilt forward
+  included), its accumulated gradients then put back exactly.
+
+The calibration forwards are released (without touching any gradient) before the step goes
+on. Its footprint is kept small (two tapes and one backward beside what the step holds):
+MindSpore's CPU pool keeps what it takes, so a calibration larger than the step would itself be
+the measured peak. On a rank with two stages, the second one's calibration can land in pool
+memory the first one's freed, which hides part of its growth (``docs/memory.md``).
 """
 
 from __future__ import annotations
@@ -29,15 +36,21 @@ from typing import Any
 from graph_exec.schedule.memory import ItemSizes, peak_bytes
 from graph_exec.schedule.plan import Plan
 
-#: Forwards held per measurement (taped and untaped each); the growth is the median from the third.
-FORWARDS = 4
+#: Forwards held per tape measurement (taped and untaped each): the growth of each after the
+#: first is taken (the first compiles and may land in memory the allocator already holds), the
+#: median if several. Two keep the calibration's own footprint (two tapes held beside what the
+#: step holds) near the step's: the CPU pool keeps what the calibration took, so a larger one
+#: would be the measured peak.
+FORWARDS = 2
 #: Micro-batch keys of the calibration forwards (no real micro-batch is negative).
 _KEYS = tuple(-1 - k for k in range(FORWARDS))
+#: The key of the backward measured apart from those (the last stage's fused step, a recompute).
+_BACKWARD_KEY = -1 - FORWARDS
 
 
 def _growth(forward: Any) -> tuple[float, list[Any]]:
     """Median growth of memory in use per call of ``forward(k)``, ``k < FORWARDS``, every result
-    held, from the third call on; and the results (the caller decides when they go)."""
+    held, from the second call on; and the results (the caller decides when they go)."""
     from graph_exec.device import memory_in_use, wait_for
 
     held, seen = [], []
@@ -45,30 +58,124 @@ def _growth(forward: Any) -> tuple[float, list[Any]]:
         held.append(forward(k))
         wait_for(held[-1])
         seen.append(memory_in_use())
-    return float(statistics.median(b - a for a, b in itertools.pairwise(seen[1:]))), held
+    return float(statistics.median(b - a for a, b in itertools.pairwise(seen))), held
 
 
-def measure_stage_tape(executor: Any, stage: int, inputs: tuple[Any, ...]) -> int:
-    """Bytes one recorded forward of ``stage`` on ``inputs`` keeps beyond its inputs and outputs
-    (0 when nothing is recorded: no trained weight and no input gradient)."""
-    recompute = executor.recompute
-    executor.recompute = False  # the tape a recompute's backward records is the same one
+def measure_stage_tape(
+    executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any = None, split: bool = False
+) -> tuple[int | None, int]:
+    """``(tape, transient)`` of ``stage`` on ``inputs``: the bytes one recorded forward keeps
+    beyond its inputs and outputs (0 when nothing is recorded: no trained weight and no input
+    gradient), and the high-water growth of one backward (:func:`backward_transient`), run
+    while the measured forwards are still held. ``labels`` (not ``None``) marks the last stage;
+    ``split``: the backward is ``I`` then ``W`` (``body="zb"``). The tape is ``None``, not
+    measured, where the plan holds none: the last stage (its fused step keeps nothing after it)
+    and ``recompute`` (only inputs are kept); there the tape the step builds is in the
+    transient."""
+    if labels is not None or executor.recompute:
+        return None, backward_transient(executor, stage, inputs, labels, split)
     try:
-        taped, _ = _growth(lambda k: executor.stage_forward(stage, _KEYS[k], inputs))
+        taped, held = _growth(lambda k: executor.stage_forward(stage, _KEYS[k], inputs))
         plain, _ = _growth(lambda k: executor.stage_forward_only(stage, inputs))
+        transient = backward_transient(executor, stage, inputs, None, split, (_KEYS[0], held[0]))
     finally:
-        executor.recompute = recompute
         for key in _KEYS:
             executor.release_forward(stage, key)
-    return max(0, round(taped - plain))
+    return max(0, round(taped - plain)), transient
+
+
+def backward_transient(
+    executor: Any,
+    stage: int,
+    inputs: tuple[Any, ...],
+    labels: Any,
+    split: bool,
+    kept: tuple[int, tuple[Any, ...]] | None = None,
+) -> int:
+    """The high-water growth of memory in use while one backward of ``stage`` runs, through the
+    executor's own path, above the level before it: the cotangents of its activations and its
+    temporaries, which nothing holds between steps. ``kept``: ``(key, outputs)`` of a forward
+    of ``stage`` already kept; else one is made here (with ``recompute`` it keeps only its
+    inputs and the transient includes the forward the backward rebuilds). The last stage
+    (``labels`` not ``None``): its fused forward, loss and backward. ``split``: the larger of
+    ``I``'s growth less what it holds for ``W`` (the library counts that) and ``W``'s own. The
+    cotangent is ones of the outputs' shapes (floating outputs; the others take none). The
+    gradients it accumulates are then put back as they were, exactly."""
+    from graph_exec.device import memory_high_water, reset_memory_high_water, wait_for
+
+    saved = {name: grad.copy() for name, grad in executor.grads().items()}
+    wait_for(saved.values())
+    key, outputs = kept or (_BACKWARD_KEY, None)
+    try:
+        if labels is not None:
+            level = reset_memory_high_water()
+            _, grads = executor.last_stage_step(stage, key, inputs, labels, hold_weight_grads=split)
+        else:
+            if outputs is None:
+                outputs = executor.stage_forward(stage, key, inputs)
+            cotangents = _ones_like(outputs)
+            wait_for(cotangents)
+            level = reset_memory_high_water()
+            backward = executor.stage_backward_input if split else executor.stage_backward
+            grads = backward(stage, key, cotangents)
+        wait_for(grads)
+        transient = memory_high_water() - level
+        if split:
+            transient = max(
+                transient - _held_for_w(executor, stage, key), _weight_backward(executor, stage, key)
+            )
+    finally:
+        executor.release_forward(stage, key)
+    _restore(executor, saved)
+    return max(0, transient)
+
+
+def _held_for_w(executor: Any, stage: int, key: int) -> int:
+    """What ``I`` holds for ``W`` under ``(stage, key)``, by the library's own count: the plan's
+    prediction counts it already (``held_weight_gradients``), so the transient leaves it out."""
+    from graph_exec.runtime.memory_account import held_bytes
+
+    held = executor.held_state().weight_grads.get((stage, key))
+    return 0 if held is None else held_bytes(held)
+
+
+def _weight_backward(executor: Any, stage: int, key: int) -> int:
+    """``W`` of ``(stage, key)``: its own high-water growth above the level before it."""
+    from graph_exec.device import memory_high_water, reset_memory_high_water, wait_for
+
+    level = reset_memory_high_water()
+    executor.stage_backward_weight(stage, key)
+    wait_for(executor.grads().values())
+    return memory_high_water() - level
+
+
+def _ones_like(outputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A cotangent of ones for each floating output, ``None`` (no gradient) for the others."""
+    import mindspore as ms
+
+    from graph_exec.kernels import is_float
+
+    return tuple(ms.ops.ones_like(t) if is_float(t) else None for t in outputs)
+
+
+def _restore(executor: Any, saved: Mapping[str, Any]) -> None:
+    """Every gradient accumulator back to ``saved`` (what calibration added is gone)."""
+    from graph_exec.device import assign_in_place, wait_for
+
+    grads = executor.grads()
+    for name, value in saved.items():
+        assign_in_place(grads[name], value)
+    wait_for(grads.values())
 
 
 class TapeCalibration:
-    """The measured tape per local stage and the memory in use when the first step began (the
-    framework, the parameters, the gradient accumulators and whatever the caller made before)."""
+    """The measured tape and backward transient per local stage and the memory in use when the
+    first step began (the framework, the parameters, the gradient accumulators and whatever the
+    caller made before)."""
 
     def __init__(self) -> None:
         self.tapes: dict[int, int] = {}
+        self.transients: dict[int, int] = {}
         self.base_in_use: int | None = None
 
     def begin_step(self) -> None:
@@ -78,38 +185,61 @@ class TapeCalibration:
         if self.base_in_use is None:
             self.base_in_use = memory_in_use()
 
-    def before_forward(self, executor: Any, stage: int, inputs: tuple[Any, ...]) -> None:
-        """Measure ``stage``'s tape on its first forward's inputs (once per stage)."""
-        if stage not in self.tapes:
-            self.tapes[stage] = measure_stage_tape(executor, stage, inputs)
+    def before_forward(
+        self, executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any = None, split: bool = False
+    ) -> None:
+        """Measure ``stage``'s tape and backward transient on its first forward's inputs (once
+        per stage; ``labels``: the last stage's, for its loss; ``split``: ``body="zb"``)."""
+        if stage not in self.transients:
+            tape, self.transients[stage] = measure_stage_tape(executor, stage, inputs, labels, split)
+            if tape is not None:
+                self.tapes[stage] = tape
 
 
 def tape_peak(plan: Plan, rank: int, tapes: Mapping[int, int], recompute: bool) -> int:
     """The most tape bytes ``rank`` holds at once under ``plan``: each held forward its stage's
-    tape (the plan's memory model says which are held when); with ``recompute`` none is held,
-    but a backward records one stage again: the largest."""
+    tape (the plan's memory model says which are held when); with ``recompute`` none is held
+    (the one a backward rebuilds is part of that backward's transient)."""
     if recompute:
-        return max(tapes.values(), default=0)
+        return 0
     return peak_bytes(plan, rank, ItemSizes(activations=dict(tapes), stage_inputs={}))
+
+
+#: ``stats()["memory"]``'s keys from the calibration, in the order they are reported.
+KEYS = (
+    "tape_bytes_per_micro",
+    "tape_peak",
+    "backward_transient_bytes",
+    "base_in_use",
+    "predicted_parts",
+    "predicted_peak",
+)
 
 
 def tape_stats(
     calibration: TapeCalibration | None, plan: Plan, rank: int, recompute: bool, held_peak: int
 ) -> dict[str, Any]:
-    """``stats()["memory"]``'s tape keys: ``tape_bytes_per_micro`` (measured per local stage),
-    ``tape_peak`` (held at once, from the plan), ``base_in_use`` (memory in use before the first
-    step), ``predicted_parts`` (each part of the prediction by name, so a miss can be traced to
-    the part that caused it: ``base_in_use``, the library's ``held`` peak, the ``tape`` peak) and
-    ``predicted_peak`` (their sum), to set beside ``peak_rss`` / ``allocator_peak``; all ``None``
-    without ``measure_tape=True``."""
-    keys = ("tape_bytes_per_micro", "tape_peak", "base_in_use", "predicted_parts", "predicted_peak")
+    """``stats()["memory"]``'s calibration keys (:data:`KEYS`): ``tape_bytes_per_micro``
+    (measured per local stage), ``tape_peak`` (held at once, from the plan),
+    ``backward_transient_bytes`` (measured per local stage), ``base_in_use`` (memory in use
+    before the first step), ``predicted_parts`` (each part of the prediction by name, so a miss
+    can be traced to the part that caused it: ``base_in_use``, the library's ``held`` peak, the
+    ``tape`` peak and the largest ``backward_transient`` of the rank's stages: one backward
+    runs at a time) and ``predicted_peak`` (their sum), to set beside ``peak_rss`` /
+    ``allocator_peak``; all ``None`` without ``measure_tape=True``."""
     if calibration is None or calibration.base_in_use is None:
-        return dict.fromkeys(keys)
+        return dict.fromkeys(KEYS)
     peak = tape_peak(plan, rank, calibration.tapes, recompute)
-    parts = {"base_in_use": calibration.base_in_use, "held": held_peak, "tape": peak}
+    parts = {
+        "base_in_use": calibration.base_in_use,
+        "held": held_peak,
+        "tape": peak,
+        "backward_transient": max(calibration.transients.values(), default=0),
+    }
     return {
         "tape_bytes_per_micro": dict(sorted(calibration.tapes.items())),
         "tape_peak": peak,
+        "backward_transient_bytes": dict(sorted(calibration.transients.items())),
         "base_in_use": calibration.base_in_use,
         "predicted_parts": parts,
         "predicted_peak": sum(parts.values()),

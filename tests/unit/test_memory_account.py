@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,51 @@ def test_memory_in_use_reads_the_allocator_where_the_device_keeps_one(
         assert in_use > 10 * 2**20 and in_use != 5 * 2**20
     else:
         assert in_use == 5 * 2**20
+
+
+def test_the_cpu_high_water_mark_restarts_from_now_and_the_run_peak_stays_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CPU: the resident set's VmHWM, reset through ``/proc/self/clear_refs``; the peak before
+    the reset still reaches :func:`memory_peaks` (Linux's ``ru_maxrss`` is the reset VmHWM)."""
+    monkeypatch.setattr(device, "policy", lambda: DevicePolicy.for_target("CPU"))
+    monkeypatch.setattr(device, "_peaks_before_reset", {"rss": 0, "allocator": 0})
+    big = bytearray(96 * 2**20)  # zero-filled: every page touched
+    del big  # a large block goes back to the system: the resident set falls, its peak stays
+    peak = device.memory_peaks()["peak_rss"]
+    level = device.reset_memory_high_water()
+    assert device.memory_high_water() < peak - 48 * 2**20  # from now, not from the 96 MiB
+    assert device.memory_peaks()["peak_rss"] >= peak
+    held = bytearray(32 * 2**20)
+    assert device.memory_high_water() - level >= 30 * 2**20
+    del held
+
+
+@pytest.mark.parametrize("target", ["GPU", "Ascend"])
+def test_the_device_high_water_mark_is_the_allocators(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str
+) -> None:
+    """GPU/Ascend: MindSpore's allocator peak, reset by ``reset_peak_memory_stats``; the
+    process's resident set is not touched, and the peak before the reset is kept."""
+    state = {"peak": 9 * 2**20, "now": 5 * 2**20}
+
+    def reset() -> None:
+        state["peak"] = state["now"]
+
+    fake = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(
+            reset_peak_memory_stats=reset,
+            max_memory_allocated=lambda: state["peak"],
+            memory_allocated=lambda: state["now"],
+        )
+    )
+    monkeypatch.setitem(sys.modules, "mindspore", fake)
+    monkeypatch.setattr(device, "policy", lambda: DevicePolicy.for_target(target))
+    monkeypatch.setattr(device, "_peaks_before_reset", {"rss": 0, "allocator": 0})
+    monkeypatch.setattr(device, "_CLEAR_REFS", tmp_path / "clear_refs")
+    assert device.reset_memory_high_water() == 5 * 2**20
+    assert device.memory_high_water() == 5 * 2**20
+    state["peak"] = 6 * 2**20
+    assert device.memory_high_water() == 6 * 2**20
+    assert device.memory_peaks()["allocator_peak"] == 9 * 2**20  # the peak before the reset
+    assert not (tmp_path / "clear_refs").exists()
