@@ -15,7 +15,7 @@ patches, so what it computes is rows × the most patches of a row (:meth:`Packin
 not the sum of real patches (:meth:`Packing.tower_costs`). ``balance="tower"`` therefore also
 evens the patches across the rows (a heavy image leaves a row it shares with another for a
 light row with room, no row added) and swaps samples between micro-batches while that lowers
-the slower one's tower work, and chooses between its candidate packings by that work.
+the most tower work of a micro-batch, and chooses between its candidate packings by that work.
 
 The rows per micro-batch are the same in every micro-batch of a step (one input shape): fixed
 (``rows=R``), the fewest this packing needs, or that rounded up to a bucket of ``row_buckets``
@@ -257,28 +257,41 @@ def _rows_dealt(filled: list[list[int]], costs: Sequence[SampleCost], micro: int
 def _even_swaps(
     groups: list[list[list[int]]], costs: Sequence[SampleCost], max_length: int
 ) -> list[list[list[int]]]:
-    """Swap two samples of different micro-batches' rows (each row still within
-    ``max_length``, no row emptied) while a swap lowers the larger of the two micro-batches'
-    tower work (:func:`_work`: rows × the fullest row's patches, what the layout computes), or
-    keeps it and lowers their squared real patches, the best swap first: the rows and their count stay, the towers even out. Each
+    """Swap a sample of the micro-batch with the most tower work (or the most real patches) with
+    one of another micro-batch's rows (each row still within ``max_length``, no row emptied)
+    while a swap lowers the most tower work of any micro-batch (:func:`_work`: rows × the
+    fullest row's patches, what the layout computes), or keeps it and lowers the sum of squared
+    real patches, the best swap first: the rows and their count stay, the towers even out. That
+    key only falls, so the swaps end; only the heaviest micro-batches' samples are tried. Each
     micro-batch's rows are evened (:func:`_even_rows`) before and after."""
     groups = [_even_rows(g, costs, max_length) for g in groups]
     where = {i: (m, r) for m, g in enumerate(groups) for r, row in enumerate(g) for i in row}
     used = [[sum(costs[i].tokens for i in row) for row in g] for g in groups]
     loads = [[sum(costs[i].patches for i in row) for row in g] for g in groups]
     for _ in range(4 * len(where)):
-        best, swap = (0, 0), None
+        works = [_load_work(load) for load in loads]
+        reals = [sum(load) for load in loads]
+        ranked = sorted(range(len(groups)), key=lambda m: -works[m])
+        heavy = {ranked[0], reals.index(max(reals))}
+        best, swap = (works[ranked[0]], 0), None
         for i, (a, ra) in where.items():
+            if a not in heavy:
+                continue
+            rest_a = [x for k, x in enumerate(loads[a]) if k != ra]
             for j, (b, rb) in where.items():
                 moved = costs[i].patches - costs[j].patches
-                if a == b or moved <= 0:
-                    continue
+                if a == b or moved <= 0 or (works[a] <= works[b] and moved >= reals[a] - reals[b]):
+                    continue  # neither the slower tower nor the real patches would even out
                 grow = costs[j].tokens - costs[i].tokens
                 if used[a][ra] + grow > max_length or used[b][rb] - grow > max_length:
                     continue
-                gain = _swap_gain(loads[a], ra, loads[b], rb, moved)
-                if gain > best:
-                    best, swap = gain, (i, j)
+                rest = next((works[m] for m in ranked if m not in (a, b)), 0)
+                work_a = len(loads[a]) * max(max(rest_a, default=0), loads[a][ra] - moved)
+                work_b = len(loads[b]) * max(max(loads[b]), loads[b][rb] + moved)
+                squares = 2 * moved * (moved - reals[a] + reals[b])  # the change of the sum of squares
+                key = (max(rest, work_a, work_b), squares)
+                if key < best:
+                    best, swap = key, (i, j)
         if swap is None:
             break
         i, j = swap
@@ -295,50 +308,41 @@ def _even_swaps(
     return [_even_rows(g, costs, max_length) for g in groups]
 
 
-def _swap_gain(load_a: list[int], ra: int, load_b: list[int], rb: int, moved: int) -> tuple[int, int]:
-    """How much moving ``moved`` patches from row ``ra`` of one micro-batch to row ``rb`` of
-    another lowers (the larger of the two micro-batches' tower work, the sum of their squared
-    real patches). Not the sum of squared work: that would take a swap emptying one
-    micro-batch's heavy row into another's, which lowers the total but not the slower tower,
-    and bunches the real patches."""
-    after_a, after_b = list(load_a), list(load_b)
-    after_a[ra] -= moved
-    after_b[rb] += moved
-
-    def work(load: list[int]) -> int:
-        return len(load) * max(load)
-
-    work_gain = max(work(load_a), work(load_b)) - max(work(after_a), work(after_b))
-    real_a, real_b = sum(load_a), sum(load_b)
-    return work_gain, real_a**2 + real_b**2 - (real_a - moved) ** 2 - (real_b + moved) ** 2
+def _load_work(load: Sequence[int]) -> int:
+    """:func:`_work` of a micro-batch's rows' patches."""
+    return len(load) * max(load, default=0)
 
 
 def _even_rows(group: list[list[int]], costs: Sequence[SampleCost], max_length: int) -> list[list[int]]:
-    """One micro-batch's rows with their patches evened: move a sample to another row, or swap
-    two samples of different rows (each row within ``max_length``, no row emptied, no row
-    added), while that lowers the most patches of a row (what every row of the micro-batch is
-    padded to), then their sum of squares. A heavy image's sample then leaves a row it shares
-    with another heavy one for a light row with room."""
+    """One micro-batch's rows with their patches evened: move a sample out of a fullest row (by
+    patches) to another row, or swap it with a lighter sample of another row (each row within
+    ``max_length``, no row emptied, no row added), while that lowers the most patches of a row
+    (what every row of the micro-batch is padded to), or keeps it and lowers the two rows' sum
+    of squares. A heavy image's sample then leaves a row it shares with another heavy one for a
+    light row with room. Only moves out of the fullest rows are tried: a pass is
+    O(samples × rows), not O(samples²)."""
     rows = [list(row) for row in group]
     used = [sum(costs[i].tokens for i in row) for row in rows]
     load = [sum(costs[i].patches for i in row) for row in rows]
     for _ in range(4 * sum(map(len, rows))):
-        best, step = (max(load, default=0), sum(x * x for x in load)), None
-        for r, s in itertools.permutations(range(len(rows)), 2):
-            for i in rows[r]:
-                for j in [None, *rows[s]]:
-                    moved = costs[i].patches - (0 if j is None else costs[j].patches)
-                    grow = costs[i].tokens - (0 if j is None else costs[j].tokens)
-                    if moved <= 0 or max(used[s] + grow, used[r] - grow) > max_length:
-                        continue
-                    if j is None and len(rows[r]) == 1:
-                        continue
-                    after = list(load)
-                    after[r] -= moved
-                    after[s] += moved
-                    key = (max(after), sum(x * x for x in after))
-                    if key < best:
-                        best, step = key, (r, s, i, j)
+        top = max(load, default=0)
+        ranked = sorted(range(len(rows)), key=lambda k: -load[k])
+        best, step = (top, 0), None
+        for r in (k for k in range(len(rows)) if load[k] == top):
+            for s in range(len(rows)):
+                rest = next((load[k] for k in ranked if k not in (r, s)), 0)
+                for i in rows[r] if s != r else ():
+                    for j in [None, *rows[s]]:
+                        moved = costs[i].patches - (0 if j is None else costs[j].patches)
+                        grow = costs[i].tokens - (0 if j is None else costs[j].tokens)
+                        if moved <= 0 or max(used[s] + grow, used[r] - grow) > max_length:
+                            continue
+                        if j is None and len(rows[r]) == 1:
+                            continue
+                        lr, ls = load[r] - moved, load[s] + moved
+                        key = (max(rest, lr, ls), lr * lr + ls * ls - load[r] ** 2 - load[s] ** 2)
+                        if key < best:
+                            best, step = key, (r, s, i, j)
         if step is None:
             break
         r, s, i, j = step

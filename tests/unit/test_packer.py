@@ -240,7 +240,7 @@ def test_balanced_rows_even_the_tower_work_the_layout_computes(ragged):
     its real patches. On ``packing_speed``'s long-tailed draws (M = 2, 32 samples, rows of 640,
     steps 0-7) that work's max/mean was, when only the real patches were balanced, 1.09 on
     average and 1.18 at worst with even rows, 1.10 and 1.40 (step 0) with ragged rows; balanced
-    by the layout's work it is at most those (1.03 / 1.10 and 1.04 / 1.10 measured), the real
+    by the layout's work it is at most those (1.03 / 1.10 and 1.03 / 1.07 measured), the real
     patches still within 1.03. On the skewed mix (M = 8) both figures stay within 1.2."""
     before = {False: (1.092, 1.179), True: (1.105, 1.395)}[ragged]  # the real-patch packer's figures
     work, real = [], []
