@@ -128,7 +128,8 @@ class ConversationSource:
         replicas' micro-batches have one shape without exchanging anything, and a run meets few
         row shapes (in graph mode each compiles). The global batch's
         real tokens and row slots are kept for :meth:`token_counts`, the spread of every
-        replica's micro-batches' tower costs for :meth:`tower_spread`."""
+        replica's micro-batches' tower work (``Packing.tower_work``: rows × the fullest row's
+        patches, what each packed tower computes) for :meth:`tower_spread`."""
         from graph_exec.data import pack, row_buckets_upto, spread
         from graph_exec.data.packing import row_bucket
 
@@ -146,15 +147,19 @@ class ConversationSource:
             pack(c, max_length, micro, balance=balance, seed=k) for c, k in zip(costs, seeds, strict=True)
         ]
         rows = row_bucket(max(p.rows for p in packings), row_buckets_upto(max(share, 1)))
-        mine = pack(costs[replica], max_length, micro, balance=balance, seed=seeds[replica], rows=rows)
+        padded = [
+            pack(c, max_length, micro, balance=balance, seed=k, rows=rows)
+            for c, k in zip(costs, seeds, strict=True)
+        ]
         real = sum(c.tokens for shard in costs for c in shard)
         self._counts = {(step, batch_size): (real, replicas * micro * rows * max_length)}
-        towers = [t for p, c in zip(packings, costs, strict=True) for t in p.tower_costs(c)]
+        towers = [t for p, c in zip(padded, costs, strict=True) for t in p.tower_work(c)]
         self._spread = {(step, batch_size): spread(towers)}
-        return make(shards[replica], mine)
+        return make(shards[replica], padded[replica])
 
     def tower_spread(self, step: int, batch_size: int) -> float | None:
-        """max/mean of the micro-batches' patches of packed step ``step`` (else ``None``)."""
+        """max/mean of the micro-batches' tower work (rows × the fullest row's patches) of packed
+        step ``step`` (else ``None``)."""
         return self._spread.get((step, batch_size))
 
     def token_counts(self, step: int, batch_size: int) -> tuple[int, int] | None:

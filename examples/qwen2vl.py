@@ -384,6 +384,12 @@ def build(
         made = gm.vlm_micro_batches(whole, samples(step, batch_size), micro, pad_token_id=pad)
         return [tensors(batch) for batch in made]
 
+    def packed_tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
+        """:func:`tower_costs` of packed rows: their tower work, not their real patches."""
+        work = packed_tower_work(inputs[1].asnumpy(), micro)
+        light = (preset.image // preset.patch) ** 2 * (inputs[1].shape[0] // micro)
+        return tuple(float(w) / light * tower_unit for w in work)
+
     def packed_batches(step: int, batch_size: int, micro: int, *, replica: int = 0, replicas: int = 1):
         def make(made: list[dict], packing) -> list:
             batches = gm.vlm_packed_micro_batches(whole, made, packing, max_length, pad_token_id=pad)
@@ -436,7 +442,16 @@ def build(
         example.micro_batches = packed_batches
         example.shards_micro_batches = True
         example.tower_spread = conversations.tower_spread
+        example.tower_costs = packed_tower_costs
     return example
+
+
+def packed_tower_work(patch_image: np.ndarray, micro: int) -> np.ndarray:
+    """Each of ``micro`` packed micro-batches' tower work, from its ``patch_image`` rows: rows ×
+    the fullest row's real patches (``Packing.tower_work``). Every row is padded to the fullest
+    one's patches, so this, not the real patches, is what its tower computes."""
+    per_row = (np.asarray(patch_image) >= 0).sum(axis=1).reshape(micro, -1)
+    return per_row.max(axis=1) * per_row.shape[1]
 
 
 def mix_row_tokens(size: str = "tiny") -> int:
@@ -487,8 +502,8 @@ def _pack_mix(
         return gm.vlm_sample_costs(whole, made)
 
     def tower_costs(inputs: Sequence, micro: int) -> tuple[float, ...]:
-        patches = (np.asarray(inputs[1].asnumpy()) >= 0).reshape(micro, -1).sum(axis=1)
-        return tuple(float(p) / (light * share[0]) * tower_unit for p in patches)
+        work = packed_tower_work(inputs[1].asnumpy(), micro)
+        return tuple(float(w) / (light * share[0]) * tower_unit for w in work)
 
     example.micro_batches = packed_batches
     example.tower_costs = tower_costs

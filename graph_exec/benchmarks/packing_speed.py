@@ -3,7 +3,9 @@
 Each repeat is one msrun launch of two ranks pinned as the harness pins them (``pin_cores``: one
 core each on 2 cores), each holding one stage of a random Qwen2-VL (``--size``'s tower and
 images, ``--hidden`` wide, P = 2, ``ScheduleMPipeTranspose`` with ``tower_order="balanced"``
-placing by each way's micro-batches' patches, ``loss_reduction="token"``, ``--mode``), and trains the same samples per step in each way of ``--ways``, the ways alternating
+placing by each way's micro-batches' tower work (padded: their real patches, each micro-batch padded
+to its own; packed: ``Packing.tower_work``, rows x the fullest row's patches, what a packed tower
+computes), ``loss_reduction="token"``, ``--mode``), and trains the same samples per step in each way of ``--ways``, the ways alternating
 every step so that machine noise hits them alike:
 
 * ``padded``: ``vlm_micro_batches`` of the samples in the order drawn, each micro-batch padded to
@@ -21,8 +23,8 @@ it has not run before compiles (``--shapes static``): it runs but is not measure
 any way of that step; the launch goes on until ``--steps`` steps are measured or ``--warmup + 4 x
 --steps`` steps have run. Per repeat and way: real tokens/s (real tokens over the measured steps'
 summed time), the padding fraction of its token slots, ms per 1,000 token slots (equal across ways
-when the step's time follows its slots, which the ideal assumes) and the micro-batches' tower costs
-(patches) max/mean; then packed / padded real tokens/s against the ideals ``1 / (1 - padding
+when the step's time follows its slots, which the ideal assumes) and the micro-batches' tower work
+(as placed) max/mean; then packed / padded real tokens/s against the ideals ``1 / (1 - padding
 padded)`` (the issue's figure: packed rows without padding) and ``(1 - padding packed) / (1 -
 padding padded)`` (the packed rows' own padding counted), and the ratio over each. Last, the
 spread (min-max) over the repeats.
@@ -57,7 +59,8 @@ tower is a visible share of the step, hence ``--vision-width`` / ``--vision-dept
 6) ran a packed micro-batch's frozen tower forward in 0.8-3.3 s against its decoder forward's
 0.8-1.3 s; step 0's balanced rows put 2.1 and 1.3 s of tower in the two micro-batches, token-only
 rows 0.8 and 3.3 s (the tower runs each row padded to its fullest row's patches, so it follows
-rows x most patches more than the real patches). A sizing launch under load (1 repeat, 3 measured
+rows x most patches more than the real patches; the packer now balances that work,
+``Packing.tower_work``). A sizing launch under load (1 repeat, 3 measured
 steps, before the towers were placed ``balanced``) gave 10.6 s per step balanced and 10.3 s token-only (0.97x: within that load's noise),
 ranks under 1.5 GB.
 
@@ -217,7 +220,8 @@ def _made(split, samples: list[dict], args: argparse.Namespace, seed: int) -> di
             batches = gm.vlm_packed_micro_batches(
                 split, samples, packing, args.max_length, patch_pad_to=patch_buckets
             )
-            out[way] = (batches, real, sum(b.inputs[3].size for b in batches), packing.tower_costs(costs))
+            slots = sum(b.inputs[3].size for b in batches)
+            out[way] = (batches, real, slots, packing.tower_work(costs))
     return out
 
 
@@ -226,7 +230,7 @@ def _signature(batches) -> tuple:
 
 
 def _step(sched, batches, tower: list[float]) -> float:
-    """One step's seconds; ``tower``: the micro-batches' patches, what ``tower_order="balanced"``
+    """One step's seconds; ``tower``: the micro-batches' tower work, what ``tower_order="balanced"``
     places the towers by."""
     import mindspore as ms
 

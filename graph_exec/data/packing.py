@@ -10,6 +10,13 @@ micro-batches. It sees two costs per sample: its tokens (the decoder's work, bou
 micro-batch; ``balance="tower"`` spreads the images first (largest first, each to the
 micro-batch with the least tower cost where it still fits) and then fills with text.
 
+A packed micro-batch's tower runs ``pixel_values [rows, P, dim]`` with ``P`` its fullest row's
+patches, so what it computes is rows × the most patches of a row (:meth:`Packing.tower_work`),
+not the sum of real patches (:meth:`Packing.tower_costs`). ``balance="tower"`` therefore also
+evens the patches across the rows (a heavy image leaves a row it shares with another for a
+light row with room, no row added) and swaps samples between micro-batches while that lowers
+the most tower work of a micro-batch, and chooses between its candidate packings by that work.
+
 The rows per micro-batch are the same in every micro-batch of a step (one input shape): fixed
 (``rows=R``), the fewest this packing needs, or that rounded up to a bucket of ``row_buckets``
 (:func:`row_buckets_upto`: 1, 2, 3, 4, 6, 8, ...); or, with ``ragged=True`` (for
@@ -34,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 BALANCES = ("tower", "tokens")
-#: Tower costs max/mean that count as even when ``ragged=True`` weighs fewer rows against balance.
+#: Tower work max/mean that counts as even when ``ragged=True`` weighs fewer rows against balance.
 EVEN = 1.1
 
 
@@ -66,6 +73,13 @@ class Packing(NamedTuple):
     def tower_costs(self, costs: Sequence[SampleCost]) -> list[float]:
         """Each micro-batch's patches: its tower's work (``vlm_tower_costs`` scale)."""
         return [float(sum(costs[i].patches for row in mb for i in row)) for mb in self.micro_batches]
+
+    def tower_work(self, costs: Sequence[SampleCost]) -> list[float]:
+        """Each micro-batch's tower work as its layout computes it: rows × the most patches of
+        any of its rows (``pixel_values [rows, P, dim]``, every row padded to the fullest one's
+        patches; the patch bucket left out). Empty rows count: the tower runs them too. This,
+        not :meth:`tower_costs`, is what a packed micro-batch's tower time follows."""
+        return [float(_work(mb, costs)) for mb in self.micro_batches]
 
     def padding_fraction(self, costs: Sequence[SampleCost], max_length: int) -> float:
         """The share of the micro-batches' ``rows × max_length`` token slots that hold padding."""
@@ -121,7 +135,9 @@ def pack(
     ``balance="tower"``: samples by patches (largest first), each to the micro-batch with the
     least tower cost so far (text-only samples: the fewest tokens), best-fit into its rows; or,
     where that needs more rows, the rows of token-only packing dealt heaviest first (whichever
-    has fewer rows per micro-batch, then the smaller tower spread).
+    has fewer rows per micro-batch, then the smaller spread of tower work, then of real
+    patches), each with its rows' patches evened and samples swapped between micro-batches
+    (:func:`_even_swaps`).
     ``balance="tokens"``: rows filled best-fit by tokens alone (largest first), dealt to the
     micro-batches in consecutive groups (the baseline balanced rows are measured against).
 
@@ -130,7 +146,8 @@ def pack(
     best fit over the whole batch and dealt whole, ``⌊N/M⌋`` or ``⌈N/M⌉`` to each micro-batch
     (the body's work stays even); ``"tower"`` deals them heaviest tower first to the lightest
     micro-batch, then swaps samples between micro-batches' rows while that evens the tower costs
-    (keeping the sample-dealt packing instead where it has as few rows and a smaller spread).
+    (keeping the sample-dealt packing instead where it has as few rows and a smaller spread of
+    tower work).
     """
     if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
         raise ValueError(f"micro must be a positive int (the number of micro-batches), got {micro!r}")
@@ -165,10 +182,13 @@ def pack(
     else:
         order = sorted(range(len(costs)), key=lambda i: (-costs[i].patches, -costs[i].tokens, tie[i]))
         candidates = (
-            _balanced(order, costs, max_length, micro),
-            _rows_balanced(by_tokens, costs, max_length, micro),
+            _even_swaps(_balanced(order, costs, max_length, micro), costs, max_length),
+            _even_swaps(_rows_balanced(by_tokens, costs, max_length, micro), costs, max_length),
         )
-        groups = min(candidates, key=lambda g: (max(len(rows) for rows in g), _tower_spread(g, costs)))
+        groups = min(
+            candidates,
+            key=lambda g: (max(len(rows) for rows in g), _work_spread(g, costs), _tower_spread(g, costs)),
+        )
     need = max(1, max(len(g) for g in groups))
     if rows is not None and need > rows:
         raise ValueError(
@@ -191,18 +211,20 @@ def _ragged_groups(
     """The micro-batches' rows for ``ragged=True``: the batch's best-fit rows dealt whole (in
     consecutive runs for ``"tokens"``; for ``"tower"`` by tower cost and then evened by swaps).
     ``"tower"`` keeps the sample-dealt rows of :func:`_balanced` instead where those fill fewer
-    row slots (``width`` of each micro-batch's rows) at a spread within :data:`EVEN` or the
-    better one's, or the dealt rows are spread beyond both: fewer rows never cost balance."""
+    row slots (``width`` of each micro-batch's rows) at a tower work spread within
+    :data:`EVEN` or the better one's, or the dealt rows are spread beyond both: fewer rows never
+    cost balance. The batch's rows have their patches evened (:func:`_even_rows`) before they
+    are dealt."""
     filled = _fill_rows(by_tokens, costs, max_length)
     if balance == "tokens":
         edges = [len(filled) * m // micro for m in range(micro + 1)]
         return [filled[edges[m] : edges[m + 1]] for m in range(micro)]
     order = sorted(range(len(costs)), key=lambda i: (-costs[i].patches, -costs[i].tokens, tie[i]))
     candidates = (
-        _even_swaps(_rows_dealt(filled, costs, micro), costs, max_length),
-        _balanced(order, costs, max_length, micro),
+        _even_swaps(_rows_dealt(_even_rows(filled, costs, max_length), costs, micro), costs, max_length),
+        _even_swaps(_balanced(order, costs, max_length, micro), costs, max_length),
     )
-    spreads = [_tower_spread(g, costs) for g in candidates]
+    spreads = [_work_spread(g, costs) for g in candidates]
     even = max(EVEN, min(spreads))
     best = min(
         range(len(candidates)),
@@ -213,19 +235,20 @@ def _ragged_groups(
 
 def _rows_dealt(filled: list[list[int]], costs: Sequence[SampleCost], micro: int) -> list[list[list[int]]]:
     """``filled`` dealt heaviest tower first to the lightest micro-batch that may take another
-    row: ``⌊N/M⌋`` rows each and one more for ``N mod M`` of them."""
+    row: ``⌊N/M⌋`` rows each and one more for ``N mod M`` of them. The heaviest row of each
+    micro-batch is its first (one each, heaviest first), and the extra rows go to the
+    micro-batches whose heaviest row is lightest: a micro-batch's tower work is its rows × its
+    fullest row's patches (:func:`_work`)."""
     floor, extra = divmod(len(filled), micro)
+    quota = [floor + (m >= micro - extra) for m in range(micro)]
     weight = [sum(costs[i].patches for i in row) for row in filled]
     groups: list[list[list[int]]] = [[] for _ in range(micro)]
     patches = [0] * micro
     for r in sorted(
         range(len(filled)), key=lambda r: (-weight[r], -sum(costs[i].tokens for i in filled[r]), r)
     ):
-        longer = sum(len(g) > floor for g in groups)
-        room = [
-            m for m in range(micro) if len(groups[m]) < floor or (len(groups[m]) == floor and longer < extra)
-        ]
-        m = min(room, key=lambda m: (patches[m], len(groups[m]), m))
+        room = [m for m in range(micro) if len(groups[m]) < quota[m]]
+        m = min(room, key=lambda m: (bool(groups[m]), patches[m], quota[m], m))
         groups[m].append(filled[r])
         patches[m] += weight[r]
     return groups
@@ -234,25 +257,41 @@ def _rows_dealt(filled: list[list[int]], costs: Sequence[SampleCost], micro: int
 def _even_swaps(
     groups: list[list[list[int]]], costs: Sequence[SampleCost], max_length: int
 ) -> list[list[list[int]]]:
-    """Swap two samples of different micro-batches' rows (each row still within
-    ``max_length``, no row emptied) while a swap lowers the sum of squared tower costs, the best
-    swap first: the rows and their count stay, the tower costs even out."""
+    """Swap a sample of the micro-batch with the most tower work (or the most real patches) with
+    one of another micro-batch's rows (each row still within ``max_length``, no row emptied)
+    while a swap lowers the most tower work of any micro-batch (:func:`_work`: rows × the
+    fullest row's patches, what the layout computes), or keeps it and lowers the sum of squared
+    real patches, the best swap first: the rows and their count stay, the towers even out. That
+    key only falls, so the swaps end; only the heaviest micro-batches' samples are tried. Each
+    micro-batch's rows are evened (:func:`_even_rows`) before and after."""
+    groups = [_even_rows(g, costs, max_length) for g in groups]
     where = {i: (m, r) for m, g in enumerate(groups) for r, row in enumerate(g) for i in row}
     used = [[sum(costs[i].tokens for i in row) for row in g] for g in groups]
-    tower = [sum(costs[i].patches for row in g for i in row) for g in groups]
+    loads = [[sum(costs[i].patches for i in row) for row in g] for g in groups]
     for _ in range(4 * len(where)):
-        best, swap = 0, None
+        works = [_load_work(load) for load in loads]
+        reals = [sum(load) for load in loads]
+        ranked = sorted(range(len(groups)), key=lambda m: -works[m])
+        heavy = {ranked[0], reals.index(max(reals))}
+        best, swap = (works[ranked[0]], 0), None
         for i, (a, ra) in where.items():
+            if a not in heavy:
+                continue
+            rest_a = [x for k, x in enumerate(loads[a]) if k != ra]
             for j, (b, rb) in where.items():
                 moved = costs[i].patches - costs[j].patches
-                if not 0 < moved < tower[a] - tower[b]:  # a lowers the sum of squares: a is heavier
-                    continue
+                if a == b or moved <= 0 or (works[a] <= works[b] and moved >= reals[a] - reals[b]):
+                    continue  # neither the slower tower nor the real patches would even out
                 grow = costs[j].tokens - costs[i].tokens
                 if used[a][ra] + grow > max_length or used[b][rb] - grow > max_length:
                     continue
-                gain = moved * (tower[a] - tower[b] - moved)
-                if gain > best:
-                    best, swap = gain, (i, j)
+                rest = next((works[m] for m in ranked if m not in (a, b)), 0)
+                work_a = len(loads[a]) * max(max(rest_a, default=0), loads[a][ra] - moved)
+                work_b = len(loads[b]) * max(max(loads[b]), loads[b][rb] + moved)
+                squares = 2 * moved * (moved - reals[a] + reals[b])  # the change of the sum of squares
+                key = (max(rest, work_a, work_b), squares)
+                if key < best:
+                    best, swap = key, (i, j)
         if swap is None:
             break
         i, j = swap
@@ -263,10 +302,68 @@ def _even_swaps(
         used[a][ra] += grow
         used[b][rb] -= grow
         moved = costs[i].patches - costs[j].patches
-        tower[a] -= moved
-        tower[b] += moved
+        loads[a][ra] -= moved
+        loads[b][rb] += moved
         where[i], where[j] = (b, rb), (a, ra)
-    return groups
+    return [_even_rows(g, costs, max_length) for g in groups]
+
+
+def _load_work(load: Sequence[int]) -> int:
+    """:func:`_work` of a micro-batch's rows' patches."""
+    return len(load) * max(load, default=0)
+
+
+def _even_rows(group: list[list[int]], costs: Sequence[SampleCost], max_length: int) -> list[list[int]]:
+    """One micro-batch's rows with their patches evened: move a sample out of a fullest row (by
+    patches) to another row, or swap it with a lighter sample of another row (each row within
+    ``max_length``, no row emptied, no row added), while that lowers the most patches of a row
+    (what every row of the micro-batch is padded to), or keeps it and lowers the two rows' sum
+    of squares. A heavy image's sample then leaves a row it shares with another heavy one for a
+    light row with room. Only moves out of the fullest rows are tried: a pass is
+    O(samples × rows), not O(samples²)."""
+    rows = [list(row) for row in group]
+    used = [sum(costs[i].tokens for i in row) for row in rows]
+    load = [sum(costs[i].patches for i in row) for row in rows]
+    for _ in range(4 * sum(map(len, rows))):
+        top = max(load, default=0)
+        ranked = sorted(range(len(rows)), key=lambda k: -load[k])
+        best, step = (top, 0), None
+        for r in (k for k in range(len(rows)) if load[k] == top):
+            for s in range(len(rows)):
+                rest = next((load[k] for k in ranked if k not in (r, s)), 0)
+                for i in rows[r] if s != r else ():
+                    for j in [None, *rows[s]]:
+                        moved = costs[i].patches - (0 if j is None else costs[j].patches)
+                        grow = costs[i].tokens - (0 if j is None else costs[j].tokens)
+                        if moved <= 0 or max(used[s] + grow, used[r] - grow) > max_length:
+                            continue
+                        if j is None and len(rows[r]) == 1:
+                            continue
+                        lr, ls = load[r] - moved, load[s] + moved
+                        key = (max(rest, lr, ls), lr * lr + ls * ls - load[r] ** 2 - load[s] ** 2)
+                        if key < best:
+                            best, step = key, (r, s, i, j)
+        if step is None:
+            break
+        r, s, i, j = step
+        rows[r].remove(i)
+        rows[s].append(i)
+        if j is not None:
+            rows[s].remove(j)
+            rows[r].append(j)
+        for k in (r, s):
+            used[k] = sum(costs[x].tokens for x in rows[k])
+            load[k] = sum(costs[x].patches for x in rows[k])
+    return rows
+
+
+def _work(group: Sequence[Sequence[int]], costs: Sequence[SampleCost]) -> int:
+    """Rows × the most patches of any row: the patches a packed micro-batch's tower computes."""
+    return len(group) * max((sum(costs[i].patches for i in row) for row in group), default=0)
+
+
+def _work_spread(groups: Sequence[Sequence[Sequence[int]]], costs: Sequence[SampleCost]) -> float:
+    return spread([float(_work(g, costs)) for g in groups])
 
 
 def checked_row_buckets(row_buckets: Sequence[int]) -> tuple[int, ...]:
@@ -361,8 +458,9 @@ def _rows_balanced(
 ) -> list[list[list[int]]]:
     """The rows of token-only packing (as few as it gets), dealt heaviest tower first to the
     lightest micro-batch that has fewer than its share of rows: balanced at row granularity,
-    no more rows than by tokens alone (the fallback when dealing samples needs more rows)."""
-    filled = _fill_rows(order, costs, max_length)
+    no more rows than by tokens alone (the fallback when dealing samples needs more rows). The
+    rows' patches are evened first (:func:`_even_rows`), so heavy images do not share a row."""
+    filled = _even_rows(_fill_rows(order, costs, max_length), costs, max_length)
     share = -(-len(filled) // micro)
     weight = [sum(costs[i].patches for i in row) for row in filled]
     groups: list[list[list[int]]] = [[] for _ in range(micro)]

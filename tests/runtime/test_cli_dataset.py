@@ -156,6 +156,10 @@ def test_packing_and_no_packing_give_the_same_first_step_loss(model_dir, capsys)
         assert model.token_loss
         if packing:
             batches = model.micro_batches(0, 4, 2)
+            # placed by the packed rows' tower work (rows x the fullest row's patches), whose
+            # spread the step line prints
+            costs = [model.tower_costs(inputs, 1)[0] for inputs, _ in batches]
+            assert max(costs) / np.mean(costs) == pytest.approx(model.tower_spread(0, 4))
         else:
             inputs, labels = model.batch(0, 4)
             cut = [np.split(x.asnumpy(), 2) for x in (*inputs, labels)]

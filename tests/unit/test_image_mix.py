@@ -3,6 +3,7 @@ per-micro-batch tower costs read from its batch, and the command's argument chec
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from graph_exec.cli import image_mix_bench, jobs, main
@@ -121,3 +122,16 @@ def test_example_packs_the_mix_balanced_by_tower_or_by_tokens() -> None:
         real, slots = model.token_counts(0, 16)
         assert slots == 4 * 2 * qwen2vl.mix_row_tokens() and 0 < real <= slots
     assert spreads == pytest.approx({"tower": 1.0, "tokens": 10 / 7})
+
+
+def test_packed_tower_costs_count_what_the_padded_rows_compute() -> None:
+    """A packed micro-batch's tower runs every row padded to its fullest row's patches, so
+    ``run --packing`` places it by rows × that row's real patches (``patch_image >= 0``), not by
+    the real patches: two micro-batches of two rows, 3 + 1 and 2 + 2 real patches, compute 6 and
+    4 patch slots (the real patches are 4 and 4)."""
+    pytest.importorskip("mindone")
+    from graph_exec.examples import qwen2vl
+
+    patch_image = np.array([[0, 0, 1, -1], [0, -1, -1, -1], [0, 0, -1, -1], [0, 1, -1, -1]])
+    assert qwen2vl.packed_tower_work(patch_image, 2).tolist() == [6, 4]
+    assert qwen2vl.packed_tower_work(patch_image, 1).tolist() == [12]
