@@ -149,22 +149,7 @@ def pack(
     (keeping the sample-dealt packing instead where it has as few rows and a smaller spread of
     tower work).
     """
-    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
-        raise ValueError(f"micro must be a positive int (the number of micro-batches), got {micro!r}")
-    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
-        raise ValueError(f"rows must be a positive int (rows per micro-batch) or None, got {rows!r}")
-    if rows is not None and row_buckets is not None:
-        raise ValueError(f"give rows={rows!r} or row_buckets={row_buckets!r}, not both")
-    if rows is not None and ragged:
-        raise ValueError(
-            f"give rows={rows!r} (every micro-batch that many) or ragged=True (each its own), not both"
-        )
-    buckets = None if row_buckets is None else checked_row_buckets(row_buckets)
-    if balance not in BALANCES:
-        raise ValueError(f"balance={balance!r}; choose one of {BALANCES}")
-    if not costs:
-        raise ValueError("nothing to pack: no samples")
-    check_budget(costs, max_length)
+    buckets = _checked_arguments(costs, max_length, micro, balance, rows, row_buckets, ragged)
     tie = np.random.default_rng(seed).permutation(len(costs))
     by_tokens = sorted(range(len(costs)), key=lambda i: (-costs[i].tokens, tie[i]))
     if ragged:
@@ -175,20 +160,7 @@ def pack(
 
         groups = _ragged_groups(by_tokens, costs, max_length, micro, balance, tie, width)
         return Packing(tuple(tuple(tuple(r) for r in g) + ((),) * (width(len(g)) - len(g)) for g in groups))
-    if balance == "tokens":
-        filled = _fill_rows(by_tokens, costs, max_length)
-        size = -(-len(filled) // micro)
-        groups = [filled[m * size : (m + 1) * size] for m in range(micro)]
-    else:
-        order = sorted(range(len(costs)), key=lambda i: (-costs[i].patches, -costs[i].tokens, tie[i]))
-        candidates = (
-            _even_swaps(_balanced(order, costs, max_length, micro), costs, max_length),
-            _even_swaps(_rows_balanced(by_tokens, costs, max_length, micro), costs, max_length),
-        )
-        groups = min(
-            candidates,
-            key=lambda g: (max(len(rows) for rows in g), _work_spread(g, costs), _tower_spread(g, costs)),
-        )
+    groups = _even_groups(by_tokens, costs, max_length, micro, balance, tie)
     need = max(1, max(len(g) for g in groups))
     if rows is not None and need > rows:
         raise ValueError(
@@ -197,6 +169,60 @@ def pack(
         )
     width = rows or (need if buckets is None else row_bucket(need, buckets, f"{len(costs)} samples"))
     return Packing(tuple(tuple(tuple(r) for r in g) + ((),) * (width - len(g)) for g in groups))
+
+
+def _checked_arguments(
+    costs: Sequence[SampleCost],
+    max_length: int,
+    micro: int,
+    balance: str,
+    rows: int | None,
+    row_buckets: Sequence[int] | None,
+    ragged: bool,
+) -> tuple[int, ...] | None:
+    """:func:`pack`'s arguments checked (each bad value named with what is allowed); the row
+    buckets, checked, or ``None``."""
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise ValueError(f"micro must be a positive int (the number of micro-batches), got {micro!r}")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"rows must be a positive int (rows per micro-batch) or None, got {rows!r}")
+    if rows is not None and row_buckets is not None:
+        raise ValueError(f"give rows={rows!r} or row_buckets={row_buckets!r}, not both")
+    if rows is not None and ragged:
+        raise ValueError(
+            f"give rows={rows!r} (every micro-batch that many) or ragged=True (each its own), not both"
+        )
+    if balance not in BALANCES:
+        raise ValueError(f"balance={balance!r}; choose one of {BALANCES}")
+    if not costs:
+        raise ValueError("nothing to pack: no samples")
+    check_budget(costs, max_length)
+    return None if row_buckets is None else checked_row_buckets(row_buckets)
+
+
+def _even_groups(
+    by_tokens: list[int],
+    costs: Sequence[SampleCost],
+    max_length: int,
+    micro: int,
+    balance: str,
+    tie: np.ndarray,
+) -> list[list[list[int]]]:
+    """The micro-batches' rows of :func:`pack` without ``ragged`` (each padded to the fullest's
+    count afterwards)."""
+    if balance == "tokens":
+        filled = _fill_rows(by_tokens, costs, max_length)
+        size = -(-len(filled) // micro)
+        return [filled[m * size : (m + 1) * size] for m in range(micro)]
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i].patches, -costs[i].tokens, tie[i]))
+    candidates = (
+        _even_swaps(_balanced(order, costs, max_length, micro), costs, max_length),
+        _even_swaps(_rows_balanced(by_tokens, costs, max_length, micro), costs, max_length),
+    )
+    return min(
+        candidates,
+        key=lambda g: (max(len(rows) for rows in g), _work_spread(g, costs), _tower_spread(g, costs)),
+    )
 
 
 def _ragged_groups(
