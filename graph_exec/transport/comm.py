@@ -12,7 +12,6 @@ gradients) act in place.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -432,17 +431,14 @@ class Transport:
         wait until it has ended and the ops dispatched before it have run, so that its late error
         (a collective a peer never joined fails at the back end's limit) is absorbed here instead
         of surfacing at the next op that waits for MindSpore's pipeline (a parameter read, say).
-        Bounded: the back end's wait limit where it holds process-wide, else the transport's
+        The drain runs on the communication thread after the call, so both waits are bounded
+        together: by the back end's wait limit where it holds process-wide, else the transport's
         time-out; what still runs then is left (the job must restart either way). Nothing to do
         without such a call: the notices just posted are not waited for. Whether it settled."""
         if not self.call_in_flight:
             return True
         limit = backend_wait_limit() if backend_limit_is_process_wide() else self.timeout_s
-        if not self._worker.settle(limit + DEADLINE_SLACK_S):
-            return False
-        with contextlib.suppress(RuntimeError):  # the abandoned call's own failure, already reported
-            wait_until_run()
-        return True
+        return self._worker.settle(limit + DEADLINE_SLACK_S, then=wait_until_run)
 
     # -- point to point -------------------------------------------------------------------
 

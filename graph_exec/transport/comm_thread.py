@@ -87,11 +87,12 @@ class CommWorker:
             self._raise(call.error, time.monotonic() - start, timeout_s, what)
         return call.value
 
-    def settle(self, timeout_s: float) -> bool:
+    def settle(self, timeout_s: float, then: Callable[[], Any] = lambda: None) -> bool:
         """Wait up to ``timeout_s`` until every call handed to the thread has ended (a timed-out
-        one included, however it ends); whether they have. Bypasses :meth:`require_usable`: this
-        is the wait a failed step makes before it returns, not new communication."""
-        marker = _Call(lambda: None)
+        one included, however it ends) and ``then`` has run after them on the thread, its error
+        dropped; whether all that happened in time. Bypasses :meth:`require_usable`: this is the
+        wait a failed step makes before it returns, not new communication."""
+        marker = _Call(then)
         self._queue.put(marker)
         return marker.done.wait(timeout_s)
 

@@ -72,5 +72,12 @@ def test_settle_waits_for_a_timed_out_call_to_end_within_its_bound() -> None:
     began = time.monotonic()
     assert not worker.settle(0.2)  # still running: not settled, and not waited for past the bound
     assert time.monotonic() - began < 1.0
-    assert worker.settle(2 * TIMEOUT_S)
+    drained = []
+
+    def drain() -> None:  # after the stuck call, on the thread; its own error is dropped
+        drained.append(True)
+        raise RuntimeError("AllReduce failed.")
+
+    assert worker.settle(2 * TIMEOUT_S, then=drain)
+    assert drained == [True]
     assert worker.broken is not None  # settling does not make the worker usable again
