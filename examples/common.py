@@ -147,10 +147,7 @@ class ConversationSource:
             pack(c, max_length, micro, balance=balance, seed=k) for c, k in zip(costs, seeds, strict=True)
         ]
         rows = row_bucket(max(p.rows for p in packings), row_buckets_upto(max(share, 1)))
-        padded = [
-            pack(c, max_length, micro, balance=balance, seed=k, rows=rows)
-            for c, k in zip(costs, seeds, strict=True)
-        ]
+        padded = [p.with_rows(rows) for p in packings]
         real = sum(c.tokens for shard in costs for c in shard)
         self._counts = {(step, batch_size): (real, replicas * micro * rows * max_length)}
         towers = [t for p, c in zip(padded, costs, strict=True) for t in p.tower_work(c)]

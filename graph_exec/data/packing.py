@@ -81,6 +81,13 @@ class Packing(NamedTuple):
         not :meth:`tower_costs`, is what a packed micro-batch's tower time follows."""
         return [float(_work(mb, costs)) for mb in self.micro_batches]
 
+    def with_rows(self, rows: int) -> Packing:
+        """The same packing with every micro-batch padded with empty rows to ``rows`` (what
+        ``pack(..., rows=rows)`` gives for the same samples and seed, without packing again)."""
+        if rows < self.rows:
+            raise ValueError(f"rows={rows} is below the {self.rows} rows this packing needs")
+        return Packing(tuple(mb + ((),) * (rows - len(mb)) for mb in self.micro_batches))
+
     def padding_fraction(self, costs: Sequence[SampleCost], max_length: int) -> float:
         """The share of the micro-batches' ``rows × max_length`` token slots that hold padding."""
         real = sum(costs[i].tokens for mb in self.micro_batches for row in mb for i in row)
@@ -152,8 +159,8 @@ def pack(
     buckets = _checked_arguments(costs, max_length, micro, balance, rows, row_buckets, ragged)
     tie = np.random.default_rng(seed).permutation(len(costs))
     by_tokens = sorted(range(len(costs)), key=lambda i: (-costs[i].tokens, tie[i]))
+    what = f"{len(costs)} samples"
     if ragged:
-        what = f"{len(costs)} samples"
 
         def width(need: int) -> int:
             return max(1, need) if buckets is None else row_bucket(max(1, need), buckets, what)
@@ -167,7 +174,7 @@ def pack(
             f"{len(costs)} samples of {sum(c.tokens for c in costs)} tokens need {need} rows of max_length "
             f"{max_length} in some micro-batch, above rows={rows}: raise rows or max_length, or pass fewer samples"
         )
-    width = rows or (need if buckets is None else row_bucket(need, buckets, f"{len(costs)} samples"))
+    width = rows or (need if buckets is None else row_bucket(need, buckets, what))
     return Packing(tuple(tuple(tuple(r) for r in g) + ((),) * (width - len(g)) for g in groups))
 
 
@@ -385,7 +392,7 @@ def _even_rows(group: list[list[int]], costs: Sequence[SampleCost], max_length: 
 
 def _work(group: Sequence[Sequence[int]], costs: Sequence[SampleCost]) -> int:
     """Rows × the most patches of any row: the patches a packed micro-batch's tower computes."""
-    return len(group) * max((sum(costs[i].patches for i in row) for row in group), default=0)
+    return _load_work([sum(costs[i].patches for i in row) for row in group])
 
 
 def _work_spread(groups: Sequence[Sequence[Sequence[int]]], costs: Sequence[SampleCost]) -> float:

@@ -258,3 +258,11 @@ def test_balanced_rows_even_the_tower_work_the_layout_computes(ragged):
         costs = skewed_mix(8, 4, step)
         packing = pack(costs, 1024, 8, seed=step, ragged=ragged)
         assert spread(packing.tower_costs(costs)) <= 1.2 and spread(packing.tower_work(costs)) <= 1.2
+
+
+def test_with_rows_pads_as_packing_again_with_rows_would() -> None:
+    costs = [SampleCost(t, p, p // 4) for t, p in [(300, 64), (120, 0), (500, 256), (90, 16), (40, 0)]]
+    packed = pack(costs, 640, 2, seed=3)
+    assert packed.with_rows(packed.rows + 2) == pack(costs, 640, 2, seed=3, rows=packed.rows + 2)
+    with pytest.raises(ValueError, match=f"below the {packed.rows} rows"):
+        packed.with_rows(packed.rows - 1)
