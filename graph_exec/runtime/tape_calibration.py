@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from graph_exec.schedule.memory import ItemSizes, peak_bytes
@@ -101,25 +101,23 @@ def backward_transient(
     ``I``'s growth less what it holds for ``W`` (the library counts that) and ``W``'s own. The
     cotangent is ones of the outputs' shapes (floating outputs; the others take none). The
     gradients it accumulates are then put back as they were, exactly."""
-    from graph_exec.device import memory_high_water, reset_memory_high_water, wait_for
+    from graph_exec.device import wait_for
 
     saved = {name: grad.copy() for name, grad in executor.grads().items()}
     wait_for(saved.values())
     key, outputs = kept or (_BACKWARD_KEY, None)
     try:
         if labels is not None:
-            level = reset_memory_high_water()
-            _, grads = executor.last_stage_step(stage, key, inputs, labels, hold_weight_grads=split)
+            transient = _high_water_growth(
+                lambda: executor.last_stage_step(stage, key, inputs, labels, hold_weight_grads=split)[1]
+            )
         else:
             if outputs is None:
                 outputs = executor.stage_forward(stage, key, inputs)
             cotangents = _ones_like(outputs)
             wait_for(cotangents)
-            level = reset_memory_high_water()
             backward = executor.stage_backward_input if split else executor.stage_backward
-            grads = backward(stage, key, cotangents)
-        wait_for(grads)
-        transient = memory_high_water() - level
+            transient = _high_water_growth(lambda: backward(stage, key, cotangents))
         if split:
             transient = max(
                 transient - _held_for_w(executor, stage, key), _weight_backward(executor, stage, key)
@@ -141,11 +139,21 @@ def _held_for_w(executor: Any, stage: int, key: int) -> int:
 
 def _weight_backward(executor: Any, stage: int, key: int) -> int:
     """``W`` of ``(stage, key)``: its own high-water growth above the level before it."""
+
+    def weight() -> Any:
+        executor.stage_backward_weight(stage, key)
+        return executor.grads().values()
+
+    return _high_water_growth(weight)
+
+
+def _high_water_growth(run: Callable[[], Any]) -> int:
+    """How far memory in use rose above its level before ``run()`` while it ran, its results
+    (what ``run`` returns, waited for) included."""
     from graph_exec.device import memory_high_water, reset_memory_high_water, wait_for
 
     level = reset_memory_high_water()
-    executor.stage_backward_weight(stage, key)
-    wait_for(executor.grads().values())
+    wait_for(run())
     return memory_high_water() - level
 
 
