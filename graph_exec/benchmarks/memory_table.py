@@ -22,12 +22,14 @@ contention does not change it.
 plan of :data:`TARGET_PLANS` is a launch of its own (MindSpore's CPU pool never gives memory
 back, so a process's peak RSS is that of everything it ran) with ``measure_tape=True``; per rank
 the schedule's ``stats()["memory"]["predicted_peak"]`` (memory in use before the first step +
-the library's held peak + the tapes the plan holds + the largest backward transient of the
-rank's stages) is set against the measured peak
+the largest sum, over the rank's steps, of the library's held bytes, the tapes the plan holds
+and the transient of the backward the step runs) is set against the measured peak
 (``allocator_peak`` where the device keeps one, else ``peak_rss``), with the share of the peak
 that activations and tapes are, the error per plan, and whether the plans ordered by their
 largest predicted rank peak are ordered as by the largest measured one. Nothing is fitted to
-the run: the tapes are measured by the run itself.
+the run: the tapes are measured by the run itself. The last two columns set the prediction
+against the memory in use after the first step (on CPU the pool's size then, so the first
+step's peak): what the second step adds beyond it is the pool failing to reuse blocks it freed.
 """
 
 from __future__ import annotations
@@ -238,11 +240,12 @@ def _target_row(pp: int, vpp: int, plan: str, rank: int, memory: dict[str, Any])
         "measured": measured,
         "error": memory["predicted_peak"] / measured - 1,
         "base": memory["base_in_use"],
-        "held": memory["held_peak"],
-        "tapes": memory["tape_peak"],
+        "held": memory["predicted_parts"]["held"],
+        "tapes": memory["predicted_parts"]["tape"],
         "transient": memory["predicted_parts"]["backward_transient"],
         "tape_per_micro": memory["tape_bytes_per_micro"],
         "transient_per_stage": memory["backward_transient_bytes"],
+        "after_first_step": memory["in_use_after_step"]["first"],
         "activation_share": held / measured,
     }
 
@@ -253,14 +256,16 @@ def target_table(rows: list[dict[str, Any]]) -> str:
 
     lines = [
         f"{'P':>2} {'V':>2} {'plan':<14} {'rank':>4} {'base':>10} {'held':>10} {'tapes':>10} "
-        f"{'transient':>10} {'predicted':>10} {'measured':>10} {'error':>7} {'act/peak':>8}"
+        f"{'transient':>10} {'predicted':>10} {'measured':>10} {'error':>7} {'act/peak':>8} "
+        f"{'step 1':>10} {'error':>7}"
     ]
     for r in rows:
         lines.append(
             f"{r['pp']:>2} {r['vpp']:>2} {r['plan']:<14} {r['rank']:>4} {size_text(r['base']):>10} "
             f"{size_text(r['held']):>10} {size_text(r['tapes']):>10} {size_text(r['transient']):>10} "
             f"{size_text(r['predicted']):>10} "
-            f"{size_text(r['measured']):>10} {r['error']:>+7.1%} {r['activation_share']:>8.2f}"
+            f"{size_text(r['measured']):>10} {r['error']:>+7.1%} {r['activation_share']:>8.2f} "
+            f"{size_text(r['after_first_step']):>10} {r['predicted'] / r['after_first_step'] - 1:>+7.1%}"
         )
     for pp in sorted({r["pp"] for r in rows}):
         mine = [r for r in rows if r["pp"] == pp]

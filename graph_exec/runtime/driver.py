@@ -153,6 +153,8 @@ class RankRuntime:
             self.timeline.append(
                 TimelineEvent(self.rank, step.token, start - origin, time.perf_counter() - origin)
             )
+        if self.tape is not None:
+            self.tape.end_step()
         losses = dict(self.caches.losses)
         self.caches.losses.clear()
         leftovers = self.caches.leftovers()
@@ -188,7 +190,7 @@ class RankRuntime:
 
     def memory_prediction(self, recompute: bool) -> dict[str, Any]:
         """The tape keys of ``stats()["memory"]`` (:func:`tape_stats`), after a step."""
-        return tape_stats(self.tape, self.plan, self.rank, recompute, self.memory.held_peak)
+        return tape_stats(self.tape, self.plan, self.rank, recompute, self.memory.held_by_step)
 
     def _account_fused(self, stage: int, micro: int, inputs: tuple[Any, ...]) -> None:
         """The last stage's fused step keeps nothing after it: its input counts during it."""

@@ -143,6 +143,7 @@ class MemoryAccount:
         self.stage_peaks: dict[int, int] = {}
         self.per_micro: dict[int, int] = {}
         self.held_peak = 0
+        self.held_by_step: list[int] = []  # one entry per plan step: bounded by the plan
         self._receive_peak = 0
 
     def hold(self, kind: str, key: Hashable, tensors: Iterable[Any]) -> None:
@@ -190,6 +191,7 @@ class MemoryAccount:
         self._receive_peak = max(self._receive_peak, receive_bytes)
         held = receive_bytes + sum(kind.end_step() for kind in self._kinds.values())
         self.held_peak = max(self.held_peak, held)
+        self.held_by_step.append(held)
 
     def peaks(self) -> dict[str, Any]:
         """The step's peaks in bytes: one per kind, per stage for the activations, the size of

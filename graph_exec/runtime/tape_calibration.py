@@ -33,7 +33,7 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from graph_exec.schedule.memory import ItemSizes, peak_bytes
+from graph_exec.schedule.memory import ItemSizes, backward_steps, bytes_by_step
 from graph_exec.schedule.plan import Plan
 
 #: Forwards held per tape measurement (taped and untaped each): the growth of each after the
@@ -63,42 +63,43 @@ def _growth(forward: Any) -> tuple[float, list[Any]]:
 
 def measure_stage_tape(
     executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any = None, split: bool = False
-) -> tuple[int | None, int]:
-    """``(tape, transient)`` of ``stage`` on ``inputs``: the bytes one recorded forward keeps
+) -> tuple[int | None, dict[str, int]]:
+    """``(tape, transients)`` of ``stage`` on ``inputs``: the bytes one recorded forward keeps
     beyond its inputs and outputs (0 when nothing is recorded: no trained weight and no input
-    gradient), and the high-water growth of one backward (:func:`backward_transient`), run
-    while the measured forwards are still held. ``labels`` (not ``None``) marks the last stage;
-    ``split``: the backward is ``I`` then ``W`` (``body="zb"``). The tape is ``None``, not
-    measured, where the plan holds none: the last stage (its fused step keeps nothing after it)
-    and ``recompute`` (only inputs are kept); there the tape the step builds is in the
+    gradient), and the high-water growth of its backward steps (:func:`backward_transients`),
+    run while the measured forwards are still held. ``labels`` (not ``None``) marks the last
+    stage; ``split``: the backward is ``I`` then ``W`` (``body="zb"``). The tape is ``None``,
+    not measured, where the plan holds none: the last stage (its fused step keeps nothing after
+    it) and ``recompute`` (only inputs are kept); there the tape the step builds is in the
     transient."""
     if labels is not None or executor.recompute:
-        return None, backward_transient(executor, stage, inputs, labels, split)
+        return None, backward_transients(executor, stage, inputs, labels, split)
     try:
         taped, held = _growth(lambda k: executor.stage_forward(stage, _KEYS[k], inputs))
         plain, _ = _growth(lambda k: executor.stage_forward_only(stage, inputs))
-        transient = backward_transient(executor, stage, inputs, None, split, (_KEYS[0], held[0]))
+        transients = backward_transients(executor, stage, inputs, None, split, (_KEYS[0], held[0]))
     finally:
         for key in _KEYS:
             executor.release_forward(stage, key)
-    return max(0, round(taped - plain)), transient
+    return max(0, round(taped - plain)), transients
 
 
-def backward_transient(
+def backward_transients(
     executor: Any,
     stage: int,
     inputs: tuple[Any, ...],
     labels: Any,
     split: bool,
     kept: tuple[int, tuple[Any, ...]] | None = None,
-) -> int:
-    """The high-water growth of memory in use while one backward of ``stage`` runs, through the
-    executor's own path, above the level before it: the cotangents of its activations and its
-    temporaries, which nothing holds between steps. ``kept``: ``(key, outputs)`` of a forward
-    of ``stage`` already kept; else one is made here (with ``recompute`` it keeps only its
-    inputs and the transient includes the forward the backward rebuilds). The last stage
-    (``labels`` not ``None``): its fused forward, loss and backward. ``split``: the larger of
-    ``I``'s growth less what it holds for ``W`` (the library counts that) and ``W``'s own. The
+) -> dict[str, int]:
+    """The high-water growth of memory in use, above the level before it, of each step that
+    runs a backward of ``stage``, through the executor's own path, by phase
+    (:data:`graph_exec.schedule.memory.BACKWARD_PHASES`): the cotangents of its activations and
+    its temporaries, which nothing holds between steps. ``kept``: ``(key, outputs)`` of a
+    forward of ``stage`` already kept; else one is made here (with ``recompute`` it keeps only
+    its inputs and the transient includes the forward the backward rebuilds). The last stage
+    (``labels`` not ``None``): ``"fused"``, its forward, loss and backward. ``split``: ``"I"``
+    (or ``"fused"``) less what it holds for ``W`` (the library counts that) and ``"W"``. The
     cotangent is ones of the outputs' shapes (floating outputs; the others take none). The
     gradients it accumulates are then put back as they were, exactly."""
     from graph_exec.device import wait_for
@@ -108,24 +109,26 @@ def backward_transient(
     key, outputs = kept or (_BACKWARD_KEY, None)
     try:
         if labels is not None:
-            transient = _high_water_growth(
+            phase = "fused"
+            growth = _high_water_growth(
                 lambda: executor.last_stage_step(stage, key, inputs, labels, hold_weight_grads=split)[1]
             )
         else:
+            phase = "I" if split else "B"
             if outputs is None:
                 outputs = executor.stage_forward(stage, key, inputs)
             cotangents = _ones_like(outputs)
             wait_for(cotangents)
             backward = executor.stage_backward_input if split else executor.stage_backward
-            transient = _high_water_growth(lambda: backward(stage, key, cotangents))
+            growth = _high_water_growth(lambda: backward(stage, key, cotangents))
+        transients = {phase: growth}
         if split:
-            transient = max(
-                transient - _held_for_w(executor, stage, key), _weight_backward(executor, stage, key)
-            )
+            transients[phase] = growth - _held_for_w(executor, stage, key)
+            transients["W"] = _weight_backward(executor, stage, key)
     finally:
         executor.release_forward(stage, key)
     _restore(executor, saved)
-    return max(0, transient)
+    return {name: max(0, value) for name, value in transients.items()}
 
 
 def _held_for_w(executor: Any, stage: int, key: int) -> int:
@@ -177,14 +180,15 @@ def _restore(executor: Any, saved: Mapping[str, Any]) -> None:
 
 
 class TapeCalibration:
-    """The measured tape and backward transient per local stage and the memory in use when the
+    """The measured tape and backward transients per local stage and the memory in use when the
     first step began (the framework, the parameters, the gradient accumulators and whatever the
     caller made before)."""
 
     def __init__(self) -> None:
         self.tapes: dict[int, int] = {}
-        self.transients: dict[int, int] = {}
+        self.transients: dict[int, dict[str, int]] = {}
         self.base_in_use: int | None = None
+        self.in_use_after: dict[str, int] = {}
 
     def begin_step(self) -> None:
         """Note the memory in use before the first step."""
@@ -193,24 +197,43 @@ class TapeCalibration:
         if self.base_in_use is None:
             self.base_in_use = memory_in_use()
 
+    def end_step(self) -> None:
+        """Note the memory in use after the step, the first and the latest. On CPU, where
+        MindSpore's pool keeps what it took, that is the peak so far: the first step's (the
+        one the prediction is calibrated on) beside the run's shows what the pool added later
+        (freed blocks it could not reuse)."""
+        from graph_exec.device import memory_in_use
+
+        now = memory_in_use()
+        self.in_use_after.setdefault("first", now)
+        self.in_use_after["last"] = now
+
     def before_forward(
         self, executor: Any, stage: int, inputs: tuple[Any, ...], labels: Any = None, split: bool = False
     ) -> None:
-        """Measure ``stage``'s tape and backward transient on its first forward's inputs (once
+        """Measure ``stage``'s tape and backward transients on its first forward's inputs (once
         per stage; ``labels``: the last stage's, for its loss; ``split``: ``body="zb"``)."""
         if stage not in self.transients:
             tape, self.transients[stage] = measure_stage_tape(executor, stage, inputs, labels, split)
             if tape is not None:
                 self.tapes[stage] = tape
 
+    def transient_of(self, step: tuple[str, int] | None) -> int:
+        """The measured transient of a step (``(phase, stage)`` from
+        :func:`graph_exec.schedule.memory.backward_steps`; ``None``: no backward runs, 0)."""
+        if step is None:
+            return 0
+        phase, stage = step
+        return self.transients.get(stage, {}).get(phase, 0)
 
-def tape_peak(plan: Plan, rank: int, tapes: Mapping[int, int], recompute: bool) -> int:
-    """The most tape bytes ``rank`` holds at once under ``plan``: each held forward its stage's
-    tape (the plan's memory model says which are held when); with ``recompute`` none is held
-    (the one a backward rebuilds is part of that backward's transient)."""
+
+def tape_timeline(plan: Plan, rank: int, tapes: Mapping[int, int], recompute: bool) -> list[int]:
+    """The tape bytes ``rank`` holds during each step of ``plan``: each held forward its
+    stage's tape (the plan's memory model says which are held when); with ``recompute`` none is
+    held (the one a backward rebuilds is part of that backward's transient)."""
     if recompute:
-        return 0
-    return peak_bytes(plan, rank, ItemSizes(activations=dict(tapes), stage_inputs={}))
+        return [0] * len(plan.order_codes[rank])
+    return bytes_by_step(plan, rank, ItemSizes(activations=dict(tapes), stage_inputs={}))
 
 
 #: ``stats()["memory"]``'s keys from the calibration, in the order they are reported.
@@ -221,34 +244,49 @@ KEYS = (
     "base_in_use",
     "predicted_parts",
     "predicted_peak",
+    "in_use_after_step",
 )
 
 
 def tape_stats(
-    calibration: TapeCalibration | None, plan: Plan, rank: int, recompute: bool, held_peak: int
+    calibration: TapeCalibration | None, plan: Plan, rank: int, recompute: bool, held_by_step: list[int]
 ) -> dict[str, Any]:
     """``stats()["memory"]``'s calibration keys (:data:`KEYS`): ``tape_bytes_per_micro``
-    (measured per local stage), ``tape_peak`` (held at once, from the plan),
-    ``backward_transient_bytes`` (measured per local stage), ``base_in_use`` (memory in use
-    before the first step), ``predicted_parts`` (each part of the prediction by name, so a miss
-    can be traced to the part that caused it: ``base_in_use``, the library's ``held`` peak, the
-    ``tape`` peak and the largest ``backward_transient`` of the rank's stages: one backward
-    runs at a time) and ``predicted_peak`` (their sum), to set beside ``peak_rss`` /
-    ``allocator_peak``; all ``None`` without ``measure_tape=True``."""
+    (measured per local stage), ``tape_peak`` (the most held at once, from the plan),
+    ``backward_transient_bytes`` (measured per local stage: its largest backward step),
+    ``base_in_use`` (memory in use before the first step), ``predicted_peak`` and
+    ``predicted_parts``, and ``in_use_after_step`` (memory in use after the first and the latest
+    step: :meth:`TapeCalibration.end_step`); all ``None`` without ``measure_tape=True``.
+
+    The prediction is a timeline, not a sum of peaks: per step of the rank's order, the
+    library's held bytes at that step (``held_by_step``, its own account of the last step),
+    the tapes the plan holds then and the transient of the backward the step runs, if any;
+    ``predicted_peak`` is ``base_in_use`` plus the largest such sum, and ``predicted_parts``
+    names the parts at that step (they sum to it), so a miss can be traced to a part. Parts
+    that peak at different steps (with ``body="zb"``, the tapes while forwards pile up and the
+    inputs ``I`` keeps for ``W`` later) are not added as if they peaked together."""
     if calibration is None or calibration.base_in_use is None:
         return dict.fromkeys(KEYS)
-    peak = tape_peak(plan, rank, calibration.tapes, recompute)
+    tapes = tape_timeline(plan, rank, calibration.tapes, recompute)
+    transients = [calibration.transient_of(step) for step in backward_steps(plan, rank)]
+    if len(held_by_step) != len(tapes):
+        raise ValueError(f"rank {rank}: {len(held_by_step)} held counts for a plan of {len(tapes)} steps")
+    totals = [sum(parts) for parts in zip(held_by_step, tapes, transients, strict=True)]
+    at = max(range(len(totals)), key=totals.__getitem__, default=None)
     parts = {
         "base_in_use": calibration.base_in_use,
-        "held": held_peak,
-        "tape": peak,
-        "backward_transient": max(calibration.transients.values(), default=0),
+        "held": 0 if at is None else held_by_step[at],
+        "tape": 0 if at is None else tapes[at],
+        "backward_transient": 0 if at is None else transients[at],
     }
     return {
         "tape_bytes_per_micro": dict(sorted(calibration.tapes.items())),
-        "tape_peak": peak,
-        "backward_transient_bytes": dict(sorted(calibration.transients.items())),
+        "tape_peak": max(tapes, default=0),
+        "backward_transient_bytes": {
+            s: max(t.values(), default=0) for s, t in sorted(calibration.transients.items())
+        },
         "base_in_use": calibration.base_in_use,
         "predicted_parts": parts,
         "predicted_peak": sum(parts.values()),
+        "in_use_after_step": dict(calibration.in_use_after),
     }

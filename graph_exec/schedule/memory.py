@@ -21,7 +21,9 @@ items, each from the step that makes it to the step after which nothing reads it
   reads it on the same rank (``TBWD m`` or ``GRADrecv+bwd m``).
 
 :func:`held_items` counts them; :func:`peak_bytes` weighs them by sizes and returns the peak
-over the step, which is not the sum of the per-kind peaks (they peak at different times). A
+over the step, which is not the sum of the per-kind peaks (they peak at different times);
+:func:`bytes_by_step` gives the whole timeline, and :func:`backward_steps` the steps that run a
+backward (the runtime adds what a backward needs only while it runs). A
 step allocates before it releases: the peak includes what a step reads and what it makes.
 Pure Python, like the rest of the schedule layer; sizes come from the caller (calibrated once
 per stage by the runtime).
@@ -117,8 +119,41 @@ def peak_counts(plan: Plan, rank: int, keep_preprocess_tape: bool = False) -> di
 
 def peak_bytes(plan: Plan, rank: int, sizes: ItemSizes, keep_preprocess_tape: bool = False) -> int:
     """The peak over ``rank``'s steps of the bytes it holds, every kind together."""
+    return max(0, *bytes_by_step(plan, rank, sizes, keep_preprocess_tape))
+
+
+def bytes_by_step(plan: Plan, rank: int, sizes: ItemSizes, keep_preprocess_tape: bool = False) -> list[int]:
+    """The bytes ``rank`` holds during each of its steps (one entry per step of its order),
+    every kind together: the timeline a per-step prediction adds other parts to."""
     items = held_items(plan, rank, keep_preprocess_tape)
-    return _peak(((it.start, it.end, sizes.of(it)) for it in items), len(plan.order_codes[rank]) + 1)
+    length = len(plan.order_codes[rank])
+    return _running(((it.start, it.end, sizes.of(it)) for it in items), length + 1)[:length]
+
+
+#: What a backward-running step is, for the parts of the memory model that a step needs only
+#: while it runs: ``"B"`` (a whole backward), ``"I"`` / ``"W"`` (the split one's halves) and
+#: ``"fused"`` (the last stage's forward, loss and backward in one step).
+BACKWARD_PHASES = ("B", "I", "W", "fused")
+
+
+def backward_steps(plan: Plan, rank: int) -> list[tuple[str, int] | None]:
+    """Per step of ``rank``'s order, ``(phase, stage)`` if it runs a body backward
+    (:data:`BACKWARD_PHASES`), else ``None``. The last stage's backward runs inside its fused
+    ``F``: its ``B`` or ``I`` step only routes the input gradients. Forward-only plans run none."""
+    if plan.config.forward_only:
+        return [None] * len(plan.order_codes[rank])
+    phases = {codes.B: "B", codes.I: "I", codes.W: "W"}
+    last = plan.last_stage
+    out: list[tuple[str, int] | None] = []
+    for code in plan.order_codes[rank]:
+        kind, stage = kind_base(code), stage_of(code)
+        if code < codes.B:
+            out.append(("fused", stage) if stage == last else None)
+        elif kind in phases and (kind == codes.W or stage != last):
+            out.append((phases[kind], stage))
+        else:
+            out.append(None)
+    return out
 
 
 def _intervals(plan: Plan, rank: int, keep_preprocess_tape: bool) -> list[tuple[str, int, int, int]]:
@@ -160,11 +195,11 @@ def _intervals(plan: Plan, rank: int, keep_preprocess_tape: bool) -> list[tuple[
     return out
 
 
-def _peak(intervals: Iterable[tuple[int, int, int]], length: int) -> int:
-    """Peak of the running sum of ``(start, end, size)``: each counts from step ``start``
+def _running(intervals: Iterable[tuple[int, int, int]], length: int) -> list[int]:
+    """The running sum of ``(start, end, size)`` per step: each counts from step ``start``
     through step ``end``."""
     delta = [0] * (length + 1)
     for start, end, size in intervals:
         delta[start] += size
         delta[end + 1] -= size
-    return max(0, *accumulate(delta))
+    return list(accumulate(delta))

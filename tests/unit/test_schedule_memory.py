@@ -6,7 +6,14 @@ import pytest
 
 from graph_exec.schedule import PlanConfig, build_plan
 from graph_exec.schedule.body import _rounds
-from graph_exec.schedule.memory import ItemSizes, held_items, peak_bytes, peak_counts
+from graph_exec.schedule.memory import (
+    ItemSizes,
+    backward_steps,
+    bytes_by_step,
+    held_items,
+    peak_bytes,
+    peak_counts,
+)
 
 
 @pytest.mark.parametrize(("pp", "micro"), [(2, 4), (4, 4), (4, 8), (8, 16)])
@@ -75,3 +82,31 @@ def test_negative_sizes_are_refused_by_name() -> None:
         ItemSizes(activations={2: -1}, stage_inputs={})
     with pytest.raises(ValueError, match="preprocess_output must be >= 0"):
         ItemSizes(activations={}, stage_inputs={}, preprocess_output=-5)
+
+
+def test_bytes_by_step_is_the_timeline_whose_peak_is_peak_bytes() -> None:
+    plan = build_plan(PlanConfig(pp=2, vpp=2, micro=4, body="zb"))
+    sizes = ItemSizes(
+        activations={0: 100, 1: 200, 2: 300, 3: 50}, stage_inputs={1: 7, 3: 9}, output_gradients={1: 11}
+    )
+    for rank in range(2):
+        timeline = bytes_by_step(plan, rank, sizes)
+        assert len(timeline) == len(plan.order_codes[rank])
+        assert max(timeline) == peak_bytes(plan, rank, sizes)
+        assert timeline[-1] > 0  # the last W reads its activations: held through it
+
+
+def test_backward_steps_name_the_steps_that_compute_a_backward() -> None:
+    """Rank 1 of zero bubble at P = 2, V = 2 holds stages 1 and 3 (the last): ``F3.m`` is the
+    fused forward, loss and ``I``; ``I3.m`` only routes; ``I1.m`` and every ``W`` compute."""
+    plan = build_plan(PlanConfig(pp=2, vpp=2, micro=4, body="zb"))
+    named = {str(step): phase for step, phase in zip(plan.order(1), backward_steps(plan, 1), strict=True)}
+    assert named["F3.0"] == ("fused", 3) and named["F1.0"] is None
+    assert named["I3.0"] is None and named["I1.0"] == ("I", 1)
+    assert named["W3.0"] == ("W", 3) and named["W1.0"] == ("W", 1)
+    assert named["Frecv1.0"] is None and named["Bsend1.0"] is None
+    whole = build_plan(PlanConfig(pp=2, micro=4, body="1f1b"))
+    assert [p for p in backward_steps(whole, 0) if p] == [("B", 0)] * 4
+    assert [p for p in backward_steps(whole, 1) if p] == [("fused", 1)] * 4
+    only = build_plan(PlanConfig(pp=2, micro=4, forward_only=True))
+    assert backward_steps(only, 0) == [None] * len(only.order_codes[0])
