@@ -35,6 +35,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from graph_exec.errors import GraphExecError
+
 #: Environment variable that turns the CPU fast paths off (``0``); read once per process.
 FAST_PATHS_ENV = "GRAPH_EXEC_CPU_FAST_PATHS"
 #: Device targets MindSpore offers (``mindspore.set_device`` names).
@@ -298,6 +300,7 @@ def memory_peaks() -> dict[str, int | None]:
 _peaks_before_reset = {"rss": 0, "allocator": 0}
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATM = Path("/proc/self/statm")
 
 
 def _vm_hwm() -> int:
@@ -332,6 +335,20 @@ def reset_memory_high_water() -> int:
     return memory_in_use()
 
 
+def check_memory_measurable() -> None:
+    """Refuse, by name, a platform where :func:`memory_in_use` and the high-water mark cannot
+    be read: on CPU they come from Linux's ``/proc/self`` (``statm``, ``status``,
+    ``clear_refs``); a device reads its allocator's account and needs nothing more."""
+    if policy().allocator_reports_peak:
+        return
+    missing = [str(p) for p in (_STATM, _STATUS, _CLEAR_REFS) if not p.exists()]
+    if missing:
+        raise GraphExecError(
+            f"measure_tape=True measures memory on CPU from Linux's /proc, and this system has no "
+            f"{', '.join(missing)}: run it on Linux, or on a device whose allocator keeps an account"
+        )
+
+
 def memory_high_water() -> int:
     """The most memory in use since the last :func:`reset_memory_high_water` (bytes): the
     allocator's peak where the device keeps one, else the resident set's ``VmHWM``."""
@@ -352,7 +369,7 @@ def memory_in_use() -> int:
         return int(ms.runtime.memory_allocated())
     import os
 
-    with open("/proc/self/statm", encoding="ascii") as statm:
+    with open(_STATM, encoding="ascii") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 

@@ -185,6 +185,9 @@ class TapeCalibration:
     caller made before)."""
 
     def __init__(self) -> None:
+        from graph_exec.device import check_memory_measurable
+
+        check_memory_measurable()  # before the first step, on every rank alike
         self.tapes: dict[int, int] = {}
         self.transients: dict[int, dict[str, int]] = {}
         self.base_in_use: int | None = None

@@ -211,3 +211,15 @@ def test_the_device_high_water_mark_is_the_allocators(
     assert device.memory_high_water() == 6 * 2**20
     assert device.memory_peaks()["allocator_peak"] == 9 * 2**20  # the peak before the reset
     assert not (tmp_path / "clear_refs").exists()
+
+
+def test_a_cpu_without_proc_is_refused_by_name_and_a_device_needs_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(device, "policy", lambda: DevicePolicy.for_target("CPU"))
+    device.check_memory_measurable()  # this machine: Linux
+    monkeypatch.setattr(device, "_CLEAR_REFS", tmp_path / "clear_refs")
+    with pytest.raises(device.GraphExecError, match=r"measure_tape=True .* no .*clear_refs: run it on Linux"):
+        device.check_memory_measurable()
+    monkeypatch.setattr(device, "policy", lambda: DevicePolicy.for_target("Ascend"))
+    device.check_memory_measurable()  # the allocator's account: no /proc needed
