@@ -489,20 +489,11 @@ def _balanced(
 def _rows_balanced(
     order: Sequence[int], costs: Sequence[SampleCost], max_length: int, micro: int
 ) -> list[list[list[int]]]:
-    """The rows of token-only packing (as few as it gets), dealt heaviest tower first to the
-    lightest micro-batch that has fewer than its share of rows: balanced at row granularity,
-    no more rows than by tokens alone (the fallback when dealing samples needs more rows). The
-    rows' patches are evened first (:func:`_even_rows`), so heavy images do not share a row."""
-    filled = _even_rows(_fill_rows(order, costs, max_length), costs, max_length)
-    share = -(-len(filled) // micro)
-    weight = [sum(costs[i].patches for i in row) for row in filled]
-    groups: list[list[list[int]]] = [[] for _ in range(micro)]
-    patches = [0] * micro
-    for r in sorted(range(len(filled)), key=lambda r: (-weight[r], r)):
-        m = min((m for m in range(micro) if len(groups[m]) < share), key=lambda m: (patches[m], m))
-        groups[m].append(filled[r])
-        patches[m] += weight[r]
-    return groups
+    """The rows of token-only packing (as few as it gets), dealt as :func:`_rows_dealt` deals
+    them: balanced at row granularity, no more rows than by tokens alone (the fallback when
+    dealing samples needs more rows). The rows' patches are evened first
+    (:func:`_even_rows`), so heavy images do not share a row."""
+    return _rows_dealt(_even_rows(_fill_rows(order, costs, max_length), costs, max_length), costs, micro)
 
 
 def _tower_spread(groups: Sequence[Sequence[Sequence[int]]], costs: Sequence[SampleCost]) -> float:
