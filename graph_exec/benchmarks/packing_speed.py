@@ -53,8 +53,10 @@ full rows (hence M = 2, 16 samples each); ``small`` in pynative at rows of 1024 
 rank out of memory (13 GB: the attention's square over M micro-batches in flight).
 
 ``--layers`` (default the preset's 4) trades depth for width: the packed slot's extra cost is
-the dense attention's square (``packing_profile``), a smaller share of a layer the wider it is, so
-``--hidden 1024 --layers 2`` measures a wider model in about the time of the default.
+the dense attention's square (``packing_profile``), a smaller share of a layer the wider it is.
+One layer's time per slot roughly doubles with the width (one pinned process, 2026-12-06: 0.30-0.37,
+0.59-0.76 and 1.33-1.73 ms per slot at 256, 512 and 1024), so ``--hidden 1024 --layers 2``
+takes about the time of ``--hidden 512`` (4 layers) and ``--hidden 512 --layers 2`` that of the default.
 
 The balance target's step time (``--mix skewed --ways packed,tokens``): each way prints its ms per
 step and the tokens/packed step-time line beside both tower max/mean. It shows only where the
