@@ -52,6 +52,12 @@ rows and 7.1 % ragged (``tests/unit/test_packer.py``; padded 63 %), hence 4 meas
 full rows (hence M = 2, 16 samples each); ``small`` in pynative at rows of 1024 and M = 4 ran a
 rank out of memory (13 GB: the attention's square over M micro-batches in flight).
 
+``--layers`` (default the preset's 4) trades depth for width: the packed slot's extra cost is
+the dense attention's square (``packing_profile``), a smaller share of a layer the wider it is.
+One layer's time per slot roughly doubles with the width (one pinned process, 2026-12-06: 0.30-0.37,
+0.59-0.76 and 1.33-1.73 ms per slot at 256, 512 and 1024), so ``--hidden 1024 --layers 2``
+takes about the time of ``--hidden 512`` (4 layers) and ``--hidden 512 --layers 2`` that of the default.
+
 The balance target's step time (``--mix skewed --ways packed,tokens``): each way prints its ms per
 step and the tokens/packed step-time line beside both tower max/mean. It shows only where the
 tower is a visible share of the step, hence ``--vision-width`` / ``--vision-depth``: with ``--hidden
@@ -103,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=256,
         help="the decoder's width, in place of the preset's (0: the preset's; default 256)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=0,
+        help="decoder layers, in place of the preset's (0: the preset's; at least 2, one per stage; default 0)",
     )
     parser.add_argument(
         "--vision-width",
@@ -244,14 +256,19 @@ def _step(sched, batches, tower: list[float]) -> float:
 
 
 def _preset(args: argparse.Namespace):
-    """The ``--size`` preset, ``--hidden`` wide, its tower ``--vision-width`` wide and
-    ``--vision-depth`` deep (each 0: the preset's; the images as the preset's)."""
+    """The ``--size`` preset, ``--hidden`` wide and ``--layers`` deep, its tower ``--vision-width``
+    wide and ``--vision-depth`` deep (each 0: the preset's; the images as the preset's)."""
     import dataclasses
 
     from graph_exec.examples import qwen2vl
 
     preset = qwen2vl.SIZES[args.size]
-    given = {"hidden": args.hidden, "vision_width": args.vision_width, "vision_depth": args.vision_depth}
+    given = {
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "vision_width": args.vision_width,
+        "vision_depth": args.vision_depth,
+    }
     return dataclasses.replace(preset, **{k: v for k, v in given.items() if v})
 
 
@@ -411,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--hidden", args.hidden), ("--vision-width", args.vision_width)):
         if value < 0 or value % 32:
             parser.error(f"{flag} {value}: 0 (the preset's) or a positive multiple of 32 (4 heads of 8+)")
+    if args.layers < 0 or args.layers == 1:
+        parser.error(f"--layers {args.layers}: 0 (the preset's) or at least 2 (one per stage of P = 2)")
     if args.vision_depth < 0:
         parser.error(f"--vision-depth {args.vision_depth}: 0 (the preset's) or a positive number of blocks")
     if args.as_rank:
@@ -419,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         "mix",
         "size",
         "hidden",
+        "layers",
         "vision_width",
         "vision_depth",
         "batch",
@@ -434,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     forwarded += ["--even-rows"] if args.even_rows else []
     print(
-        f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}, tower "
+        f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}, {_preset(args).layers} layers, tower "
         f"{_preset(args).vision_width} wide x {_preset(args).vision_depth}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
         f"{args.mix} mix, "
         f"batch {args.batch}, M={args.micro}, max_length {args.max_length} "

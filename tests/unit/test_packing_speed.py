@@ -55,3 +55,34 @@ def test_the_balance_line_sets_token_only_rows_against_balanced_ones():
         "tokens": {**way, "step_ms": 125.0, "tower": 1.43},
     }
     assert ps._balance_line(run) == "tokens/packed step time 1.250x (tower max/mean 1.43 against 1.00)"
+
+
+def test_layers_replace_the_presets_depth_and_reach_the_ranks(monkeypatch):
+    from graph_exec.examples import qwen2vl
+
+    default = ps._preset(ps._parser().parse_args([]))
+    assert default.layers == qwen2vl.SIZES["tiny"].layers and default.hidden == 256
+    deeper = ps._preset(ps._parser().parse_args(["--layers", "2", "--hidden", "1024"]))
+    assert (deeper.layers, deeper.hidden, deeper.image) == (2, 1024, default.image)
+    launched = []
+
+    def launch(script, args, **kwargs):
+        launched.append(args)
+        return 3  # as a failed launch: main stops there
+
+    monkeypatch.setattr(ps, "launch_and_report", launch)
+    assert ps.main(["--layers", "2", "--repeats", "1"]) == 3
+    assert "--layers=2" in launched[0] and "--as-rank" in launched[0]
+    assert ps.main(["--repeats", "1"]) == 3
+    assert "--layers=0" in launched[1]
+
+
+@pytest.mark.parametrize("layers", ["1", "-2"])
+def test_too_few_layers_are_refused_before_anything_launches(capsys, layers):
+    with pytest.raises(SystemExit) as exit_info:
+        ps.main(["--layers", layers])
+    assert exit_info.value.code == 2
+    assert (
+        f"--layers {layers}: 0 (the preset's) or at least 2 (one per stage of P = 2)"
+        in capsys.readouterr().err
+    )
