@@ -7,9 +7,9 @@ With ``measure_tape=True`` the runtime measures, once per stage, on the first st
 forward of that stage (the real micro-batch shapes):
 
 - the tape: memory in use (:func:`graph_exec.device.memory_in_use`: the allocator where the
-  device keeps one, else RSS) grown by a second recorded forward held beside the first, minus
-  the same for untaped forwards whose outputs are held the same way (the first forward of each
-  may compile and land in memory the allocator already holds). Only where the plan holds tapes:
+  device keeps one, else RSS) grown by a second recorded forward held beside the first (the
+  first may compile and land in memory the allocator already holds), less the outputs it made
+  (the library counts those). Only where the plan holds tapes:
   not for the last stage (its fused step keeps nothing after it) nor with ``recompute=True``.
   With ``body="zb"`` the forward is the split one, so the measure is what it keeps for ``I``
   and ``W``; what ``I`` then holds for ``W`` is the library's own count
@@ -17,7 +17,9 @@ forward of that stage (the real micro-batch shapes):
 - the backward transient: the high-water growth of memory in use
   (:func:`graph_exec.device.memory_high_water`) while one backward runs through the executor's
   own path (the last stage: its fused step, loss included; ``recompute``: the rebuilt forward
-  included), its accumulated gradients then put back exactly.
+  included), its accumulated gradients then put back exactly. It runs right after the taped
+  forwards: nothing else freed memory into the pool just before, which the backward would
+  reuse unseen.
 
 The calibration forwards are released (without touching any gradient) before the step goes
 on. Its footprint is kept small (two tapes and one backward beside what the step holds):
@@ -36,7 +38,7 @@ from typing import Any
 from graph_exec.schedule.memory import ItemSizes, backward_steps, bytes_by_step
 from graph_exec.schedule.plan import Plan
 
-#: Forwards held per tape measurement (taped and untaped each): the growth of each after the
+#: Taped forwards held per tape measurement: the growth of each after the
 #: first is taken (the first compiles and may land in memory the allocator already holds), the
 #: median if several. Two keep the calibration's own footprint (two tapes held beside what the
 #: step holds) near the step's: the CPU pool keeps what the calibration took, so a larger one
@@ -76,12 +78,19 @@ def measure_stage_tape(
         return None, backward_transients(executor, stage, inputs, labels, split)
     try:
         taped, held = _growth(lambda k: executor.stage_forward(stage, _KEYS[k], inputs))
-        plain, _ = _growth(lambda k: executor.stage_forward_only(stage, inputs))
         transients = backward_transients(executor, stage, inputs, None, split, (_KEYS[0], held[0]))
     finally:
         for key in _KEYS:
             executor.release_forward(stage, key)
-    return max(0, round(taped - plain)), transients
+    return max(0, round(taped - _new_bytes(held[-1], inputs))), transients
+
+
+def _new_bytes(outputs: tuple[Any, ...], inputs: tuple[Any, ...]) -> int:
+    """Bytes of the outputs a forward made (an input passed through is not new): the library
+    counts them itself, so the tape is the growth less them."""
+    from graph_exec.runtime.memory_account import tensor_bytes
+
+    return sum(tensor_bytes(t) for t in outputs if not any(t is i for i in inputs))
 
 
 def backward_transients(
