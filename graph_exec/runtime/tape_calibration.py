@@ -109,12 +109,12 @@ def backward_transients(
     its inputs and the transient includes the forward the backward rebuilds), and the growth is
     measured from before it: the memory its own temporaries free would otherwise be reused by
     the backward's rebuilt forward and hide that much of it (MindSpore's CPU pool keeps what is
-    freed; measured from after the forward, ``recompute``'s transient read 230 MiB where its step
-    grew the pool by 338). The last stage
-    (``labels`` not ``None``): ``"fused"``, its forward, loss and backward. ``split``: ``"I"``
-    (or ``"fused"``) less what it holds for ``W`` (the library counts that) and ``"W"``. The
-    cotangent is ones of the outputs' shapes (floating outputs; the others take none). The
-    gradients it accumulates are then put back as they were, exactly."""
+    freed; measured from after the forward, ``recompute``'s transient read 230 MiB where its
+    step grew the pool by 338). The last stage (``labels`` not ``None``): ``"fused"``, its
+    forward, loss and backward. ``split``: ``"I"`` (or ``"fused"``) less what it holds for
+    ``W`` (the library counts that) and ``"W"``. The cotangent is ones of the outputs' shapes
+    (floating outputs; the others take none). The gradients it accumulates are then put back as
+    they were, exactly."""
     from graph_exec.device import wait_for
 
     saved = {name: grad.copy() for name, grad in executor.grads().items()}
