@@ -92,10 +92,15 @@ def _setup(args: argparse.Namespace):
     from graph_exec.msenv import prepare_mindspore
 
     prepare_mindspore("CPU")
-    widths = {"hidden": args.hidden, "layers": 0, "vision_width": 0, "vision_depth": 0}
-    preset = ps._preset(argparse.Namespace(size=args.size, **widths))
+    preset = _preset(args.size, args.hidden)
     split = gm.split_model(ps._model(preset, max(preset.layers, 2)), 2)
     return preset, split
+
+
+def _preset(size: str, hidden: int):
+    """``packing_speed``'s preset of ``size``, ``hidden`` wide (0: the preset's), the rest the
+    preset's."""
+    return ps._preset(argparse.Namespace(size=size, hidden=hidden, layers=0, vision_width=0, vision_depth=0))
 
 
 def _made(split, preset, args: argparse.Namespace, step: int) -> dict[str, tuple]:
@@ -198,10 +203,7 @@ def batch_shapes(args: argparse.Namespace) -> tuple[float, float, float]:
     """``(padded length, padding padded, padding packed)`` of ``--steps``' micro-batches: the
     padded rows' length weighted by their slots (``sum(S^2) / sum(S)`` over rows, what a slot's
     share of the attention's square sees), and each way's padding."""
-    _, split = _setup(argparse.Namespace(**{**vars(args), "hidden": 0}))
-    preset = ps._preset(
-        argparse.Namespace(size=args.size, hidden=0, layers=0, vision_width=0, vision_depth=0)
-    )
+    preset, split = _setup(argparse.Namespace(**{**vars(args), "hidden": 0}))
     made = [_made(split, preset, args, step) for step in args.steps]
     lengths = np.array(
         [b.inputs[3].shape[1] for m in made for b in m["padded"][0] for _ in range(len(b.labels))]
@@ -222,10 +224,7 @@ def layer(args: argparse.Namespace) -> list[dict[str, float]]:
     lengths = {"packed": args.max_length, "padded": length}
     out = []
     for width in args.widths:
-        preset = ps._preset(
-            argparse.Namespace(size=args.size, hidden=width, layers=0, vision_width=0, vision_depth=0)
-        )
-        model = ps._model(preset, 1)
+        model = ps._model(_preset(args.size, width), 1)
         block = model.model.language_model.layers[0]
         rotary = gm.split_model(model, 1).stages[0].rotary
         times: dict[str, list[tuple[float, float]]] = {}

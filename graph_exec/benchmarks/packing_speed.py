@@ -453,9 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         f"--ways={','.join(args.ways)}"
     ]
     forwarded += ["--even-rows"] if args.even_rows else []
+    preset = _preset(args)
     print(
-        f"packing_speed: Qwen2-VL {args.size} (hidden {_preset(args).hidden}, {_preset(args).layers} layers, tower "
-        f"{_preset(args).vision_width} wide x {_preset(args).vision_depth}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
+        f"packing_speed: Qwen2-VL {args.size} (hidden {preset.hidden}, {preset.layers} layers, tower "
+        f"{preset.vision_width} wide x {preset.vision_depth}), P=2 on 2 pinned ranks, {args.mode}, {args.shapes} shapes, "
         f"{args.mix} mix, "
         f"batch {args.batch}, M={args.micro}, max_length {args.max_length} "
         f"({'even' if args.even_rows else 'ragged'} rows), {args.steps} measured steps "

@@ -142,7 +142,6 @@ class MemoryAccount:
         self._stage_now: dict[int, int] = {}
         self.stage_peaks: dict[int, int] = {}
         self.per_micro: dict[int, int] = {}
-        self.held_peak = 0
         self.held_by_step: list[int] = []  # one entry per plan step: bounded by the plan
         self._receive_peak = 0
 
@@ -190,8 +189,13 @@ class MemoryAccount:
             self._stage_now[key[0]] -= acts.items.get(key, 0)
         self._receive_peak = max(self._receive_peak, receive_bytes)
         held = receive_bytes + sum(kind.end_step() for kind in self._kinds.values())
-        self.held_peak = max(self.held_peak, held)
         self.held_by_step.append(held)
+
+    @property
+    def held_peak(self) -> int:
+        """The most bytes held at once, every kind together, over the plan steps observed since
+        :meth:`begin_step`."""
+        return max(self.held_by_step, default=0)
 
     def peaks(self) -> dict[str, Any]:
         """The step's peaks in bytes: one per kind, per stage for the activations, the size of
