@@ -138,6 +138,13 @@ def _add_qwen2vl_arguments(parser: argparse.ArgumentParser) -> None:
         "--tower-order against the even-split and rebalanced baselines at M=4 and 8, simulated at P=4 and 8",
     )
     parser.add_argument(
+        "--vision-depth",
+        metavar="N",
+        type=positive_int,
+        help="with --image-mix: a light micro-batch's tower has N vision blocks instead of the depth "
+        "calibrated for the mix (the same tower on every machine, however loaded)",
+    )
+    parser.add_argument(
         "--tower-order",
         type=image_mix_bench.orders,
         help="with --image-mix: comma-separated MPipe tower orders (default arrival,balanced)",
@@ -176,6 +183,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--tower-order goes with --image-mix (the costs it places by)")
     if args.padding and not args.image_mix:
         parser.error("--padding goes with --image-mix (the batches it draws)")
+    if args.vision_depth and not args.image_mix:
+        parser.error("--vision-depth goes with --image-mix (--tower-ratio calibrates the depth per ratio)")
     if args.packing and not args.image_mix:
         parser.error("--packing goes with --image-mix (the samples it packs)")
     if args.image_mix:

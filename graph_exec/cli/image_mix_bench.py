@@ -2,7 +2,8 @@
 
 The mix is defined by measured cost (:mod:`graph_exec.report.image_mix`): the parent runs the
 start-up calibration of ``--tower-ratio`` (:mod:`graph_exec.harness.tower_costs`), picks the
-vision depth that makes the mean micro-batch's tower forward 2x a chunk's forward, and then, per
+vision depth that makes the mean micro-batch's tower forward 2x a chunk's forward (or takes
+``--vision-depth``: a tower that does not follow the machine's load), and then, per
 ``M`` (4 and 8 unless ``--micro`` names one), one launch trains side by side, step by step in
 turn: the even-split and the rebalanced baselines and MPipe (``run_ahead="full"``) with each
 ``--tower-order``, every rank building the same batch and reading each micro-batch's tower cost
@@ -251,7 +252,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     pin = args.pin_cores and DevicePolicy.for_target(args.device).pin_cores
     costs = sweep_cli.calibrate(args.size, num_stages, rows, args.device, pin, args.timeout)
     try:
-        depths = [costs.depth_for(image_mix.light_ratio(args.image_mix, m)) for m in micros]
+        depths = [
+            args.vision_depth or costs.depth_for(image_mix.light_ratio(args.image_mix, m)) for m in micros
+        ]
     except ValueError as exc:
         print(f"graph-exec bench: {exc}", file=sys.stderr)
         return 2

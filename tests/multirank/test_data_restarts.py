@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(900)
 STEPS = 8
 #: ``graph_exec.harness.training.EPOCH_STEPS`` global batches of ``BATCH`` samples.
 EPOCH_STEPS, BATCH = 3, 8
-FLAGS = ["--steps", str(STEPS), "--batch", str(BATCH), "--data", "shuffled", "--no-pin", "--timeout", "120"]
+FLAGS = ["--steps", str(STEPS), "--batch", str(BATCH), "--data", "shuffled", "--no-pin", "--timeout", "400"]
 
 
 def run_argv(directory: Path, *extra: str) -> list[str]:

@@ -20,6 +20,8 @@ def test_image_mix_bench_prints_every_run_ratios_and_simulation() -> None:
     argv = [*COMMAND, "bench", "qwen2vl", "--image-mix", "skewed", "--tower-order", "arrival,balanced"]
     argv += ["--ranks", "2", "--micro", "4", "--batch", "8", "--steps", "1", "--warmup", "1", "--packing"]
     argv += ["--modes", "pynative"]  # the whole bench, structure only: pynative compiles nothing
+    # a fixed tower and no pinning: under CI's load the calibration's times are noise
+    argv += ["--vision-depth", "2", "--no-pin"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout

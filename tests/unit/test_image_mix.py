@@ -66,6 +66,8 @@ def test_example_reads_each_micro_batch_cost_from_its_batch() -> None:
         (["bench", "qwen2vl", "--image-mix", "skewed", "--ranks", "1"], "at least 2"),
         (["bench", "qwen2vl", "--tower-order", "balanced"], "goes with --image-mix"),
         (["bench", "qwen2vl", "--packing"], "--packing goes with --image-mix"),
+        (["bench", "qwen2vl", "--vision-depth", "2"], "--vision-depth goes with --image-mix"),
+        (["bench", "qwen2vl", "--image-mix", "skewed", "--vision-depth", "0"], "--vision-depth"),
         (["bench", "qwen2vl", "--image-mix", "skewed", "--tower-order", "fastest"], "'fastest'"),
         (["bench", "qwen2vl", "--image-mix", "skewed", "--tower-ratio", "2"], "drop --tower-ratio"),
     ],
