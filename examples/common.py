@@ -122,16 +122,16 @@ class ConversationSource:
         ``max_length`` tokens (:func:`graph_exec.data.pack` with ``balance``, by default by tower
         cost, seeded by the step and the replica), made into micro-batches by ``make(samples, packing)``.
 
-        Every rank holds the whole global batch (replicated input), so it packs every replica's
-        shard from the sizes alone and gives its own the most rows any replica needs, rounded up
-        to a bucket of :func:`graph_exec.data.row_buckets_upto` (1, 2, 3, 4, 6, 8, ...): the
-        replicas' micro-batches have one shape without exchanging anything, and a run meets few
-        row shapes (in graph mode each compiles). The global batch's
-        real tokens and row slots are kept for :meth:`token_counts`, the spread of every
-        replica's micro-batches' tower work (``Packing.tower_work``: rows × the fullest row's
-        patches, what each packed tower computes) for :meth:`tower_spread`."""
+        The rows are ragged (``pack(..., ragged=True)``): each micro-batch keeps the rows it holds,
+        rounded up to a bucket of :func:`graph_exec.data.row_buckets_upto` (1, 2, 3, 4, 6, 8, ...)
+        so a run meets few row shapes (in graph mode each compiles); ``run(micro_batches=...)``
+        takes micro-batches of different row counts, and replicas exchange only gradients and
+        token counts, so no replica pads to another's rows. Every rank holds the whole global
+        batch (replicated input) and packs every replica's shard from the sizes alone: the global
+        batch's real tokens and row slots are kept for :meth:`token_counts`, the spread of every
+        micro-batch's tower work (``Packing.tower_work``: rows × the fullest row's patches, what
+        each packed tower computes) for :meth:`tower_spread`."""
         from graph_exec.data import pack, row_buckets_upto, spread
-        from graph_exec.data.packing import row_bucket
 
         if replicas < 1 or not 0 <= replica < replicas or batch_size % replicas:
             raise ValueError(
@@ -143,16 +143,17 @@ class ConversationSource:
         shards = [made[r * share : (r + 1) * share] for r in range(replicas)]
         costs = [costs_of(shard) for shard in shards]
         seeds = [step * replicas + r for r in range(replicas)]
+        buckets = row_buckets_upto(max(share, 1))
         packings = [
-            pack(c, max_length, micro, balance=balance, seed=k) for c, k in zip(costs, seeds, strict=True)
+            pack(c, max_length, micro, balance=balance, seed=k, ragged=True, row_buckets=buckets)
+            for c, k in zip(costs, seeds, strict=True)
         ]
-        rows = row_bucket(max(p.rows for p in packings), row_buckets_upto(max(share, 1)))
-        padded = [p.with_rows(rows) for p in packings]
         real = sum(c.tokens for shard in costs for c in shard)
-        self._counts = {(step, batch_size): (real, replicas * micro * rows * max_length)}
-        towers = [t for p, c in zip(padded, costs, strict=True) for t in p.tower_work(c)]
+        slots = sum(sum(p.row_counts) for p in packings) * max_length
+        self._counts = {(step, batch_size): (real, slots)}
+        towers = [t for p, c in zip(packings, costs, strict=True) for t in p.tower_work(c)]
         self._spread = {(step, batch_size): spread(towers)}
-        return make(shards[replica], padded[replica])
+        return make(shards[replica], packings[replica])
 
     def tower_spread(self, step: int, batch_size: int) -> float | None:
         """max/mean of the micro-batches' tower work (rows × the fullest row's patches) of packed

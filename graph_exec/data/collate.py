@@ -118,6 +118,8 @@ def packing_collate(
     balance: str = "tower",
     seed: int = 0,
     rows: int | None = None,
+    row_buckets: Sequence[int] | None = None,
+    ragged: bool = False,
     patch_pad_to: int | Sequence[int] | None = None,
     pad_token_id: int = 0,
 ) -> Collate:
@@ -128,14 +130,27 @@ def packing_collate(
     :func:`graph_exec.models.vlm_packed_micro_batches`; without: text rows for a Llama/Qwen2
     split made with ``packed=True`` (:func:`graph_exec.models.text_packed_micro_batches`). The
     packing depends only on the samples' sizes and ``seed``: every rank holding the same
-    samples packs them the same way."""
-    from graph_exec.data.packing import pack
+    samples packs them the same way. ``rows``, ``row_buckets`` and ``ragged`` are :func:`pack`'s:
+    ``ragged=True, row_buckets=row_buckets_upto(B)`` pads least (each micro-batch its own rows;
+    replicas need not agree) in few row shapes. A bad option is refused here, not at the first batch."""
+    from graph_exec.data.packing import checked_options, pack
+
+    checked_options(micro, balance, rows, row_buckets, ragged)
 
     def collate(samples: Sequence[Mapping[str, Any]]) -> list:
         import graph_exec.models as gm
 
         costs = gm.text_sample_costs(samples) if model is None else gm.vlm_sample_costs(model, samples)
-        packing = pack(costs, max_length, micro, balance=balance, seed=seed, rows=rows)
+        packing = pack(
+            costs,
+            max_length,
+            micro,
+            balance=balance,
+            seed=seed,
+            rows=rows,
+            row_buckets=row_buckets,
+            ragged=ragged,
+        )
         if model is None:
             return gm.text_packed_micro_batches(samples, packing, max_length, pad_token_id=pad_token_id)
         return gm.vlm_packed_micro_batches(

@@ -189,6 +189,19 @@ def _checked_arguments(
 ) -> tuple[int, ...] | None:
     """:func:`pack`'s arguments checked (each bad value named with what is allowed); the row
     buckets, checked, or ``None``."""
+    buckets = checked_options(micro, balance, rows, row_buckets, ragged)
+    if not costs:
+        raise ValueError("nothing to pack: no samples")
+    check_budget(costs, max_length)
+    return buckets
+
+
+def checked_options(
+    micro: int, balance: str, rows: int | None, row_buckets: Sequence[int] | None, ragged: bool
+) -> tuple[int, ...] | None:
+    """:func:`pack`'s options that do not depend on the samples, checked (each bad value named
+    with what is allowed), so a collate can refuse them before the first batch; the row
+    buckets, checked, or ``None``."""
     if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
         raise ValueError(f"micro must be a positive int (the number of micro-batches), got {micro!r}")
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
@@ -201,9 +214,6 @@ def _checked_arguments(
         )
     if balance not in BALANCES:
         raise ValueError(f"balance={balance!r}; choose one of {BALANCES}")
-    if not costs:
-        raise ValueError("nothing to pack: no samples")
-    check_budget(costs, max_length)
     return None if row_buckets is None else checked_row_buckets(row_buckets)
 
 
@@ -249,6 +259,8 @@ def _ragged_groups(
     cost balance. The batch's rows have their patches evened (:func:`_even_rows`) before they
     are dealt."""
     filled = _fill_rows(by_tokens, costs, max_length)
+    if len(filled) < micro:  # every micro-batch takes a row anyway: one with no sample is waste
+        filled = _spread_rows(by_tokens, costs, max_length, min(micro, len(costs))) or filled
     if balance == "tokens":
         edges = [len(filled) * m // micro for m in range(micro + 1)]
         return [filled[edges[m] : edges[m + 1]] for m in range(micro)]
@@ -446,6 +458,23 @@ def _fill_rows(order: Sequence[int], costs: Sequence[SampleCost], max_length: in
     used: list[int] = []
     for i in order:
         _place(i, costs[i].tokens, rows, used, max_length)
+    return rows
+
+
+def _spread_rows(
+    order: Sequence[int], costs: Sequence[SampleCost], max_length: int, count: int
+) -> list[list[int]] | None:
+    """``count`` rows, each sample (largest first) into the one with the fewest tokens: as many
+    rows with work as the micro-batches that will hold one row each; ``None`` where a sample
+    does not fit the row it goes to (best fit then keeps its fewer rows)."""
+    rows: list[list[int]] = [[] for _ in range(count)]
+    used = [0] * count
+    for i in order:
+        r = min(range(count), key=lambda r: (used[r], r))
+        if used[r] + costs[i].tokens > max_length:
+            return None
+        rows[r].append(i)
+        used[r] += costs[i].tokens
     return rows
 
 

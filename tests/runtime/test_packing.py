@@ -144,20 +144,29 @@ def test_packed_llama_text_rows_match_the_whole_model_on_each_sample(ragged):
 
 def test_the_packing_collate_packs_each_loader_batch():
     """``packing_collate`` through the loader: each batch of samples packed as ``pack`` +
-    ``text_packed_micro_batches`` pack it (the same on every rank: sizes and seed only)."""
-    from graph_exec.data import DataLoader, packing_collate
+    ``text_packed_micro_batches`` pack it (the same on every rank: sizes and seed only), with
+    even rows and ragged ones; options ``pack`` refuses are refused when the collate is made."""
+    from graph_exec.data import DataLoader, packing_collate, row_buckets_upto
 
     samples = mm.text_samples([11, 5, 9, 3, 7, 2, 14, 6])
-    loader = DataLoader(samples, 4, shuffle=False, collate=packing_collate(micro=2, max_length=16, rows=1))
-    seen = 0
-    for k, batches in enumerate(loader):
-        seen += 1
-        part = samples[4 * k : 4 * k + 4]
-        want = gm.text_packed_micro_batches(part, pack(gm.text_sample_costs(part), 16, 2, rows=1), 16)
-        for (inputs, labels), (want_inputs, want_labels) in zip(batches, want, strict=True):
-            for a, b in zip((*inputs, labels), (*want_inputs, want_labels), strict=True):
-                np.testing.assert_array_equal(np.asarray(a), b)
-    assert seen == 2
+    layouts = ({"rows": 1}, {"ragged": True, "row_buckets": row_buckets_upto(4)})
+    for layout in layouts:
+        collate = packing_collate(micro=2, max_length=16, **layout)
+        seen = 0
+        for k, batches in enumerate(DataLoader(samples, 4, shuffle=False, collate=collate)):
+            seen += 1
+            part = samples[4 * k : 4 * k + 4]
+            packing = pack(gm.text_sample_costs(part), 16, 2, **layout)
+            want = gm.text_packed_micro_batches(part, packing, 16)
+            assert [len(inputs[0]) for inputs, _ in batches] == packing.row_counts
+            for (inputs, labels), (want_inputs, want_labels) in zip(batches, want, strict=True):
+                for a, b in zip((*inputs, labels), (*want_inputs, want_labels), strict=True):
+                    np.testing.assert_array_equal(np.asarray(a), b)
+        assert seen == 2
+    with pytest.raises(ValueError, match=r"give rows=1 \(every micro-batch that many\) or ragged=True"):
+        packing_collate(micro=2, max_length=16, rows=1, ragged=True)
+    with pytest.raises(ValueError, match=r"row_buckets=\(2, 1\): a non-empty increasing tuple"):
+        packing_collate(micro=2, max_length=16, row_buckets=(2, 1))
 
 
 def test_a_packing_reuses_the_compiled_shapes():

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from graph_exec.data.packing import SampleCost, check_budget, pack, row_buckets_upto, spread
+from graph_exec.data.packing import BALANCES, SampleCost, check_budget, pack, row_buckets_upto, spread
 from graph_exec.report import image_mix
 
 
@@ -114,17 +114,21 @@ def test_ragged_micro_batches_leave_less_padding_as_evenly_balanced():
 
 
 def test_ragged_token_only_rows_split_evenly_and_fill_every_micro_batch():
-    """``balance="tokens", ragged=True``: the best-fit rows in consecutive runs of ⌊N/M⌋ or ⌈N/M⌉;
-    fewer rows than micro-batches still give every micro-batch a row (an empty one, all padding:
-    ``run`` refuses an empty micro-batch)."""
+    """``balance="tokens", ragged=True``: the best-fit rows in consecutive runs of ⌊N/M⌋ or ⌈N/M⌉.
+    Fewer rows than micro-batches still give every micro-batch a row (``run`` refuses an empty
+    micro-batch), so the samples are spread over as many rows as there are micro-batches (each
+    holds work, the row slots are the same); with fewer samples than micro-batches the rest are
+    empty rows, all padding."""
     costs = [SampleCost(n) for n in (60, 50, 40, 30, 20, 10, 5, 60)]  # five rows
     assert pack(costs, 64, 2, balance="tokens", ragged=True).row_counts == [2, 3]
-    few = pack([SampleCost(10), SampleCost(20)], 64, 3, ragged=True)
-    assert few.row_counts == [1, 1, 1] and sorted(map(len, (r for mb in few.micro_batches for r in mb))) == [
-        0,
-        0,
-        2,
-    ]
+    for balance in BALANCES:
+        spread = pack([SampleCost(n) for n in (10, 12, 20, 9)], 64, 2, balance=balance, ragged=True)
+        assert spread.row_counts == [1, 1]  # best fit would be one row of all four and an empty one
+        assert all(mb[0] for mb in spread.micro_batches)  # each micro-batch's row holds samples
+        assert sorted(i for mb in spread.micro_batches for i in mb[0]) == [0, 1, 2, 3]
+        few = pack([SampleCost(10), SampleCost(20)], 64, 3, balance=balance, ragged=True)
+        assert few.row_counts == [1, 1, 1]
+        assert sorted(len(r) for mb in few.micro_batches for r in mb) == [0, 1, 1]
     with pytest.raises(ValueError, match=r"give rows=2 \(every micro-batch that many\) or ragged=True"):
         pack(costs, 64, 2, rows=2, ragged=True)
 
