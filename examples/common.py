@@ -185,18 +185,26 @@ def conversation_samples(
     *,
     image_root: str | None = None,
     max_length: int | None = None,
+    truncate: bool = False,
     skip_bad_samples: bool = False,
 ) -> ConversationSource:
     """The :class:`ConversationSource` of ``dataset`` prepared by ``model_dir``'s own processor
-    (a sample above ``max_length`` is refused, or skipped and named with ``skip_bad_samples``)."""
+    (a sample above ``max_length`` is cut with ``truncate``, else refused, or skipped and named
+    with ``skip_bad_samples``)."""
     from graph_exec.data import ConversationDataset
 
     if model_dir is None:
         raise ValueError("dataset needs pretrained=DIR: the directory's processor prepares the conversations")
     data = ConversationDataset(
-        dataset, model_dir, image_root=image_root, max_length=max_length, skip_bad_samples=skip_bad_samples
+        dataset,
+        model_dir,
+        image_root=image_root,
+        max_length=max_length,
+        truncate=truncate,
+        skip_bad_samples=skip_bad_samples,
     )
-    limit = f", max_length {max_length} (longer refused)" if max_length else ""
+    longer = "cut" if truncate else "refused"
+    limit = f", max_length {max_length} (longer {longer})" if max_length else ""
     return ConversationSource(
         data, f"conversations of {dataset}: {len(data)} samples, {len(data.skipped)} skipped{limit}"
     )

@@ -98,6 +98,7 @@ def build(
     dataset: str | None = None,
     image_root: str | None = None,
     max_length: int | None = None,
+    truncate: bool = False,
     skip_bad_samples: bool = False,
     packing: bool = False,
 ) -> ExampleModel:
@@ -155,6 +156,7 @@ def build(
             pretrained,
             image_root=image_root,
             max_length=max_length,
+            truncate=truncate,
             skip_bad_samples=skip_bad_samples,
         )
 

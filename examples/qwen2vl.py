@@ -283,6 +283,7 @@ def build(
     dataset: str | None = None,
     image_root: str | None = None,
     max_length: int | None = None,
+    truncate: bool = False,
     skip_bad_samples: bool = False,
     packing: bool = False,
     pack_balance: str | None = None,
@@ -332,6 +333,7 @@ def build(
             pretrained,
             image_root=image_root,
             max_length=max_length,
+            truncate=truncate,
             skip_bad_samples=skip_bad_samples,
         )
     mixed = image_sizes is not None or images_per_sample is not None or image_mix is not None or bool(dataset)

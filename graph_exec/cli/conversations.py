@@ -5,7 +5,8 @@ once here with the directory's own processor (:class:`graph_exec.data.Conversati
 missing image, a tag without its image, a conversation without an assistant turn, a sample above
 ``--max-length`` or a tokenizer that does not fit the config is one error naming the file and
 line, printed before any rank starts; ``--skip-bad-samples`` leaves those samples out instead
-(each named in the log, their count printed). Longer samples are refused, never cut.
+(each named in the log, their count printed). A sample above ``--max-length`` is refused unless
+``--truncate`` cuts it to its first N tokens (never through an image's tokens).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-length", metavar="N", type=positive_int, help="refuse (or skip) samples above N tokens"
     )
     group.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut samples above --max-length to their first N tokens (refused if the cut would split an "
+        "image's tokens or leave no assistant token) instead of refusing them",
+    )
+    group.add_argument(
         "--packing",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -63,6 +70,7 @@ def dataset_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         for flag, value in (
             ("--image-root", args.image_root),
             ("--max-length", args.max_length),
+            ("--truncate", args.truncate),
             ("--skip-bad-samples", args.skip_bad_samples),
             ("--packing", args.packing),
         )
@@ -86,14 +94,17 @@ def dataset_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"--image-root {str(args.image_root)!r} is not a folder")
     if args.packing and args.max_length is None:
         parser.error("--packing needs --max-length N: the tokens of a packed row")
+    if args.truncate and args.max_length is None:
+        parser.error("--truncate needs --max-length N: the tokens it cuts samples to")
     options = {
         "dataset": str(args.dataset.resolve()),
         "image_root": str(args.image_root.resolve()) if args.image_root else None,
         "max_length": args.max_length,
         "skip_bad_samples": args.skip_bad_samples,
     }
-    _check(options, str(args.pretrained.resolve()), parser)
-    return options | ({"packing": True} if args.packing else {})
+    flags = {"truncate": True} if args.truncate else {}
+    _check(options | flags, str(args.pretrained.resolve()), parser)
+    return options | flags | ({"packing": True} if args.packing else {})
 
 
 def _check(options: dict, model_dir: str, parser: argparse.ArgumentParser) -> None:
@@ -106,6 +117,7 @@ def _check(options: dict, model_dir: str, parser: argparse.ArgumentParser) -> No
             model_dir,
             image_root=options["image_root"],
             max_length=options["max_length"],
+            truncate=options.get("truncate", False),
             skip_bad_samples=options["skip_bad_samples"],
         )
         if not options["skip_bad_samples"]:

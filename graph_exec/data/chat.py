@@ -220,7 +220,8 @@ class ChatProcessor:
             return ids, mask
         if not self.truncate:
             raise conversation.error(
-                f"{len(ids)} tokens, above max_length {limit} (cut longer samples with truncate=True, or skip them)"
+                f"{len(ids)} tokens, above max_length {limit} (cut longer samples with truncate=True / "
+                "--truncate, skip them with skip_bad_samples=True / --skip-bad-samples, or raise max_length)"
             )
         if images:
             end = np.flatnonzero(ids == self.config.vision_end_token_id)

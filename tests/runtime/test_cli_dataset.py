@@ -65,6 +65,24 @@ def test_the_dataset_reaches_the_job_after_its_check(model_dir, capsys):
     assert f"--dataset {data.resolve()}: 4 conversations" in capsys.readouterr().out
 
 
+def test_truncate_cuts_what_max_length_refuses(model_dir, capsys):
+    """``--truncate``: the samples above 100 tokens that ``--max-length 100`` refuses (naming the
+    ways out) are cut instead, and the workers' example cuts them alike; it needs --max-length."""
+    data = DATA / "conversations.jsonl"
+    run = ["run", "qwen2vl", "--pretrained", str(model_dir), "--dataset", str(data)]
+    err = _exit([*run, "--max-length", "100"], capsys)
+    assert "conversations.jsonl:2: 112 tokens, above max_length 100" in err
+    assert "--truncate" in err and "--skip-bad-samples" in err
+    job = _job([*run, "--max-length", "100", "--truncate"])
+    assert job.model_options["truncate"] is True
+    assert f"--dataset {data.resolve()}: 4 conversations" in capsys.readouterr().out
+    model = qwen2vl.build(2, pretrained=str(model_dir), dataset=str(data), max_length=100, truncate=True)
+    assert "max_length 100 (longer cut)" in model.summary
+    _, labels = model.batch(2, 1)  # sample 2 alone: its 107 tokens cut to 100
+    assert labels.shape == (1, 100)
+    assert "--truncate needs --max-length N" in _exit([*run, "--truncate"], capsys)
+
+
 def test_bad_data_and_flags_exit_before_launching(model_dir, tmp_path, capsys):
     shutil.copytree(DATA / "imgs", tmp_path / "imgs")
     path = write_lines(
