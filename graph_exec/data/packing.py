@@ -151,10 +151,11 @@ def pack(
     ``ragged=True`` (not with ``rows``): each micro-batch keeps its own row count (at least one;
     with ``row_buckets``, its own bucket), for ``run(micro_batches=...)``. The rows are filled
     best fit over the whole batch and dealt whole, ``⌊N/M⌋`` or ``⌈N/M⌉`` to each micro-batch
-    (the body's work stays even); ``"tower"`` deals them heaviest tower first to the lightest
-    micro-batch, then swaps samples between micro-batches' rows while that evens the tower costs
-    (keeping the sample-dealt packing instead where it has as few rows and a smaller spread of
-    tower work).
+    (the body's work stays even; fewer rows than micro-batches are spread one per micro-batch,
+    so none runs a row without a sample where there are enough samples); ``"tower"`` deals them
+    heaviest tower first to the lightest micro-batch, then swaps samples between micro-batches'
+    rows while that evens the tower costs (keeping the sample-dealt packing instead where it has
+    as few rows and a smaller spread of tower work).
     """
     buckets = _checked_arguments(costs, max_length, micro, balance, rows, row_buckets, ragged)
     tie = np.random.default_rng(seed).permutation(len(costs))
