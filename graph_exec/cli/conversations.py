@@ -36,7 +36,10 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
         help="the folder image paths are relative to (default: the data file's folder)",
     )
     group.add_argument(
-        "--max-length", metavar="N", type=positive_int, help="refuse (or skip) samples above N tokens"
+        "--max-length",
+        metavar="N",
+        type=positive_int,
+        help="refuse (or skip, or with --truncate cut) samples above N tokens",
     )
     group.add_argument(
         "--truncate",
@@ -101,10 +104,9 @@ def dataset_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         "image_root": str(args.image_root.resolve()) if args.image_root else None,
         "max_length": args.max_length,
         "skip_bad_samples": args.skip_bad_samples,
-    }
-    flags = {"truncate": True} if args.truncate else {}
-    _check(options | flags, str(args.pretrained.resolve()), parser)
-    return options | flags | ({"packing": True} if args.packing else {})
+    } | ({"truncate": True} if args.truncate else {})
+    _check(options, str(args.pretrained.resolve()), parser)
+    return options | ({"packing": True} if args.packing else {})
 
 
 def _check(options: dict, model_dir: str, parser: argparse.ArgumentParser) -> None:
